@@ -1,0 +1,157 @@
+"""Scanning `{label}/*` and `{split}/{label}/*` image trees into labelled file lists.
+
+The scan accounts for every regular file under the root: a file in a class folder becomes a
+candidate (its content is judged later, by `images.py`); anything else is listed with the reason
+it cannot be used. Listings are sorted so that runs repeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from stallscope.errors import DataError, UsageError
+
+SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
+DEFAULT_SPLIT = "train"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFile:
+    path: Path
+    split: str
+    label: int
+    label_text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedFile:
+    path: Path
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderTree:
+    root: Path
+    labels: tuple[str, ...]
+    files: tuple[ImageFile, ...]
+    skipped: tuple[SkippedFile, ...]
+    has_splits: bool
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(sorted({f.split for f in self.files}, key=_split_order))
+
+    def split_files(self, split: str) -> tuple[ImageFile, ...]:
+        return tuple(f for f in self.files if f.split == split)
+
+
+def _split_order(name: str) -> tuple[int, str]:
+    return (SPLIT_NAMES.index(name) if name in SPLIT_NAMES else len(SPLIT_NAMES), name)
+
+
+def read_labels_file(path: Path) -> tuple[str, ...]:
+    """One label per line (blank lines and `#` comments ignored); the line order is the index."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"--labels: file {str(path)!r} does not exist") from None
+    except (UnicodeDecodeError, IsADirectoryError) as exc:
+        raise UsageError(f"--labels: {str(path)!r} is not a UTF-8 text file ({exc.__class__.__name__})") from None
+    labels = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not labels:
+        raise UsageError(f"--labels: {str(path)!r} holds no labels; expected one label per line")
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise UsageError(f"--labels: {str(path)!r} lists {duplicates[0]!r} more than once")
+    return tuple(labels)
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _walk_files(folder: Path):
+    """Every non-directory entry below `folder`, sorted, following no directory links twice."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():
+                yield Path(dirpath) / name
+
+
+def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
+    return bool(subdirs) and all(d.name in SPLIT_NAMES for d in subdirs)
+
+
+def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> FolderTree:
+    """Scans an image tree. `labels` (from a labels file) fixes the label order; else sorted folder names."""
+    root = Path(root)
+    if not root.exists():
+        raise UsageError(f"dataset path {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise UsageError(f"dataset path {str(root)!r} is not a directory; expected a {{label}}/* or {{split}}/{{label}}/* tree")
+    entries = sorted(root.iterdir())
+    subdirs = [e for e in entries if e.is_dir() and not e.is_symlink() and not _is_hidden(e.name)]
+    skipped: list[SkippedFile] = []
+    has_splits = _is_split_layout(root, subdirs)
+    class_dirs: list[tuple[str, Path]] = []  # (split, class folder)
+    if has_splits:
+        for split_dir in subdirs:
+            for entry in sorted(split_dir.iterdir()):
+                if entry.is_dir() and not entry.is_symlink() and not _is_hidden(entry.name):
+                    class_dirs.append((split_dir.name, entry))
+                else:
+                    skipped.extend(_unplaceable(entry, "not inside a class folder"))
+    else:
+        class_dirs = [(DEFAULT_SPLIT, d) for d in subdirs]
+    for entry in entries:
+        if entry not in subdirs:
+            skipped.extend(_unplaceable(entry, "not inside a class folder"))
+
+    folder_labels = sorted({d.name for _, d in class_dirs})
+    if labels is None:
+        labels = tuple(folder_labels)
+    else:
+        missing = [name for name in folder_labels if name not in labels]
+        if missing:
+            raise UsageError(
+                f"--labels: class folder {missing[0]!r} is not in the labels file "
+                f"({len(missing)} folder(s) missing); every folder needs a label in [0, {len(labels)})"
+            )
+    index = {name: i for i, name in enumerate(labels)}
+
+    files: list[ImageFile] = []
+    for split, class_dir in class_dirs:
+        for path in _walk_files(class_dir):
+            reason = _unusable_reason(path, class_dir)
+            if reason:
+                skipped.append(SkippedFile(path, reason))
+            else:
+                files.append(ImageFile(path, split, index[class_dir.name], class_dir.name))
+    if not class_dirs:
+        raise DataError(f"dataset path {str(root)!r} has no class folders; expected a {{label}}/* or {{split}}/{{label}}/* tree")
+    return FolderTree(root, tuple(labels), tuple(files), tuple(skipped), has_splits)
+
+
+def _unplaceable(entry: Path, reason: str) -> list[SkippedFile]:
+    if entry.is_dir() and not entry.is_symlink():
+        return [SkippedFile(p, reason) for p in _walk_files(entry)]
+    return [SkippedFile(entry, _unusable_reason(entry, entry.parent) or reason)]
+
+
+def _unusable_reason(path: Path, class_dir: Path) -> str | None:
+    """Reasons knowable from the directory entry alone; content checks come later."""
+    rel_parts = path.relative_to(class_dir).parts
+    if any(_is_hidden(part) for part in rel_parts):
+        return "hidden file"
+    if path.is_symlink() and not path.exists():
+        return "dangling link"
+    if path.is_dir():
+        return "link to a directory"
+    if not path.is_file():
+        return "not a regular file"
+    return None

@@ -1,0 +1,1 @@
+"""The tf.data input pipeline: one config, one builder, named presets."""

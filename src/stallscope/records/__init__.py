@@ -1,0 +1,1 @@
+"""TFRecord shards: schema, shard planning, the writer and the verifier."""

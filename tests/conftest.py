@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny generated image trees. No network, no downloads."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def jpeg_bytes(rng: np.random.Generator, size: tuple[int, int] = (80, 60), quality: int = 85) -> bytes:
+    """A small photo-like JPEG: smooth gradients plus noise, so it compresses like a photo."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    base = rng.uniform(0, 255, 3)
+    slope = rng.uniform(-2, 2, (2, 3))
+    pixels = base + x[..., None] * slope[0] + y[..., None] * slope[1] + rng.normal(0, 12, (height, width, 3))
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def make_image_tree(
+    root: Path,
+    *,
+    classes: int = 3,
+    per_class: int = 6,
+    splits: tuple[str, ...] | None = None,
+    size: tuple[int, int] = (80, 60),
+    seed: int = 0,
+) -> Path:
+    """Writes `{label}/*.jpg` (or `{split}/{label}/*.jpg` when splits are given) under root."""
+    rng = np.random.default_rng(seed)
+    for split in splits or (None,):
+        base = Path(root) / split if split else Path(root)
+        for c in range(classes):
+            folder = base / f"class_{c:02d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                (folder / f"img_{i:03d}.jpg").write_bytes(jpeg_bytes(rng, size))
+    return Path(root)
+
+
+@pytest.fixture
+def image_tree_factory(tmp_path):
+    """Call it to write a tiny tree: `image_tree_factory(classes=3, per_class=6, splits=("train",))`."""
+    counter = iter(range(1000))
+
+    def factory(**kwargs) -> Path:
+        return make_image_tree(tmp_path / f"tree{next(counter)}", **kwargs)
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_tree(tmp_path_factory) -> Path:
+    """A shared read-only `{label}/*` tree: 3 classes x 8 JPEGs of 80x60. Do not modify it."""
+    return make_image_tree(tmp_path_factory.mktemp("tiny_tree"), classes=3, per_class=8)
