@@ -1,0 +1,199 @@
+"""Storage evidence for the differential diagnosis: page-cache control and I/O counters.
+
+A fetch stall is time spent waiting for storage. To show it, `diagnose` runs the pipeline once with
+the data set's files in the page cache and once with them evicted (`posix_fadvise(DONTNEED)`, no root
+needed), and compares the process's I/O counters: `read_bytes` counts only reads that reached the
+storage device, so it is ~0 with a warm cache and ~the data set's size with a cold one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import logging
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PROC_IO = Path("/proc/self/io")
+_PAGE = mmap.PAGESIZE
+_READ_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class IoCounters:
+    """The process's cumulative I/O counters (Linux `/proc/self/io`), in bytes and calls.
+
+    rchar: bytes handed to read-like calls (from the cache or the device).
+    syscr: read-like system calls.
+    read_bytes: bytes the process caused to be fetched from the storage device.
+    """
+
+    rchar: int = 0
+    wchar: int = 0
+    syscr: int = 0
+    syscw: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+
+    def __sub__(self, other: "IoCounters") -> "IoCounters":
+        return IoCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                             for f in dataclasses.fields(self)})
+
+
+def read_io_counters(path: Path = PROC_IO) -> IoCounters | None:
+    """The current counters, or None where the kernel does not offer them (not Linux, no procfs)."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {f.name for f in dataclasses.fields(IoCounters)}:
+            values[key.strip()] = int(value)
+    return IoCounters(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class IoPerImage:
+    """I/O figures of one pass of a pipeline, per image it produced.
+
+    files_opened is derived from the source's file list (a JPEG source opens one file per image, a
+    TFRecord source one per shard per pass), since the kernel keeps no count of opens per process.
+    """
+
+    images: int
+    bytes_read: float        # rchar per image: everything read, cached or not
+    storage_bytes: float     # read_bytes per image: what really came from the device
+    read_calls: float        # syscr per image
+    files_opened: float      # opened files per image
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def per_image(delta: IoCounters | None, images: int, *, files: int, examples: int) -> IoPerImage | None:
+    """Divides a counter delta over the images produced; None when no counters or no images."""
+    if delta is None or images <= 0:
+        return None
+    files_per_image = files / examples if examples > 0 else 0.0
+    return IoPerImage(
+        images=images,
+        bytes_read=delta.rchar / images,
+        storage_bytes=delta.read_bytes / images,
+        read_calls=delta.syscr / images,
+        files_opened=files_per_image,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictionResult:
+    files: int        # files asked to leave the page cache
+    bytes: int        # their total size
+    failed: tuple[str, ...] = ()  # "path: reason" for files that could not be opened
+
+
+def evict_from_page_cache(paths: Iterable[str | os.PathLike]) -> EvictionResult:
+    """Drops the files' pages from the page cache, so the next read comes from storage.
+
+    Dirty pages are flushed first (fdatasync), since DONTNEED leaves unwritten pages in place.
+    """
+    count = size = 0
+    failed = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+            continue
+        try:
+            try:
+                os.fdatasync(fd)
+            except OSError:
+                pass  # read-only file systems refuse fdatasync; nothing of ours is dirty there
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            size += os.fstat(fd).st_size
+            count += 1
+        finally:
+            os.close(fd)
+    if failed:
+        logger.warning("could not evict %d file(s) from the page cache, e.g. %s", len(failed), failed[0])
+    return EvictionResult(files=count, bytes=size, failed=tuple(failed))
+
+
+def warm_page_cache(paths: Iterable[str | os.PathLike]) -> int:
+    """Reads every file once so that it sits in the page cache; returns the bytes read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as handle:
+            while chunk := handle.read(_READ_CHUNK):
+                total += len(chunk)
+    return total
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+    if not hasattr(libc, "mincore"):
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    return libc
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def cached_pages(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(resident pages, total pages) of a file in the page cache, via mmap + mincore.
+
+    None when mincore is unavailable or the answer would be unreliable: since Linux 5.2 the kernel
+    reports page-cache residency only for files the caller owns or may write.
+    """
+    libc = _libc()
+    if libc is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    if stat.st_uid != os.geteuid() and not os.access(path, os.W_OK):
+        return None
+    pages = (stat.st_size + _PAGE - 1) // _PAGE
+    if pages == 0:
+        return (0, 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, stat.st_size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            return None
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), stat.st_size, vec) != 0:
+                return None
+            return (sum(b & 1 for b in vec), pages)
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), stat.st_size)
+    finally:
+        os.close(fd)
+
+
+def cached_fraction(paths: Iterable[str | os.PathLike]) -> float | None:
+    """Share (0..1) of the files' pages that sit in the page cache; None when it cannot be measured."""
+    resident = total = 0
+    for path in paths:
+        answer = cached_pages(path)
+        if answer is None:
+            return None
+        resident += answer[0]
+        total += answer[1]
+    return resident / total if total else None
