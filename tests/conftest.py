@@ -6,6 +6,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from stallscope.tfimport import import_tensorflow
+
+import_tensorflow()
+
 import io
 from pathlib import Path
 

@@ -9,6 +9,7 @@ import sys
 
 from stallscope import __version__
 from stallscope.errors import StallscopeError
+from stallscope.tfimport import import_tensorflow
 
 # (name, module, one-line help). Modules are imported to register their flags; they keep
 # TensorFlow imports inside `run`, so `--help` stays fast.
@@ -20,7 +21,9 @@ SUBCOMMANDS = (
     ("evaluate", "stallscope.cli.evaluate", "top-1/top-5 accuracy of a checkpoint, once or on every new one"),
     ("analyze", "stallscope.cli.analyze", "diagnose a run or a profile: input share, bottleneck stage, fix"),
     ("diagnose", "stallscope.cli.diagnose", "differential stall analysis by short probes; --fix applies the advice"),
+    ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
 )
+NEEDS_TENSORFLOW = frozenset({"convert", "verify", "train", "evaluate", "analyze", "diagnose", "serve"})
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.command in NEEDS_TENSORFLOW:
+            import_tensorflow()
         return int(args.handler(args) or 0)
     except StallscopeError as exc:
         if args.debug:

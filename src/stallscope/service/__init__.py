@@ -1,0 +1,1 @@
+"""tf.data service glue: move input preprocessing onto worker processes or other machines."""

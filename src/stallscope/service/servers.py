@@ -1,0 +1,110 @@
+"""Starting tf.data service dispatchers and workers, in this process or as child processes.
+
+When one host's CPUs cannot decode fast enough, the tf.data service runs the pipeline (read,
+decode, resize, batch) on worker processes, possibly on other machines, and the training job only
+receives finished batches. `PipelineConfig.data_service` points the builder at a dispatcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+from stallscope.config import require_non_negative, require_positive
+from stallscope.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceOptions:
+    """port: dispatcher port (0 picks a free one); workers: worker processes to start beside it."""
+
+    port: int = 0
+    workers: int = 1
+    worker_port: int = 0
+
+    def __post_init__(self) -> None:
+        require_non_negative("port", self.port)
+        require_positive("workers", self.workers)
+        require_non_negative("worker_port", self.worker_port)
+
+
+def normalize_address(address: str) -> str:
+    """'host:port' or 'grpc://host:port' -> 'grpc://host:port'; anything else is a one-line error."""
+    text = address.strip()
+    if not text.startswith("grpc://"):
+        text = "grpc://" + text
+    host, _, port = text[len("grpc://"):].rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--data-service: expected HOST:PORT or grpc://HOST:PORT, got {address!r}")
+    return text
+
+
+def start_dispatcher(port: int = 0):
+    """An in-process dispatcher; its `.target` is the grpc:// address workers and jobs use."""
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.DispatcherConfig(port=port)
+    return tf.data.experimental.service.DispatchServer(config)
+
+
+def start_worker(dispatcher_address: str, port: int = 0):
+    """An in-process worker registered with the dispatcher (address without grpc://)."""
+    import tensorflow as tf
+
+    address = normalize_address(dispatcher_address)[len("grpc://"):]
+    config = tf.data.experimental.service.WorkerConfig(dispatcher_address=address, port=port)
+    return tf.data.experimental.service.WorkerServer(config)
+
+
+def worker_command(dispatcher_target: str) -> list[str]:
+    return [sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher_target]
+
+
+@contextlib.contextmanager
+def local_service(options: ServiceOptions = ServiceOptions()) -> Iterator[str]:
+    """A dispatcher in this process plus `options.workers` worker *processes*; yields its target.
+
+    Workers are separate processes so that their decoding escapes this process's GIL and can be
+    pinned or moved elsewhere; they are stopped when the block ends.
+    """
+    dispatcher = start_dispatcher(options.port)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    children = [
+        subprocess.Popen(worker_command(dispatcher.target), env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(options.workers)
+    ]
+    log.info("tf.data service at %s with %d worker process(es)", dispatcher.target, len(children))
+    try:
+        yield dispatcher.target
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        dispatcher.stop()
+
+
+def distribute(dataset, target: str, *, job_name: str | None = None):
+    """Runs `dataset` on the service: each element is produced once by some worker (dynamic sharding)."""
+    import tensorflow as tf
+
+    return dataset.apply(tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+        service=normalize_address(target),
+        job_name=job_name,
+    ))

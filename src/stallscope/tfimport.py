@@ -1,0 +1,37 @@
+"""Importing TensorFlow without its start-up banner.
+
+TF 2.21 prints oneDNN and CPU-feature notices straight to file descriptor 2 before its own log
+level applies, so `TF_CPP_MIN_LOG_LEVEL` alone cannot hide them. Python caches modules, so doing
+the first import here keeps every later `import tensorflow` quiet too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+@contextlib.contextmanager
+def _stderr_fd_silenced():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def import_tensorflow():
+    """Returns the tensorflow module, imported with its C++ start-up notices hidden."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    with _stderr_fd_silenced():
+        import tensorflow
+        # Keras and the first device query print more notices; trigger them here too.
+        tensorflow.config.list_physical_devices()
+    return tensorflow
