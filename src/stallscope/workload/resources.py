@@ -1,0 +1,165 @@
+"""What a run costs the machine: CPU utilisation sampled in the background, and I/O counters.
+
+The analysis asks "is the CPU saturated?" and "how many bytes and read calls per image?"; both
+need figures taken during the run itself. `ResourceMonitor` samples CPU with psutil on a daemon
+thread (cheap: one sample per `interval_s`) and reads `/proc/self/io` at start and stop.
+`read_bytes` counts bytes fetched from storage (0 when the page cache served them); `rchar`
+counts bytes handed to read calls, cached or not; `syscr` counts read calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from stallscope.config import require_positive
+
+log = logging.getLogger(__name__)
+
+PROC_IO = Path("/proc/self/io")
+IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
+
+
+def read_proc_io(path: Path = PROC_IO) -> dict[str, int] | None:
+    """This process's I/O counters, or None where the kernel does not offer them."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except OSError:
+        return None
+    counters = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in IO_FIELDS:
+            counters[name.strip()] = int(value.strip())
+    return counters
+
+
+def io_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    if before is None or after is None:
+        return None
+    return {name: after[name] - before[name] for name in IO_FIELDS if name in before and name in after}
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSample:
+    elapsed_s: float
+    process_percent: float  # this process, 100 = one core busy
+    system_percent: float   # all cores, 100 = every core busy
+    per_cpu_percent: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceReport:
+    """CPU samples and I/O deltas of a run; `summary()` is what goes into summary.json."""
+
+    interval_s: float
+    duration_s: float
+    cores: int
+    samples: tuple[CpuSample, ...]
+    io: dict[str, int] | None
+    process_cpu_seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        process = [s.process_percent for s in self.samples]
+        system = [s.system_percent for s in self.samples]
+        return {
+            "cores": self.cores,
+            "samples": len(self.samples),
+            "process_mean_percent": _mean(process),
+            "process_max_percent": max(process, default=0.0),
+            "system_mean_percent": _mean(system),
+            "system_max_percent": max(system, default=0.0),
+            "process_cpu_seconds": self.process_cpu_seconds,
+            "duration_s": self.duration_s,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "interval_s": self.interval_s,
+            "duration_s": self.duration_s,
+            "cores": self.cores,
+            "cpu": self.summary(),
+            "io": self.io,
+            "io_source": str(PROC_IO) if self.io is not None else None,
+            "samples": [dataclasses.asdict(s) for s in self.samples],
+        }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+class ResourceMonitor:
+    """Context manager: samples CPU every `interval_s` on a daemon thread; `report` after exit."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be above 0, got {interval_s!r}")
+        self.interval_s = interval_s
+        self.report: ResourceReport | None = None
+        self._process = psutil.Process(os.getpid())
+        self._samples: list[CpuSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "ResourceMonitor":
+        self._started = time.perf_counter()
+        self._io_before = read_proc_io()
+        self._cpu_before = self._cpu_seconds()
+        # The first psutil call only sets the reference point; later ones measure since the previous.
+        self._process.cpu_percent(None)
+        psutil.cpu_percent(None, percpu=True)
+        self._thread = threading.Thread(target=self._sample_loop, name="stallscope-resources", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._take_sample()  # the tail since the last tick
+        self.report = ResourceReport(
+            interval_s=self.interval_s,
+            duration_s=time.perf_counter() - self._started,
+            cores=psutil.cpu_count() or 1,
+            samples=tuple(self._samples),
+            io=io_delta(self._io_before, read_proc_io()),
+            process_cpu_seconds=self._cpu_seconds() - self._cpu_before,
+        )
+
+    def _cpu_seconds(self) -> float:
+        times = self._process.cpu_times()
+        return times.user + times.system
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._take_sample()
+
+    def _take_sample(self) -> None:
+        try:
+            per_cpu = tuple(psutil.cpu_percent(None, percpu=True))
+            self._samples.append(CpuSample(
+                elapsed_s=round(time.perf_counter() - self._started, 4),
+                process_percent=self._process.cpu_percent(None),
+                system_percent=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,
+                per_cpu_percent=per_cpu,
+            ))
+        except psutil.Error as exc:  # a sample lost is not worth failing a training run over
+            log.debug("CPU sample failed: %s", exc)
+
+
+def files_opened(source_kind: str, *, images: int, files_in_source: int, passes: float) -> int:
+    """Files the pipeline opened, from the file list: one per image read from JPEG files, one per
+    shard per pass over TFRecords (each shard is opened once per pass)."""
+    require_positive("files_in_source", files_in_source)
+    if source_kind == "files":
+        return images
+    return max(1, math.ceil(files_in_source * max(passes, 0.0) - 1e-9))
