@@ -7,6 +7,7 @@ import os
 import pytest
 
 from stallscope.analysis import iostats
+from stallscope.workload.resources import io_delta, read_proc_io
 
 
 @pytest.fixture
@@ -32,20 +33,20 @@ def test_eviction_runs_without_root_and_drops_cached_pages(data_files):
 
 
 def test_cold_read_reaches_storage_and_warm_read_does_not(data_files):
-    if iostats.read_io_counters() is None:
+    if read_proc_io() is None:
         pytest.skip("/proc/self/io is not available")
     iostats.evict_from_page_cache(data_files)
-    start = iostats.read_io_counters()
+    start = read_proc_io()
     iostats.warm_page_cache(data_files)
-    cold = iostats.read_io_counters() - start
-    start = iostats.read_io_counters()
+    cold = io_delta(start, read_proc_io())
+    start = read_proc_io()
     iostats.warm_page_cache(data_files)
-    warm = iostats.read_io_counters() - start
+    warm = io_delta(start, read_proc_io())
     total = 8 * 256 * 1024
-    assert cold.rchar >= total and warm.rchar >= total
-    assert cold.read_bytes >= total * 0.9
-    assert warm.read_bytes < total * 0.1
-    assert warm.syscr >= 8
+    assert cold["rchar"] >= total and warm["rchar"] >= total
+    assert cold["read_bytes"] >= total * 0.9
+    assert warm["read_bytes"] < total * 0.1
+    assert warm["syscr"] >= 8
 
 
 def test_eviction_names_missing_files(tmp_path):
@@ -55,17 +56,11 @@ def test_eviction_names_missing_files(tmp_path):
 
 
 def test_per_image_figures():
-    delta = iostats.IoCounters(rchar=1000, syscr=20, read_bytes=400)
-    figures = iostats.per_image(delta, 10, files=4, examples=100)
-    assert figures.bytes_read == 100 and figures.read_calls == 2 and figures.storage_bytes == 40
-    assert figures.files_opened == pytest.approx(0.04)
-    assert iostats.per_image(None, 10, files=1, examples=1) is None
-    assert iostats.per_image(delta, 0, files=1, examples=1) is None
-
-
-def test_counters_parse_the_proc_format(tmp_path):
-    fake = tmp_path / "io"
-    fake.write_text("rchar: 10\nwchar: 2\nsyscr: 3\nsyscw: 4\nread_bytes: 5\nwrite_bytes: 6\n"
-                    "cancelled_write_bytes: 0\n")
-    assert iostats.read_io_counters(fake) == iostats.IoCounters(10, 2, 3, 4, 5, 6)
-    assert iostats.read_io_counters(tmp_path / "absent") is None
+    delta = {"rchar": 1000, "syscr": 20, "read_bytes": 400}
+    records = iostats.per_image(delta, 10, source_kind="records", files_in_source=4, examples=100)
+    assert records.bytes_read == 100 and records.read_calls == 2 and records.storage_bytes == 40
+    assert records.files_opened == pytest.approx(0.1)   # one shard opened for 10 images
+    files = iostats.per_image(delta, 10, source_kind="files", files_in_source=100, examples=100)
+    assert files.files_opened == 1.0                    # one JPEG file per image
+    assert iostats.per_image(None, 10, source_kind="files", files_in_source=1, examples=1) is None
+    assert iostats.per_image(delta, 0, source_kind="files", files_in_source=1, examples=1) is None

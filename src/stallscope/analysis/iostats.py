@@ -4,6 +4,7 @@ A fetch stall is time spent waiting for storage. To show it, `diagnose` runs the
 the data set's files in the page cache and once with them evicted (`posix_fadvise(DONTNEED)`, no root
 needed), and compares the process's I/O counters: `read_bytes` counts only reads that reached the
 storage device, so it is ~0 with a warm cache and ~the data set's size with a cold one.
+The counters themselves are read by `workload.resources`, shared with training runs.
 """
 
 from __future__ import annotations
@@ -15,79 +16,48 @@ import logging
 import mmap
 import os
 from collections.abc import Iterable
-from pathlib import Path
+
+from stallscope.workload.resources import files_opened
 
 logger = logging.getLogger(__name__)
 
-PROC_IO = Path("/proc/self/io")
 _PAGE = mmap.PAGESIZE
 _READ_CHUNK = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class IoCounters:
-    """The process's cumulative I/O counters (Linux `/proc/self/io`), in bytes and calls.
-
-    rchar: bytes handed to read-like calls (from the cache or the device).
-    syscr: read-like system calls.
-    read_bytes: bytes the process caused to be fetched from the storage device.
-    """
-
-    rchar: int = 0
-    wchar: int = 0
-    syscr: int = 0
-    syscw: int = 0
-    read_bytes: int = 0
-    write_bytes: int = 0
-
-    def __sub__(self, other: "IoCounters") -> "IoCounters":
-        return IoCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                             for f in dataclasses.fields(self)})
-
-
-def read_io_counters(path: Path = PROC_IO) -> IoCounters | None:
-    """The current counters, or None where the kernel does not offer them (not Linux, no procfs)."""
-    try:
-        text = path.read_text(encoding="ascii")
-    except OSError:
-        return None
-    values = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in {f.name for f in dataclasses.fields(IoCounters)}:
-            values[key.strip()] = int(value)
-    return IoCounters(**values)
 
 
 @dataclasses.dataclass(frozen=True)
 class IoPerImage:
     """I/O figures of one pass of a pipeline, per image it produced.
 
-    files_opened is derived from the source's file list (a JPEG source opens one file per image, a
-    TFRecord source one per shard per pass), since the kernel keeps no count of opens per process.
+    From the `/proc/self/io` deltas (`workload.resources`): bytes_read is `rchar` (everything read,
+    cached or not), storage_bytes is `read_bytes` (what really came from the device: ~0 with a warm
+    cache, which is the evidence for or against a fetch stall), read_calls is `syscr`.
+    files_opened comes from the source's file list (the kernel keeps no count of opens).
     """
 
     images: int
-    bytes_read: float        # rchar per image: everything read, cached or not
-    storage_bytes: float     # read_bytes per image: what really came from the device
-    read_calls: float        # syscr per image
-    files_opened: float      # opened files per image
+    bytes_read: float
+    storage_bytes: float
+    read_calls: float
+    files_opened: float
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 
 
-def per_image(delta: IoCounters | None, images: int, *, files: int, examples: int) -> IoPerImage | None:
-    """Divides a counter delta over the images produced; None when no counters or no images."""
-    if delta is None or images <= 0:
+def per_image(io: dict[str, int] | None, images: int, *, source_kind: str, files_in_source: int,
+              examples: int) -> IoPerImage | None:
+    """Divides an I/O counter delta over the images produced; None when no counters or no images."""
+    if io is None or images <= 0:
         return None
-    files_per_image = files / examples if examples > 0 else 0.0
+    passes = images / examples if examples > 0 else 0.0
+    opened = files_opened(source_kind, images=images, files_in_source=max(1, files_in_source), passes=passes)
     return IoPerImage(
         images=images,
-        bytes_read=delta.rchar / images,
-        storage_bytes=delta.read_bytes / images,
-        read_calls=delta.syscr / images,
-        files_opened=files_per_image,
+        bytes_read=io.get("rchar", 0) / images,
+        storage_bytes=io.get("read_bytes", 0) / images,
+        read_calls=io.get("syscr", 0) / images,
+        files_opened=opened / images,
     )
 
 
