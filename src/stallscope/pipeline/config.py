@@ -26,6 +26,7 @@ CACHE_CHOICES = ("none", "memory", "file")
 CACHE_AT_CHOICES = ("encoded", "decoded")
 DECODE_CHOICES = ("full", "crop", "scaled")
 NORMALIZE_CHOICES = ("minus_one_one", "zero_one", "none")
+SHUFFLE_AT_CHOICES = ("decoded", "encoded")
 # TF's static graph rewrites that change what the user wrote; None leaves TF's default.
 STATIC_OPTIMIZATIONS = (
     "map_parallelization",
@@ -45,6 +46,10 @@ class PipelineConfig:
     preset: the preset this config started from (for reports only).
     batch_size, image_size: batch size and the square side images are resized to.
     shuffle_buffer: elements in the shuffle buffer; 0 disables shuffling (seed: 10240).
+    shuffle_at: "decoded" shuffles decoded images after the map (the seeds' order: map -> shuffle
+        -> batch; a buffer of 10240 images at 224 holds ~6 GB of float32), "encoded" shuffles file
+        paths (files) or serialized records (records) before decode: same randomness, far less memory.
+    shuffle_files: shuffle the order of image files / record shards each epoch (seeded) before reading.
     read_parallelism: files/shards read at once by `interleave`; None reads one after another.
     interleave_cycle_length: interleave cycle length (defaults to read_parallelism when None).
     map_parallelism: `num_parallel_calls` of the decode map; None is a sequential map.
@@ -68,6 +73,8 @@ class PipelineConfig:
     batch_size: int = 32
     image_size: int = 224
     shuffle_buffer: int = 10240
+    shuffle_at: str = "decoded"
+    shuffle_files: bool = False
     read_parallelism: int | None = None
     interleave_cycle_length: int | None = None
     map_parallelism: int | None = None
@@ -95,6 +102,13 @@ class PipelineConfig:
         require_positive("batch_size", self.batch_size)
         require_positive("image_size", self.image_size)
         require_non_negative("shuffle_buffer", self.shuffle_buffer)
+        require_choice("shuffle_at", self.shuffle_at, SHUFFLE_AT_CHOICES)
+        for name in ("shuffle_files", "deterministic", "autotune", "drop_remainder"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        for name in ("shuffle_buffer", "private_threadpool_size", "max_intra_op_parallelism", "seed"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise UsageError(f"{name}: expected an integer, got {getattr(self, name)!r}")
         require_positive("read_parallelism", self.read_parallelism, allow_none=True, allow_autotune=True)
         require_positive("interleave_cycle_length", self.interleave_cycle_length, allow_none=True, allow_autotune=True)
         require_positive("map_parallelism", self.map_parallelism, allow_none=True, allow_autotune=True)

@@ -1,0 +1,226 @@
+"""`build_dataset`: a `PipelineConfig` plus a `DataSource` -> the `tf.data.Dataset` a model trains on.
+
+The chain, with every stage optional except read, decode and batch:
+
+    files:   paths -> [shuffle files] -> read (map, or parallel interleave of one-file datasets)
+    records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
+    then:    [cache encoded] -> [shuffle encoded] -> decode map (parse, decode, resize, normalise,
+             label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [prefetch]
+
+Elements are (images float32 [B, S, S, 3], labels) with one-hot float32 [B, num_classes] labels (or
+int32 [B]); a label outside [0, num_classes) fails the iterator with the file or record named.
+TF's static rewrites and threading knobs are set through `tf.data.Options` (see `dataset_options`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import tensorflow as tf
+
+from stallscope.errors import UsageError
+from stallscope.pipeline import stages
+from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+from stallscope.pipeline.sources import DataSource
+from stallscope.records.schema import get_schema
+
+logger = logging.getLogger(__name__)
+
+# Where `extra_stages` hooks go: after reading (elements: encoded bytes, label, name), after the
+# decode map (image, label), after batching (images, labels).
+HOOK_POINTS = ("after_read", "after_decode", "after_batch")
+Hook = Callable[[tf.data.Dataset], tf.data.Dataset]
+
+
+def _calls(value: int | None):
+    """A config parallelism knob as `num_parallel_calls` (AUTOTUNE is -1 in both)."""
+    return None if value is None else int(value)
+
+
+def dataset_options(config: PipelineConfig) -> tf.data.Options:
+    """tf.data.Options for the config: order, autotune, threading and TF's static rewrites."""
+    options = tf.data.Options()
+    options.deterministic = config.deterministic
+    options.autotune.enabled = config.autotune
+    if config.private_threadpool_size:
+        options.threading.private_threadpool_size = config.private_threadpool_size
+    if config.max_intra_op_parallelism:
+        options.threading.max_intra_op_parallelism = config.max_intra_op_parallelism
+    for name in STATIC_OPTIMIZATIONS:
+        value = getattr(config, name)
+        if value is not None:
+            setattr(options.experimental_optimization, name, value)
+    return options
+
+
+def build_dataset(
+    config: PipelineConfig,
+    source: DataSource,
+    *,
+    repeat: bool = False,
+    num_classes: int | None = None,
+    one_hot: bool = True,
+    shuffle_files_seed: int | None = None,
+    extra_stages: Mapping[str, Hook] | None = None,
+) -> tf.data.Dataset:
+    """The input pipeline of `config` over `source` (see the module docstring for the chain).
+
+    num_classes: one-hot depth and label bound (default: the source's label count).
+    shuffle_files_seed: seed of the file/shard shuffle (default: config.seed).
+    extra_stages: {hook point: function(dataset) -> dataset}, for tests and diagnosis probes
+        (e.g. a stage that sleeps per element to emulate slow storage); points are HOOK_POINTS.
+    """
+    hooks = dict(extra_stages or {})
+    unknown = sorted(set(hooks) - set(HOOK_POINTS))
+    if unknown:
+        raise UsageError(f"extra_stages: unknown hook point(s) {', '.join(unknown)}; allowed: {', '.join(HOOK_POINTS)}")
+    num_classes = source.num_classes if num_classes is None else num_classes
+    if num_classes <= 0:
+        raise UsageError(f"num_classes: expected a positive integer, got {num_classes!r}")
+    if config.batch_size > source.num_examples and config.drop_remainder and not repeat:
+        logger.warning(
+            "batch size %d exceeds the %d examples of %s and drop_remainder is on: no batch at all",
+            config.batch_size, source.num_examples, source.path,
+        )
+    file_seed = config.seed if shuffle_files_seed is None else shuffle_files_seed
+    cache_encoded = config.cache != "none" and config.cache_at == "encoded"
+    # A separate read stage only where something sits between read and decode; otherwise the read
+    # (files) or parse (records) runs inside the decode map, as the seeds wrote it.
+    separate_read = cache_encoded or "after_read" in hooks
+
+    if source.kind == "files":
+        dataset, element = _read_files(config, source, file_seed, separate_read)
+    else:
+        dataset, element = _read_records(config, source, file_seed)
+    dataset = hooks.get("after_read", _same)(dataset)
+
+    if cache_encoded:
+        dataset = _cache(dataset, config)
+    if config.shuffle_buffer and config.shuffle_at == "encoded" and not _shuffled_paths(config, source):
+        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
+
+    dataset = dataset.map(
+        _decode_fn(config, source, element, num_classes, one_hot),
+        num_parallel_calls=_calls(config.map_parallelism),
+        deterministic=None if config.map_parallelism is None else config.deterministic,
+        name="decode",
+    )
+    dataset = hooks.get("after_decode", _same)(dataset)
+
+    if config.cache != "none" and config.cache_at == "decoded":
+        dataset = _cache(dataset, config)
+    if config.shuffle_buffer and config.shuffle_at == "decoded":
+        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(config.batch_size, drop_remainder=config.drop_remainder)
+    dataset = hooks.get("after_batch", _same)(dataset)
+    if config.prefetch is not None:
+        dataset = dataset.prefetch(config.prefetch)
+    return dataset.with_options(dataset_options(config))
+
+
+def _same(dataset):
+    return dataset
+
+
+def _shuffled_paths(config: PipelineConfig, source: DataSource) -> bool:
+    """Files source, encoded shuffle, no encoded cache: shuffling the path list is the cheap form."""
+    return source.kind == "files" and not (config.cache != "none" and config.cache_at == "encoded")
+
+
+def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, separate_read: bool):
+    """(dataset, element kind): "path" elements (path, label, path) or "encoded" (bytes, label, path)."""
+    paths = [str(p) for p in source.files]
+    dataset = tf.data.Dataset.from_tensor_slices((paths, list(source.file_labels)))
+    if config.shuffle_files:
+        dataset = dataset.shuffle(len(paths), seed=file_seed, reshuffle_each_iteration=True)
+    elif config.shuffle_buffer and config.shuffle_at == "encoded" and _shuffled_paths(config, source):
+        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
+    sequential = config.read_parallelism is None and config.interleave_cycle_length is None
+    if sequential and not separate_read:
+        return dataset, "path"
+    if sequential:
+        return dataset.map(lambda path, label: (tf.io.read_file(path), label, path), name="read"), "encoded"
+
+    def one_file(path, label):
+        return tf.data.Dataset.from_tensors((tf.io.read_file(path), label, path))
+
+    dataset = dataset.interleave(
+        one_file,
+        cycle_length=_cycle_length(config),
+        block_length=1,
+        num_parallel_calls=_calls(config.read_parallelism),
+        deterministic=None if config.read_parallelism is None else config.deterministic,
+        name="read",
+    )
+    return dataset, "encoded"
+
+
+def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
+    """(dataset of serialized records, "serialized")."""
+    shards = [str(p) for p in source.files]
+    files = None
+    if config.shuffle_files:
+        files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)
+    if config.read_parallelism is None and config.interleave_cycle_length is None:
+        return tf.data.TFRecordDataset(files if files is not None else shards, name="read"), "serialized"
+    files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
+    dataset = files.interleave(
+        lambda shard: tf.data.TFRecordDataset(shard),
+        cycle_length=_cycle_length(config),
+        block_length=1,
+        num_parallel_calls=_calls(config.read_parallelism),
+        deterministic=None if config.read_parallelism is None else config.deterministic,
+        name="read",
+    )
+    return dataset, "serialized"
+
+
+def _cycle_length(config: PipelineConfig) -> int:
+    if config.interleave_cycle_length is not None:
+        return int(config.interleave_cycle_length)
+    if config.read_parallelism is not None:
+        return int(config.read_parallelism)
+    return tf.data.AUTOTUNE
+
+
+def _cache(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    return dataset.cache(config.cache_path if config.cache == "file" else "")
+
+
+def _decode_fn(config: PipelineConfig, source: DataSource, element: str, num_classes: int, one_hot: bool):
+    """The decode map: (path|bytes, label, name) or a serialized record -> (image, label)."""
+    decode = stages.decoder(config.decode, config.image_size)
+    normalize = stages.normalizer(config.normalize)
+
+    def finish(encoded, label, where):
+        image = normalize(stages.resize(decode(encoded), config.image_size))
+        label = stages.checked_label(label, num_classes, where)
+        return image, (stages.one_hot(label, num_classes) if one_hot else label)
+
+    if element == "serialized":
+        parse = stages.parse_record(get_schema(source.schema))
+        return lambda serialized: finish(*parse(serialized))
+    if element == "path":
+        return lambda path, label: finish(tf.io.read_file(path), label, path)
+    return finish
+
+
+def build_decode_limit_dataset(
+    encoded_images: list[bytes], *, image_size: int, decode: str = "full", parallelism: int = tf.data.AUTOTUNE,
+    batch_size: int = 32,
+) -> tf.data.Dataset:
+    """Decode + resize alone over in-memory bytes on all cores: the CPU ceiling of any pipeline.
+
+    No reading, parsing, shuffling or labels; one element of the result is a batch of images.
+    Repeats forever so a benchmark can time as many batches as it likes.
+    """
+    decode_fn = stages.decoder(decode, image_size)
+    dataset = tf.data.Dataset.from_tensor_slices(encoded_images).repeat()
+    dataset = dataset.map(
+        lambda encoded: stages.resize(decode_fn(encoded), image_size),
+        num_parallel_calls=parallelism, deterministic=False,
+    )
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,138 @@
+"""The pipeline as written and as TF really runs it, as stage chains in the profiler's vocabulary.
+
+TF applies its static rewrites (map_parallelization, inject_prefetch, map_and_batch_fusion, ...)
+when an iterator is made, in the `FinalizeDataset` op. `pipeline_as_run` applies that same op to
+the dataset's variant and reads the serialized graph of the result, so the chain it returns is the
+one the iterator runs, without iterating. `pipeline_as_written` reads the graph before finalizing.
+
+Stage names are the dataset op names without "Dataset" and version suffixes ("ParallelMapDatasetV2"
+-> "ParallelMap"), which are also the `Iterator::...` names in a TF profile. A chain is listed
+outermost first, depth-first: a stage, then the datasets its function builds (an interleave's
+per-shard reader), then its input. Threading/autotune wrappers (Model, PrivateThreadPool,
+MaxIntraOpParallelism, Options) are left out unless asked for.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.ops import gen_dataset_ops
+
+from stallscope.pipeline.config import PipelineConfig
+
+INFRASTRUCTURE_STAGES = frozenset({"Model", "PrivateThreadPool", "MaxIntraOpParallelism", "Options"})
+PARALLEL_STAGES = frozenset({"ParallelMap", "ParallelInterleave", "MapAndBatch", "ParallelBatch", "Prefetch"})
+_EXTERNAL_STATE_ALLOW = 0  # StatefulOps policy: serialize stateful ops (file reads) without complaint
+
+
+def stage_name(op: str) -> str:
+    """`ParallelMapDatasetV2` -> `ParallelMap`, `ExperimentalMapAndBatchDataset` -> `MapAndBatch`."""
+    name = re.sub(r"^Experimental", "", op)
+    return re.sub(r"Dataset(V\d+)?$", "", name)
+
+
+def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
+    """The stage chain after TF's static rewrites (what the iterator runs), outermost first."""
+    finalized = gen_dataset_ops.finalize_dataset(
+        dataset._variant_tensor,  # noqa: SLF001 - the one handle FinalizeDataset takes
+        output_types=dataset._flat_types,  # noqa: SLF001
+        output_shapes=dataset._flat_shapes,  # noqa: SLF001
+    )
+    serialized = gen_dataset_ops.dataset_to_graph_v2(
+        finalized, external_state_policy=_EXTERNAL_STATE_ALLOW, strip_device_assignment=True
+    )
+    return _chain(graph_pb2.GraphDef.FromString(serialized.numpy()), include_infrastructure)
+
+
+def pipeline_as_built(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
+    """The stage chain of a built dataset before TF's rewrites."""
+    serialized = dataset._as_serialized_graph(  # noqa: SLF001
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE, strip_device_assignment=True
+    )
+    return _chain(graph_pb2.GraphDef.FromString(serialized.numpy()), include_infrastructure)
+
+
+def pipeline_as_written(config: PipelineConfig, source) -> list[str]:
+    """What the user asked for: the chain `build_dataset` writes for this config and source."""
+    from stallscope.pipeline.builder import build_dataset
+
+    return pipeline_as_built(build_dataset(config, source))
+
+
+def parallel_stages(chain: list[str]) -> list[str]:
+    """The stages of a chain that run in parallel or asynchronously."""
+    return [stage for stage in chain if stage in PARALLEL_STAGES]
+
+
+def _chain(graph: graph_pb2.GraphDef, include_infrastructure: bool) -> list[str]:
+    functions = {f.signature.name: f for f in graph.library.function}
+    nodes = {n.name: n for n in graph.node}
+    output = next((n for n in graph.node if n.op == "_Retval"), None)
+    if output is None:
+        raise ValueError("dataset graph has no output node")
+    stages = _walk(nodes, _input_name(output.input[0]), functions)
+    if not include_infrastructure:
+        stages = [s for s in stages if s not in INFRASTRUCTURE_STAGES]
+    return stages
+
+
+def _input_name(ref: str) -> str:
+    """Graph inputs are `node` or `node:0`; function-body inputs are `node:handle:0`."""
+    return ref.lstrip("^").split(":")[0]
+
+
+def _walk(nodes: dict, name: str, functions: dict) -> list[str]:
+    stages: list[str] = []
+    seen: set[str] = set()
+    while name in nodes and name not in seen:
+        seen.add(name)
+        node = nodes[name]
+        if node.op == "Identity":
+            name = _input_name(node.input[0])
+            continue
+        if not node.op.endswith(("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "DatasetV5")):
+            break
+        inner = _function_chain(node, functions)
+        upstream = next(
+            (_input_name(i) for i in node.input if not i.startswith("^") and _is_dataset(nodes, _input_name(i))),
+            None,
+        )
+        if _is_reader_wrapper(node, inner, nodes, upstream):
+            stages.extend(inner)  # TFRecordDataset(filename tensor) = TensorSlice -> FlatMap(reader)
+            break
+        stages.append(stage_name(node.op))
+        stages.extend(inner)
+        if upstream is None:
+            break
+        name = upstream
+    return stages
+
+
+def _is_dataset(nodes: dict, name: str) -> bool:
+    node = nodes.get(name)
+    return node is not None and ("Dataset" in node.op or node.op == "Identity")
+
+
+def _function_chain(node, functions: dict) -> list[str]:
+    """The chain of datasets built by a stage's function (interleave / flat_map), if any."""
+    for key in ("f", "dataset_fn"):
+        if key in node.attr and node.attr[key].HasField("func"):
+            function = functions.get(node.attr[key].func.name)
+            if function is None or not function.ret:
+                return []
+            body = {n.name: n for n in function.node_def}
+            ret = _input_name(next(iter(function.ret.values())))
+            if ret in body and _is_dataset(body, ret):
+                return _walk(body, ret, functions)
+    return []
+
+
+def _is_reader_wrapper(node, inner: list[str], nodes: dict, upstream: str | None) -> bool:
+    return (
+        node.op == "FlatMapDataset"
+        and len(inner) == 1
+        and upstream is not None
+        and nodes[upstream].op == "TensorSliceDataset"
+    )

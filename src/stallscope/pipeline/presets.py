@@ -1,0 +1,108 @@
+"""Named pipelines: what the seeds wrote, what the tf.data guide advises, and our measured best.
+
+`--pipeline NAME` picks one; single knob flags override its fields (`resolve_pipeline`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+
+# Every TF rewrite off: TF 2.21 otherwise turns the seeds' sequential map into a parallel, prefetched
+# one (map_parallelization, inject_prefetch, map_and_batch_fusion, parallel_batch).
+_REWRITES_OFF = {name: False for name in STATIC_OPTIMIZATIONS}
+
+SEED = PipelineConfig(
+    # seed-002: TFRecordDataset(files).map(parse_decode_resize_scale).shuffle(10240).batch(32)
+    preset="seed",
+    batch_size=32,
+    image_size=224,
+    shuffle_buffer=10240,
+    shuffle_at="decoded",
+    shuffle_files=False,
+    read_parallelism=None,
+    map_parallelism=None,
+    prefetch=None,
+    deterministic=True,
+    normalize="minus_one_one",
+    drop_remainder=False,  # the seeds' batch(32) keeps the last partial batch
+    **_REWRITES_OFF,
+)
+
+AUTOTUNE_PRESET = PipelineConfig(
+    # The tf.data performance guide applied to the seed pipeline: parallel interleave over the
+    # files/shards, parallel map and prefetch, all AUTOTUNE; TF's rewrites at their defaults.
+    preset="autotune",
+    batch_size=32,
+    image_size=224,
+    shuffle_buffer=10240,
+    shuffle_at="decoded",
+    read_parallelism=AUTOTUNE,
+    map_parallelism=AUTOTUNE,
+    prefetch=AUTOTUNE,
+    deterministic=True,
+)
+
+TUNED = PipelineConfig(
+    # Our best measured on 2 cores (benchmarks/pipeline.py): order may vary, shards read in
+    # parallel, the shuffle moved before decode (file names / encoded records, not decoded
+    # images), every core decoding, one intra-op thread per element, batches prefetched.
+    preset="tuned",
+    batch_size=32,
+    image_size=224,
+    shuffle_buffer=10240,
+    shuffle_at="encoded",
+    shuffle_files=True,
+    read_parallelism=AUTOTUNE,
+    interleave_cycle_length=4,
+    map_parallelism=AUTOTUNE,
+    prefetch=AUTOTUNE,
+    deterministic=False,
+    max_intra_op_parallelism=1,
+)
+
+PRESETS: dict[str, PipelineConfig] = {p.preset: p for p in (SEED, AUTOTUNE_PRESET, TUNED)}
+
+
+def get_preset(name: str) -> PipelineConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UsageError(f"--pipeline: unknown preset {name!r}; expected one of {', '.join(PRESETS)}") from None
+
+
+OFF = "off"  # an override value that switches a knob off (sets it to None), e.g. prefetch=OFF
+
+
+def resolve_pipeline(preset: str, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """The preset with single knobs replaced; None values in `overrides` mean "not given".
+
+    To switch an optional knob off (prefetch, map_parallelism, a static rewrite back to TF's
+    default), pass OFF ("off"); it becomes None.
+
+    The result keeps the preset's name, so reports say `seed` (with overrides listed by
+    `overridden_fields`) rather than a bare custom config.
+    """
+    base = get_preset(preset)
+    changes = {k: (None if v == OFF else v) for k, v in (overrides or {}).items() if v is not None}
+    known = {f.name for f in dataclasses.fields(PipelineConfig)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise UsageError(f"pipeline override: unknown knob(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    return base.replace(**changes)
+
+
+def overridden_fields(config: PipelineConfig) -> dict[str, Any]:
+    """Fields where `config` differs from the preset it names (empty for a custom config)."""
+    base = PRESETS.get(config.preset)
+    if base is None:
+        return {}
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(PipelineConfig)
+        if getattr(config, f.name) != getattr(base, f.name)
+    }
