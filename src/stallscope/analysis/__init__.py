@@ -1,0 +1,1 @@
+"""Stall analysis: profiles and run directories in, diagnoses and advice out."""

@@ -1,0 +1,158 @@
+"""`analyze_run(path) -> Analysis`: everything `stallscope analyze` reports, as numbers.
+
+A path may be a run directory (profile under plugins/profile, plus the run's own steps.csv,
+pipeline.json and resources.json), a capture directory, or a `.xplane.pb` file. A profile inside a
+run directory is matched back to its run, so the run's own files are read either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from stallscope.analysis import advice as advice_module
+from stallscope.analysis.checklist import CheckItem, checklist
+from stallscope.analysis.rewrites import Rewrite, rewrites
+from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
+from stallscope.analysis.tfdata import StageTree, stage_tree
+from stallscope.analysis.xplane import find_profile, load_profile
+from stallscope.config import json_ready
+from stallscope.errors import StallscopeError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.workload import rundir
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    source: str                       # the path the user gave
+    profile_path: str
+    run_dir: str | None
+    steps: StepBreakdown
+    tree: StageTree
+    checklist: tuple[CheckItem, ...]
+    advice: tuple["advice_module.Advice", ...]
+    xprof: XprofFigure | None
+    run: RunTiming | None
+    config: PipelineConfig | None     # the pipeline the run asked for (pipeline.json "requested")
+    written_chain: tuple[str, ...]
+    ran_chain: tuple[str, ...]
+    rewrites: tuple[Rewrite, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def input_share(self) -> float:
+        return self.steps.input_share
+
+    @property
+    def verdict(self) -> str:
+        return self.steps.verdict
+
+    @property
+    def bottleneck(self) -> str | None:
+        stage = self.tree.bottleneck_stage
+        return stage.name if stage else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: `input_share` (0..1) and `bottleneck` (stage name) at the top level."""
+        stages = [dict(dataclasses.asdict(s), busy_ms=s.busy_ms) for s in self.tree.stages]
+        return json_ready({
+            "input_share": self.input_share,
+            "bottleneck": self.bottleneck,
+            "verdict": self.verdict,
+            "source": self.source,
+            "profile": self.profile_path,
+            "run_dir": self.run_dir,
+            "steps": {
+                "counted": self.steps.counted_steps,
+                "step_ms": dataclasses.asdict(self.steps.step_ms),
+                "input_ms": dataclasses.asdict(self.steps.input_ms),
+                "compute_ms": dataclasses.asdict(self.steps.compute_ms),
+                "get_next_mean_us": self.steps.get_next_mean_us,
+                "per_step": [dataclasses.asdict(s) for s in self.steps.steps],
+            },
+            "xprof": dataclasses.asdict(self.xprof) if self.xprof else None,
+            "run_timing": dataclasses.asdict(self.run) if self.run else None,
+            "stages": stages,
+            "bottleneck_stage": self.tree.bottleneck,
+            "bottleneck_walk": list(self.tree.walk),
+            "bottleneck_reason": self.tree.reason,
+            "checklist": [dataclasses.asdict(c) for c in self.checklist],
+            "advice": [a.to_dict() for a in self.advice],
+            "pipeline": {
+                "requested": self.config.to_dict() if self.config else None,
+                "written": list(self.written_chain),
+                "ran": list(self.ran_chain),
+                "rewrites": [dict(dataclasses.asdict(r), text=r.describe()) for r in self.rewrites],
+            },
+            "notes": list(self.notes),
+        })
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
+    """Reads the profile (and the run's own files when there is a run) and diagnoses it."""
+    profile_file = find_profile(path)
+    run_dir = _run_dir_of(Path(path), profile_file)
+    profile = load_profile(profile_file)
+    steps = step_breakdown(profile)
+    tree = stage_tree(profile)
+    notes: list[str] = []
+    resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
+    pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, notes) if run_dir else None
+    run = None
+    if run_dir is not None and (run_dir / rundir.STEPS_NAME).exists():
+        run = run_timing(rundir.read_steps(run_dir))
+    config = _requested_config(pipeline, notes)
+    written = tuple(_chain(pipeline, "written"))
+    ran = tuple(_chain(pipeline, "ran")) or tuple(tree.chain())
+    changes = rewrites(written, ran) if written else ()
+    if not written:
+        notes.append("no written chain in pipeline.json: TF's rewrites cannot be compared with what was written")
+    figure = xprof_figure(profile_file) if with_xprof else None
+    partial = Analysis(
+        source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,
+        steps=steps, tree=tree, checklist=checklist(steps, tree, resources), advice=(), xprof=figure, run=run,
+        config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
+    )
+    return dataclasses.replace(partial, advice=tuple(advice_module.recommend(partial, config)))
+
+
+def _run_dir_of(given: Path, profile_file: Path) -> Path | None:
+    """The run directory: the path given, or the one holding plugins/profile/<capture>/file."""
+    for candidate in (given, profile_file.parent.parent.parent.parent):
+        if candidate.is_dir() and any((candidate / name).exists() for name in
+                                      (rundir.STEPS_NAME, rundir.SUMMARY_NAME, rundir.PIPELINE_NAME)):
+            return candidate
+    return None
+
+
+def _optional_json(run_dir: Path, name: str, notes: list[str]) -> dict[str, Any] | None:
+    if not (run_dir / name).exists():
+        notes.append(f"{run_dir / name}: missing")
+        return None
+    return rundir.read_json(run_dir, name)
+
+
+def _requested_config(pipeline: dict[str, Any] | None, notes: list[str]) -> PipelineConfig | None:
+    requested = (pipeline or {}).get("requested")
+    if not isinstance(requested, dict):
+        return None
+    try:
+        return PipelineConfig.from_dict(requested, source="pipeline.json requested")
+    except StallscopeError as exc:
+        notes.append(f"pipeline.json: the requested config could not be read ({exc}); advice ignores it")
+        return None
+
+
+def _chain(pipeline: dict[str, Any] | None, key: str) -> list[str]:
+    value = (pipeline or {}).get(key)
+    if isinstance(value, dict):  # {"chain": [...], ...}
+        value = value.get("chain")
+    return [str(v) for v in value] if isinstance(value, list) else []

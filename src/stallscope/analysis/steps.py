@@ -1,0 +1,243 @@
+"""Per-step breakdown from a profile's step markers: step time, input wait, compute, input share.
+
+Definition, aligned with XProf's Input Pipeline Analyzer (TensorBoard's Profile tab) so the two agree:
+- a step is an event with a `step_num` stat and `_r=1` (what `tf.profiler.experimental.Trace('train',
+  step_num=i, _r=1)` writes); its time is that event's duration;
+- XProf drops the first and the last marked step of a capture (they may be cut by the capture
+  window); so do we: they are listed but not `counted`;
+- input wait is the time inside `IteratorGetNext*::DoCompute` events on the host that fall in the
+  step (XProf's "Input" category on a CPU-only host, where there is no infeed), overlaps merged;
+- compute is the rest of the step;
+- the input share is total input wait / total step time over the counted steps (XProf's
+  "x% of the total step time sampled is waiting for input"), not the mean of per-step shares.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stallscope.analysis.xplane import Event, Profile, ps_to_ms
+from stallscope.errors import DataError
+from stallscope.verdict import verdict_for
+from stallscope.workload.rundir import StepRecord
+
+log = logging.getLogger(__name__)
+
+GET_NEXT_EVENTS = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    step: int
+    name: str
+    start_ms: float       # from the first step's start
+    step_ms: float
+    input_ms: float
+    compute_ms: float
+    get_next_calls: int
+    counted: bool         # False for the first and last marked step, as XProf
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """Mean, median, 90th percentile and standard deviation of one per-step figure (ms)."""
+
+    mean: float
+    p50: float
+    p90: float
+    std: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Spread":
+        if not values:
+            return cls(0.0, 0.0, 0.0, 0.0)
+        ordered = sorted(values)
+        mean = sum(ordered) / len(ordered)
+        std = math.sqrt(sum((v - mean) ** 2 for v in ordered) / len(ordered))
+        return cls(mean=mean, p50=_percentile(ordered, 0.5), p90=_percentile(ordered, 0.9), std=std)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBreakdown:
+    steps: tuple[StepTiming, ...]
+    step_ms: Spread
+    input_ms: Spread
+    compute_ms: Spread
+    input_share: float    # 0..1
+    verdict: str
+    get_next_mean_us: float   # mean IteratorGetNext duration over counted steps (seed-004's 50 us test)
+    get_next_calls: int
+
+    @property
+    def counted_steps(self) -> int:
+        return sum(1 for s in self.steps if s.counted)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTiming:
+    """The run's own wall-clock timing from steps.csv (every step, not only the profiled window)."""
+
+    steps: int
+    step_ms: Spread
+    input_ms: Spread
+    compute_ms: Spread
+    input_share: float
+    verdict: str
+    images_per_second: float
+
+
+@dataclasses.dataclass(frozen=True)
+class XprofFigure:
+    """What TensorBoard's Input Pipeline Analyzer says about the same profile."""
+
+    input_share: float | None   # None when xprof found no steps
+    steps: int
+    step_ms_mean: float | None
+    conclusion: str
+    error: str = ""
+
+
+def step_breakdown(profile: Profile) -> StepBreakdown:
+    """Steps from the markers; raises DataError naming the file when the profile has none."""
+    host = profile.host
+    markers = sorted(
+        (e for e in host.events() if "step_num" in e.stats and e.stats.get("_r") == 1),
+        key=lambda e: e.start_ps,
+    )
+    if not markers:
+        raise DataError(
+            f"{profile.path}: no step markers in this profile; mark each step with "
+            "tf.profiler.experimental.Trace('train', step_num=i, _r=1) (stallscope train does)"
+        )
+    get_next = sorted((e for e in host.events() if e.name in GET_NEXT_EVENTS), key=lambda e: e.start_ps)
+    origin = markers[0].start_ps
+    timings, calls = [], []
+    for index, marker in enumerate(markers):
+        inside = _within(get_next, marker.start_ps, marker.end_ps)
+        input_ps = _union_ps(inside, marker.start_ps, marker.end_ps)
+        step_ms = ps_to_ms(marker.duration_ps)
+        input_ms = ps_to_ms(input_ps)
+        timings.append(StepTiming(
+            step=int(marker.stats["step_num"]), name=marker.name, start_ms=ps_to_ms(marker.start_ps - origin),
+            step_ms=step_ms, input_ms=input_ms, compute_ms=max(step_ms - input_ms, 0.0),
+            get_next_calls=len(inside), counted=0 < index < len(markers) - 1 or len(markers) < 3,
+        ))
+        if timings[-1].counted:
+            calls.extend(inside)
+    counted = [t for t in timings if t.counted]
+    total_step = sum(t.step_ms for t in counted)
+    share = sum(t.input_ms for t in counted) / total_step if total_step > 0 else 0.0
+    mean_us = sum(e.duration_ps for e in calls) / len(calls) / 1e6 if calls else 0.0
+    return StepBreakdown(
+        steps=tuple(timings),
+        step_ms=Spread.of([t.step_ms for t in counted]),
+        input_ms=Spread.of([t.input_ms for t in counted]),
+        compute_ms=Spread.of([t.compute_ms for t in counted]),
+        input_share=share, verdict=verdict_for(share),
+        get_next_mean_us=mean_us, get_next_calls=len(calls),
+    )
+
+
+def run_timing(records: Sequence[StepRecord]) -> RunTiming | None:
+    """Summary of steps.csv without warm-up steps; None when the run has no measured step."""
+    measured = [r for r in records if not r.warmup] or list(records)
+    if not measured:
+        return None
+    total_step = sum(r.step_ms for r in measured)
+    share = sum(r.input_wait_ms for r in measured) / total_step if total_step > 0 else 0.0
+    images = sum(r.images for r in measured)
+    return RunTiming(
+        steps=len(measured),
+        step_ms=Spread.of([r.step_ms for r in measured]),
+        input_ms=Spread.of([r.input_wait_ms for r in measured]),
+        compute_ms=Spread.of([r.compute_ms for r in measured]),
+        input_share=share, verdict=verdict_for(share),
+        images_per_second=images / (total_step / 1000.0) if total_step > 0 else 0.0,
+    )
+
+
+def xprof_figure(profile_path: Path) -> XprofFigure:
+    """Runs XProf's Input Pipeline Analyzer offline on the profile and reads its step table.
+
+    The share is computed from its per-step rows (sum of "Input" / sum of "Step time"), which is
+    the figure its conclusion rounds to one decimal.
+    """
+    try:
+        from xprof.convert import raw_to_tool_data
+    except ImportError as exc:
+        return XprofFigure(None, 0, None, "", error=f"xprof is not installed ({exc})")
+    try:
+        with _quiet_stderr():
+            raw = raw_to_tool_data.xspace_to_tool_data([str(profile_path)], "input_pipeline_analyzer", {})
+        data = json.loads(raw[0] if isinstance(raw, tuple) else raw)
+        return _read_xprof_tables(data)
+    except Exception as exc:  # xprof's converter raises anything from C++; keep the analysis going
+        log.warning("xprof could not analyse %s: %s", profile_path, exc)
+        return XprofFigure(None, 0, None, "", error=f"xprof failed: {exc}")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """xprof's C++ converter logs a dozen INFO lines to fd 2 per call; keep the report readable."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _read_xprof_tables(data: Any) -> XprofFigure:
+    table = next((t for t in data if any(c.get("id") == "infeedTimeMs" for c in t.get("cols", []))), None)
+    if table is None:
+        return XprofFigure(None, 0, None, "", error="xprof returned no step-time table")
+    column = {c["id"]: i for i, c in enumerate(table["cols"])}
+    steps = [row["c"][column["stepTimeMs"]]["v"] for row in table["rows"]]
+    inputs = [row["c"][column["infeedTimeMs"]]["v"] for row in table["rows"]]
+    conclusion = table.get("p", {}).get("input_conclusion", "")
+    if not steps or sum(steps) <= 0:
+        return XprofFigure(None, 0, None, conclusion)
+    return XprofFigure(
+        input_share=sum(inputs) / sum(steps), steps=len(steps),
+        step_ms_mean=sum(steps) / len(steps), conclusion=conclusion,
+    )
+
+
+def _within(events: Sequence[Event], start_ps: int, end_ps: int) -> list[Event]:
+    """Events (sorted by start) that start inside [start, end)."""
+    first = bisect.bisect_left(events, start_ps, key=lambda e: e.start_ps)
+    last = bisect.bisect_left(events, end_ps, key=lambda e: e.start_ps)
+    return list(events[first:last])
+
+
+def _union_ps(events: Sequence[Event], start_ps: int, end_ps: int) -> int:
+    """Length of the union of the events' intervals clipped to [start, end] (nested calls count once)."""
+    total, reach = 0, start_ps
+    for event in sorted(events, key=lambda e: e.start_ps):
+        begin, end = max(event.start_ps, reach), min(event.end_ps, end_ps)
+        if end > begin:
+            total += end - begin
+            reach = end
+    return total
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -1,0 +1,242 @@
+"""The tf.data stage tree from a profile's `Iterator::...` events, and seed-004's bottleneck walk.
+
+Each `Iterator::` event's metadata name is its long name (`Iterator::Root::Prefetch::BatchV2`): the
+chain from the outermost stage down to it, so the tree is built from names alone. Synchronous stages
+(Map, Batch, ...) run their inputs nested on the same thread, so own time = their time minus the
+nested input events. Asynchronous stages (Prefetch, ParallelMap, ParallelInterleave, MapAndBatch)
+run their inputs on other threads: their consumer-side events are waiting, not work. Their work is
+the user function they run, found by the function call ids inside their producer events (whose
+input events name the stage by `parent_id`) and the executions carrying the same id elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from stallscope.analysis.xplane import Event, Profile, ps_to_ms
+
+ITERATOR_PREFIX = "Iterator::"
+ROOT_NAMES = ("Root", "Model")
+ASYNC_PREFIXES = ("Prefetch", "LegacyPrefetch", "ParallelMap", "ParallelInterleave", "MapAndBatch",
+                  "ParallelBatch", "ParallelFilter", "DataService")
+FUNCTION_CALLS = ("InstantiatedCapturedFunction::RunAsync", "InstantiatedCapturedFunction::Run")
+FUNCTION_EXECUTIONS = ("ExecutorState::Process", "FunctionRun")
+_INDEX = re.compile(r"\[\d+\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One transformation or source of the pipeline, with the time it took (ms, summed over calls)."""
+
+    long_name: str             # Iterator::Root::Prefetch::BatchV2 (per-element indices removed)
+    name: str                  # BatchV2
+    dataset: str               # the op's own name from the stats, e.g. BatchDatasetV2:2
+    depth: int                 # 0 for the outermost stage below Root
+    asynchronous: bool
+    calls: int
+    total_ms: float            # time in its events (for async stages: the consumer waiting)
+    own_ms: float              # work of the stage itself: total minus nested inputs; async: its function
+    inputs_ms: float           # time its direct inputs took (on any thread)
+    per_element_us: float      # own time per call
+    parallelism: int | None    # as configured (stats), -1 for autotune; None for sequential stages
+    concurrency: float         # measured: mean number of its function calls in flight while busy
+    inputs: tuple[str, ...]    # long names of its direct inputs
+
+    @property
+    def busy_ms(self) -> float:
+        """Own work spread over the calls that ran at once: the wall-clock time it needs."""
+        return self.own_ms / max(self.concurrency, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTree:
+    stages: tuple[Stage, ...]          # outermost first
+    bottleneck: str | None             # long name
+    walk: tuple[str, ...]              # long names visited from the outermost stage to the bottleneck
+    reason: str
+
+    def stage(self, long_name: str) -> Stage:
+        for stage in self.stages:
+            if stage.long_name == long_name:
+                return stage
+        raise KeyError(long_name)
+
+    @property
+    def outermost(self) -> Stage | None:
+        return self.stages[0] if self.stages else None
+
+    @property
+    def bottleneck_stage(self) -> Stage | None:
+        return self.stage(self.bottleneck) if self.bottleneck else None
+
+    def chain(self) -> list[str]:
+        """Stage names outermost first along the main path (the heaviest input at each level)."""
+        names, current = [], self.outermost
+        while current is not None:
+            names.append(current.name)
+            heaviest = max((self.stage(i) for i in current.inputs), key=lambda s: s.total_ms, default=None)
+            current = heaviest
+        return names
+
+
+def short_name(long_name: str) -> str:
+    return long_name.rsplit("::", 1)[-1]
+
+
+def is_asynchronous(name: str) -> bool:
+    return name.startswith(ASYNC_PREFIXES)
+
+
+def stage_tree(profile: Profile) -> StageTree:
+    """Builds the stage tree from the host plane and walks it to the bottleneck."""
+    host = profile.host
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0])  # calls, total_ps, nested_ps
+    datasets: dict[str, str] = {}
+    parallelism: dict[str, int] = {}
+    stage_of_id: dict[int, str] = {}
+    producer_calls: dict[tuple[str, int], set[int]] = defaultdict(set)
+    producer_stage: dict[tuple[str, int], int] = {}
+    executions: dict[int, list[Event]] = defaultdict(list)
+    run_calls: dict[int, Event] = {}
+
+    for line in host.lines:
+        stack: list[Event] = []
+        for event in line.events:
+            while stack and stack[-1].end_ps <= event.start_ps:
+                stack.pop()
+            if event.name.startswith(ITERATOR_PREFIX):
+                key = _INDEX.sub("", event.name)
+                if short_name(key) not in ROOT_NAMES:
+                    record = totals[key]
+                    record[0] += 1
+                    record[1] += event.duration_ps
+                    parent = next((e for e in reversed(stack) if e.name.startswith(ITERATOR_PREFIX)), None)
+                    if parent is not None and key.startswith(_INDEX.sub("", parent.name) + "::"):
+                        totals[_INDEX.sub("", parent.name)][2] += event.duration_ps
+                    _note_stats(key, event, datasets, parallelism, stage_of_id)
+                    owner = _producer(stack)
+                    if owner is not None and "parent_id" in event.stats:
+                        producer_stage.setdefault((line.name, owner.start_ps), event.stats["parent_id"])
+            elif event.name in FUNCTION_EXECUTIONS and "id" in event.stats:
+                executions[event.stats["id"]].append(event)
+            elif event.name in FUNCTION_CALLS and "id" in event.stats:
+                run_calls[event.stats["id"]] = event
+                owner = _producer(stack)
+                if owner is not None:
+                    producer_calls[(line.name, owner.start_ps)].add(event.stats["id"])
+            stack.append(event)
+
+    if not totals:
+        return StageTree(stages=(), bottleneck=None, walk=(), reason="no Iterator:: events in the profile")
+
+    work_ps: dict[str, float] = {}
+    concurrency: dict[str, float] = {}
+    runs_of: dict[str, list[Event]] = defaultdict(list)
+    for producer, ids in producer_calls.items():
+        stage = stage_of_id.get(producer_stage.get(producer, 0))
+        if stage is not None and is_asynchronous(short_name(stage)):
+            runs_of[stage].extend(run for i in ids for run in _execution_events(i, executions, run_calls))
+    for stage, runs in runs_of.items():
+        work_ps[stage] = sum(e.duration_ps for e in runs)
+        concurrency[stage] = _concurrency(runs)
+
+    stages = _build_stages(totals, datasets, parallelism, work_ps, concurrency)
+    walk, bottleneck, reason = _walk(stages)
+    return StageTree(stages=stages, bottleneck=bottleneck, walk=walk, reason=reason)
+
+
+def _note_stats(key: str, event: Event, datasets: dict, parallelism: dict, stage_of_id: dict) -> None:
+    if "id" in event.stats:
+        stage_of_id[event.stats["id"]] = key
+    if key not in datasets and isinstance(event.stats.get("name"), str):
+        datasets[key] = event.stats["name"]
+    for stat in ("parallelism", "cycle_length", "buffer_limit"):
+        value = event.stats.get(stat)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if event.stats.get("autotune") == "true" and stat == "parallelism":
+                parallelism.setdefault(key + "#autotune", 1)
+            parallelism[key] = max(parallelism.get(key, value), value)
+            break
+
+
+def _producer(stack: Sequence[Event]) -> Event | None:
+    """The producer event (`ParallelMapProduce`, ...) the current event runs in directly, if any:
+    calls nested in an inner `Iterator::` event belong to that (synchronous) stage instead."""
+    for outer in reversed(stack):
+        if outer.name.startswith(ITERATOR_PREFIX):
+            return None
+        if outer.name.endswith("Produce"):
+            return outer
+    return None
+
+
+def _execution_events(call_id: int, executions: dict[int, list[Event]], run_calls: dict[int, Event]) -> list[Event]:
+    """The function's execution: executor events with its id, else FunctionRun, else the call itself."""
+    events = executions.get(call_id, [])
+    process = [e for e in events if e.name == "ExecutorState::Process"]
+    if process:
+        return process
+    if events:
+        return events
+    return [run_calls[call_id]] if call_id in run_calls else []
+
+
+def _concurrency(events: Sequence[Event]) -> float:
+    if not events:
+        return 1.0
+    busy, reach = 0, None
+    for event in sorted(events, key=lambda e: e.start_ps):
+        start = event.start_ps if reach is None else max(event.start_ps, reach)
+        if event.end_ps > start:
+            busy += event.end_ps - start
+            reach = event.end_ps
+    total = sum(e.duration_ps for e in events)
+    return total / busy if busy else 1.0
+
+
+def _build_stages(totals, datasets, parallelism, work_ps, concurrency) -> tuple[Stage, ...]:
+    names = sorted(totals)
+    roots = [n for n in names if short_name(n) not in ROOT_NAMES]
+    base_depth = min(n.count("::") for n in roots)
+    stages = []
+    for key in sorted(roots, key=lambda n: (n.count("::"), n)):
+        calls, total_ps, nested_ps = totals[key]
+        asynchronous = is_asynchronous(short_name(key))
+        inputs = tuple(n for n in roots if n.startswith(key + "::") and n.count("::") == key.count("::") + 1)
+        own_ps = work_ps.get(key, 0.0) if asynchronous else max(total_ps - nested_ps, 0)
+        configured = parallelism.get(key) if asynchronous else None
+        if key + "#autotune" in parallelism and configured is not None:
+            configured = -1 if configured <= 0 else configured
+        stages.append(Stage(
+            long_name=key, name=short_name(key), dataset=datasets.get(key, ""),
+            depth=key.count("::") - base_depth, asynchronous=asynchronous, calls=int(calls),
+            total_ms=ps_to_ms(total_ps), own_ms=ps_to_ms(own_ps),
+            inputs_ms=ps_to_ms(sum(totals[i][1] for i in inputs)),
+            per_element_us=own_ps / calls / 1e6 if calls else 0.0,
+            parallelism=configured, concurrency=concurrency.get(key, 1.0), inputs=inputs,
+        ))
+    return tuple(stages)
+
+
+def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
+    """seed-004: from the outermost stage toward the source, stop at the first stage whose own
+    (wall-clock) work is at least the time its inputs took; otherwise follow the heaviest input."""
+    by_name = {s.long_name: s for s in stages}
+    top_depth = min(s.depth for s in stages)
+    outermost = max((s for s in stages if s.depth == top_depth), key=lambda s: s.total_ms)
+    current, walk = outermost, [outermost.long_name]
+    while True:
+        inputs = [by_name[i] for i in current.inputs]
+        if not inputs:
+            reason = (f"{current.name} is the source: its own time is {current.own_ms:.1f} ms "
+                      f"({current.per_element_us:.0f} us per call) and it has no input")
+            return tuple(walk), current.long_name, reason
+        if current.busy_ms >= current.inputs_ms and current.own_ms > 0:
+            reason = (f"{current.name} spends {current.busy_ms:.1f} ms on its own work "
+                      f"({current.per_element_us:.0f} us per call) while its inputs took {current.inputs_ms:.1f} ms")
+            return tuple(walk), current.long_name, reason
+        current = max(inputs, key=lambda s: s.total_ms)
+        walk.append(current.long_name)

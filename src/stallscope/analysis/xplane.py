@@ -1,0 +1,190 @@
+"""Loads a TF profile (`*.xplane.pb`) into plain Python events with names, stats and absolute times.
+
+The XSpace proto stores names and stat keys once per plane (metadata tables) and event times as
+offsets from their line's start; every consumer needs them resolved, so that happens here, once.
+Times are kept in integer picoseconds (the proto's unit) until a caller turns them into ms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import DataError, UsageError
+from stallscope.workload.rundir import PROFILE_DIR
+
+log = logging.getLogger(__name__)
+
+XPLANE_SUFFIX = ".xplane.pb"
+HOST_PLANE = "/host:CPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One traced region on one thread: metadata name (the long name for `Iterator::` events)."""
+
+    name: str
+    display_name: str
+    start_ps: int
+    duration_ps: int
+    stats: Mapping[str, Any]
+    line: str
+
+    @property
+    def end_ps(self) -> int:
+        return self.start_ps + self.duration_ps
+
+    def stat(self, key: str, default: Any = None) -> Any:
+        return self.stats.get(key, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """A thread's timeline, events sorted by start time (parents before their children)."""
+
+    id: int
+    name: str
+    events: tuple[Event, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plane:
+    name: str
+    lines: tuple[Line, ...]
+    stats: Mapping[str, Any]
+
+    def events(self) -> Iterator[Event]:
+        for line in self.lines:
+            yield from line.events
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A loaded capture: the file it came from and its planes (host CPU first when present)."""
+
+    path: Path
+    planes: tuple[Plane, ...]
+    hostnames: tuple[str, ...]
+
+    @property
+    def host(self) -> Plane:
+        for plane in self.planes:
+            if plane.name == HOST_PLANE:
+                return plane
+        raise DataError(f"{self.path}: no {HOST_PLANE} plane in this profile; was it captured on the host?")
+
+    def events(self) -> Iterator[Event]:
+        for plane in self.planes:
+            yield from plane.events()
+
+
+def find_profile(path: Path | str) -> Path:
+    """The `.xplane.pb` to read: the file itself, the one in a capture dir, or a run's newest capture.
+
+    A run (or log) directory holds captures under `plugins/profile/<timestamp>/`; timestamps sort,
+    so the newest capture is the last one. A capture of several hosts has one file per host: we
+    read the first, in name order, and say so in the log.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"RUN_DIR_OR_PROFILE: {str(path)!r} does not exist")
+    if path.is_file():
+        if not path.name.endswith(XPLANE_SUFFIX):
+            raise UsageError(f"RUN_DIR_OR_PROFILE: {str(path)!r} is not a TF profile (expected a *{XPLANE_SUFFIX} file)")
+        return path
+    candidates = sorted(path.glob(f"*{XPLANE_SUFFIX}"))
+    if not candidates:
+        captures = sorted(p for p in (path / PROFILE_DIR).glob("*") if any(p.glob(f"*{XPLANE_SUFFIX}")))
+        if captures:
+            candidates = sorted(captures[-1].glob(f"*{XPLANE_SUFFIX}"))
+    if not candidates:
+        raise DataError(
+            f"{path}: no TF profile found (looked for *{XPLANE_SUFFIX} in it and in {PROFILE_DIR}/*/); "
+            "capture one with `stallscope train --log_path DIR --profile_steps 10:20`"
+        )
+    if len(candidates) > 1:
+        log.info("%s: %d host files in the capture; reading %s", path, len(candidates), candidates[0].name)
+    return candidates[0]
+
+
+def load_profile(path: Path | str) -> Profile:
+    """Parses a profile (or finds one, see `find_profile`) and resolves every name and stat."""
+    file = find_profile(path)
+    xplane_pb2 = _xplane_module()
+    space = xplane_pb2.XSpace()
+    try:
+        space.ParseFromString(file.read_bytes())
+    except Exception as exc:  # protobuf raises DecodeError, a bare Exception subclass
+        raise DataError(f"{file}: not a readable XSpace profile ({exc})") from None
+    planes = tuple(_convert_plane(plane) for plane in space.planes)
+    if not any(plane.lines for plane in planes):
+        raise DataError(f"{file}: the profile holds no events (was the profiler stopped before any step ran?)")
+    return Profile(path=file, planes=planes, hostnames=tuple(space.hostnames))
+
+
+_XPLANE_MODULE = "tensorflow.tsl.profiler.protobuf.xplane_pb2"
+
+
+def _xplane_module() -> Any:
+    """TF's XSpace proto module, loaded from its file when TensorFlow is not imported yet.
+
+    `import tensorflow...xplane_pb2` runs TensorFlow's package init (seconds); the generated
+    module needs only protobuf. It is registered under its own name, so a later TF import reuses it.
+    """
+    if _XPLANE_MODULE in sys.modules or "tensorflow" in sys.modules:
+        return importlib.import_module(_XPLANE_MODULE)
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("reading a profile needs TensorFlow installed (pip install tensorflow-cpu)")
+    file = Path(list(spec.submodule_search_locations)[0]) / "tsl" / "profiler" / "protobuf" / "xplane_pb2.py"
+    if not file.exists():
+        return importlib.import_module(_XPLANE_MODULE)
+    module_spec = importlib.util.spec_from_file_location(_XPLANE_MODULE, file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[_XPLANE_MODULE] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _convert_plane(plane: Any) -> Plane:
+    stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+    event_meta = {key: (meta.name, meta.display_name) for key, meta in plane.event_metadata.items()}
+
+    def resolve(stats: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for stat in stats:
+            kind = stat.WhichOneof("value")
+            if kind is None:
+                continue
+            value = getattr(stat, kind)
+            if kind == "ref_value":
+                value = stat_names.get(value, "")
+            elif kind == "bytes_value":
+                value = bytes(value)
+            out[stat_names.get(stat.metadata_id, str(stat.metadata_id))] = value
+        return out
+
+    lines = []
+    for line in plane.lines:
+        base_ps = line.timestamp_ns * 1000
+        label = line.display_name or line.name
+        events = []
+        for event in line.events:
+            name, display = event_meta.get(event.metadata_id, ("", ""))
+            events.append(Event(
+                name=name, display_name=display or name, start_ps=base_ps + event.offset_ps,
+                duration_ps=event.duration_ps, stats=resolve(event.stats) if event.stats else {}, line=label,
+            ))
+        events.sort(key=lambda e: (e.start_ps, -e.duration_ps))
+        lines.append(Line(id=line.id, name=label, events=tuple(events)))
+    return Plane(name=plane.name, lines=tuple(lines), stats=resolve(plane.stats))
+
+
+def ps_to_ms(value: float) -> float:
+    return value / 1e9
