@@ -1,0 +1,189 @@
+"""Top-1/top-5 accuracy and loss of a checkpoint on a split: once, or on every new checkpoint.
+
+The model is rebuilt from `model.json` beside the checkpoints (written by `train`), so evaluation
+needs no model flags; the pipeline is the fast, order-keeping one below, over every example.
+`--watch` follows a training run as seed-003's eval script did: it evaluates each checkpoint that
+appears, sleeping `interval_secs` between looks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stallscope.config import AUTOTUNE, require_positive
+from stallscope.errors import DataError, UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.workload.checkpoints import list_checkpoints, restore_model
+from stallscope.workload.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def evaluation_pipeline(train_pipeline: PipelineConfig | None = None, *, image_size: int | None = None,
+                        batch_size: int | None = None, normalize: str | None = None) -> PipelineConfig:
+    """Every example once, in order, as fast as the cores allow, preprocessed like training."""
+    base = train_pipeline or PipelineConfig(preset="evaluate")
+    return base.replace(
+        preset="evaluate",
+        image_size=image_size or base.image_size,
+        batch_size=batch_size or base.batch_size,
+        normalize=normalize or base.normalize,
+        shuffle_buffer=0,
+        map_parallelism=AUTOTUNE,
+        prefetch=AUTOTUNE,
+        cache="none",
+        drop_remainder=False,
+        deterministic=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    examples: int
+    top1: float
+    top5: float
+    loss: float
+    k: int  # top-k used for "top5" (min(5, classes))
+    checkpoint: str = ""
+    step: int | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def evaluate_model(model, dataset) -> EvalResult:
+    """Accuracy and mean cross-entropy of `model` over a dataset of (images, one-hot labels)."""
+    import keras
+    import tensorflow as tf
+
+    classes = int(model.output_shape[-1])
+    k = min(5, classes)
+
+    @tf.function
+    def batch_metrics(images, labels):
+        probabilities = model(images, training=False)
+        truth = tf.argmax(labels, axis=-1, output_type=tf.int32)
+        top1 = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probabilities, axis=-1, output_type=tf.int32), truth),
+                                     tf.float64))
+        topk = tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probabilities, k), tf.float64))
+        loss = tf.reduce_sum(tf.cast(keras.losses.categorical_crossentropy(labels, probabilities), tf.float64))
+        return top1, topk, loss, tf.shape(images)[0]
+
+    started = time.perf_counter()
+    total = correct1 = correctk = loss_sum = 0.0
+    for images, labels in dataset:
+        top1, topk, loss, count = batch_metrics(images, labels)
+        correct1 += float(top1)
+        correctk += float(topk)
+        loss_sum += float(loss)
+        total += int(count)
+    if total == 0:
+        raise DataError("evaluation: the split yielded no examples")
+    return EvalResult(examples=int(total), top1=correct1 / total, top5=correctk / total, loss=loss_sum / total,
+                      k=k, seconds=time.perf_counter() - started)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateOptions:
+    """checkpoint_path: a directory written by `train --checkpoint_path` (model.json + ckpt-*).
+    max_evaluations: with watch, stop after this many (None: until interrupted)."""
+
+    checkpoint_path: Path
+    dataset_path: Path
+    source: str = "files"
+    split: str = "validation"
+    labels_file: Path | None = None
+    batch_size: int = 32
+    watch: bool = False
+    interval_secs: float = 300.0
+    max_evaluations: int | None = None
+    log_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint_path", Path(self.checkpoint_path))
+        object.__setattr__(self, "dataset_path", Path(self.dataset_path))
+        if not self.checkpoint_path.is_dir():
+            raise UsageError(f"--checkpoint-path: {str(self.checkpoint_path)!r} is not a directory")
+        require_positive("batch_size", self.batch_size)
+        require_positive("max_evaluations", self.max_evaluations, allow_none=True)
+        if not self.interval_secs > 0:
+            raise UsageError(f"--interval-secs: expected a number above 0, got {self.interval_secs!r}")
+
+
+class Evaluator:
+    """Builds the model and the evaluation dataset once; evaluates any checkpoint of the directory."""
+
+    def __init__(self, options: EvaluateOptions) -> None:
+        from stallscope.tfimport import import_tensorflow
+
+        tf = import_tensorflow()
+        from stallscope.pipeline.builder import build_dataset
+        from stallscope.pipeline.sources import open_source
+        from stallscope.workload.models import build_model
+
+        self.options = options
+        self.spec = ModelSpec.load(options.checkpoint_path)
+        source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
+        if self.spec.labels and tuple(source.labels) != tuple(self.spec.labels):
+            raise DataError(f"{options.dataset_path}: labels {list(source.labels)[:5]}... differ from the "
+                            f"checkpoint's {list(self.spec.labels)[:5]}... ({options.checkpoint_path / 'model.json'})")
+        if source.num_classes != self.spec.num_classes:
+            raise DataError(f"{options.dataset_path}: {source.num_classes} classes, the checkpoint's model has "
+                            f"{self.spec.num_classes}")
+        # The base's pretrained weights come from the checkpoint, so nothing is downloaded or read here.
+        self.model, _ = build_model(dataclasses.replace(self.spec, weights="none"))
+        config = evaluation_pipeline(image_size=self.spec.image_size, batch_size=options.batch_size,
+                                     normalize=self.spec.input_range)
+        self.dataset = build_dataset(config, source, num_classes=self.spec.num_classes)
+        self.writer = (tf.summary.create_file_writer(str(options.log_path)) if options.log_path is not None
+                       else None)
+
+    def evaluate(self, checkpoint: str, step: int | None = None) -> EvalResult:
+        restore_model(self.model, checkpoint)
+        result = dataclasses.replace(evaluate_model(self.model, self.dataset), checkpoint=checkpoint, step=step)
+        if self.writer is not None:
+            import tensorflow as tf
+
+            with self.writer.as_default():
+                for name in ("top1", "top5", "loss"):
+                    tf.summary.scalar(f"evaluation/{name}", getattr(result, name), step=step or 0)
+            self.writer.flush()
+        return result
+
+
+def evaluate_latest(options: EvaluateOptions) -> EvalResult:
+    checkpoints = list_checkpoints(options.checkpoint_path)
+    if not checkpoints:
+        raise DataError(f"{options.checkpoint_path}: no checkpoint (ckpt-*.index) to evaluate")
+    step, prefix = checkpoints[-1]
+    return Evaluator(options).evaluate(prefix, step)
+
+
+def watch(options: EvaluateOptions, on_result: Callable[[EvalResult], None],
+          *, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Evaluates every new checkpoint as it appears; returns how many were evaluated.
+
+    Stops after `max_evaluations` (or on KeyboardInterrupt, which propagates to the caller).
+    """
+    evaluator: Evaluator | None = None
+    seen: set[str] = set()
+    done = 0
+    while options.max_evaluations is None or done < options.max_evaluations:
+        fresh = [(step, prefix) for step, prefix in list_checkpoints(options.checkpoint_path) if prefix not in seen]
+        if fresh and evaluator is None:
+            evaluator = Evaluator(options)
+        if fresh:
+            step, prefix = fresh[-1]  # the newest; older unseen ones are superseded, as in seed-003
+            seen.update(p for _, p in fresh)
+            on_result(evaluator.evaluate(prefix, step))
+            done += 1
+            continue
+        log.info("no new checkpoint in %s; next look in %gs", options.checkpoint_path, options.interval_secs)
+        sleep(options.interval_secs)
+    return done

@@ -1,0 +1,481 @@
+"""The fine-tuning loop: a custom loop (not `model.fit`) so every step is timed cheaply.
+
+Per step: input wait = time blocked on `next(iterator)`; compute = the train step (a tf.function
+whose loss is read back, which forces completion so asynchronous execution cannot hide time) or
+the emulated accelerator's wait. Warm-up steps (tracing, first fills) are marked and left out of
+the means. Everything a run measures lands in its run directory (see `rundir.py`).
+
+Library use (the diagnosis calls this for short probes):
+
+    result = run_training(TrainOptions(source="files", dataset_path=path, pipeline=config,
+                                       accelerator="emulated:2000", steps=50))
+    result.summary["input_share"], result.steps, result.run_dir
+
+`dataset=` feeds a prebuilt `tf.data.Dataset` of (images, one-hot labels) instead of building one
+(e.g. batches cached in memory for a compute-only probe); the source still names the classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stallscope import __version__
+from stallscope.config import json_ready, require_choice, require_non_negative, require_positive
+from stallscope.errors import DataError, UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.workload import rundir
+from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
+from stallscope.workload.models import MODELS, ModelSpec, parse_fine_tune, parse_weights
+from stallscope.workload.profiling import ProfileWindow, StepProfiler, parse_profile_steps
+from stallscope.workload.resources import ResourceMonitor, files_opened
+from stallscope.workload.timing import StepClock, StepStats, format_step_line, summarize_steps
+
+log = logging.getLogger(__name__)
+
+SOURCE_KINDS = ("files", "records")
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """One training run.
+
+    steps: train until this global step (a resumed run continues to it); None trains `epochs`
+        passes over `dataset_size` examples (default: the whole split).
+    accelerator: "real", "emulated:IMAGES_PER_SECOND" or "emulated:MS_PER_STEPms" (or an Accelerator).
+    weights: "none", "imagenet" (Keras downloads them) or the path of a weights file for the base.
+    fine_tune: "head" (frozen base), "full", or "last:N" (the last N base layers train).
+    log_path: the run directory; None makes runs/<timestamp>-<model>-<source>.
+    checkpoint_path: where checkpoints go (and are resumed from); None: no checkpoints.
+    profile_steps: (start, stop) global steps to profile, or "START:STOP"; needs nothing else.
+    warmup_steps: first steps of this process left out of the means (tf.function tracing).
+    """
+
+    source: str
+    dataset_path: Path
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+    split: str = "train"
+    validation_path: Path | None = None
+    validation_split: str = "validation"
+    labels_file: Path | None = None
+    model: str = "mobilenet"
+    alpha: float = 1.0
+    weights: str = "none"
+    fine_tune: str = "head"
+    steps: int | None = None
+    epochs: int = 1
+    dataset_size: int | None = None
+    learning_rate: float = 1e-4
+    accelerator: Any = "real"
+    log_path: Path | None = None
+    checkpoint_path: Path | None = None
+    checkpoint_every: int = 500
+    max_checkpoints: int = 5
+    profile_steps: Any = None
+    warmup_steps: int = 2
+    log_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # normalise spellings once, so everything downstream sees one form
+        require_choice("source", self.source, SOURCE_KINDS)
+        if not isinstance(self.pipeline, PipelineConfig):
+            raise UsageError(f"pipeline: expected a PipelineConfig, got {type(self.pipeline).__name__}")
+        set_(self, "dataset_path", Path(self.dataset_path))
+        for name in ("validation_path", "labels_file", "log_path", "checkpoint_path"):
+            if getattr(self, name) is not None:
+                set_(self, name, Path(getattr(self, name)))
+        require_choice("model", self.model, MODELS)
+        set_(self, "weights", parse_weights(self.weights))
+        set_(self, "fine_tune", parse_fine_tune(self.fine_tune))
+        require_positive("steps", self.steps, allow_none=True)
+        require_positive("epochs", self.epochs)
+        require_positive("dataset_size", self.dataset_size, allow_none=True)
+        if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)) \
+                or not self.learning_rate > 0:
+            raise UsageError(f"learning_rate: expected a number above 0, got {self.learning_rate!r}")
+        if not isinstance(self.accelerator, Accelerator):
+            set_(self, "accelerator", parse_accelerator(self.accelerator))
+        if self.profile_steps is not None and not isinstance(self.profile_steps, ProfileWindow):
+            window = self.profile_steps
+            set_(self, "profile_steps", parse_profile_steps(window) if isinstance(window, str)
+                 else ProfileWindow(*window))
+        require_positive("checkpoint_every", self.checkpoint_every)
+        require_positive("max_checkpoints", self.max_checkpoints)
+        require_non_negative("warmup_steps", self.warmup_steps)
+        require_positive("log_every", self.log_every)
+        if self.validation_path is not None and self.accelerator.emulated:
+            raise UsageError("--validation-path: an emulated accelerator has no model to validate; "
+                             "use --accelerator real")
+
+    def model_spec(self, labels: tuple[str, ...]) -> ModelSpec:
+        return ModelSpec(model=self.model, num_classes=len(labels), image_size=self.pipeline.image_size,
+                         alpha=self.alpha, weights=self.weights, fine_tune=self.fine_tune,
+                         input_range=self.pipeline.normalize, labels=tuple(labels))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgress:
+    """Handed to `on_step` after every step; `log_line` is set every `log_every` steps."""
+
+    record: rundir.StepRecord
+    loss: float | None
+    total_steps: int | None
+    log_line: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    steps: list[rundir.StepRecord]
+    summary: dict[str, Any]
+    run_dir: Path
+    stats: StepStats
+    model: Any = dataclasses.field(default=None, repr=False)  # the keras.Model (None when emulated)
+
+
+def new_run_dir(model: str, source: str, *, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """runs/<timestamp>-<model>-<source>, unique even for runs started in the same second."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{model}-{source}"
+    candidate, counter = base, 1
+    while candidate.exists():
+        counter += 1
+        candidate = base.with_name(f"{base.name}-{counter}")
+    return candidate
+
+
+def _make_run_dir(options: TrainOptions) -> Path:
+    model = "emulated" if options.accelerator.emulated else options.model
+    run_dir = options.log_path if options.log_path is not None else new_run_dir(model, options.source)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--log-path: cannot create {str(run_dir)!r} ({exc.strerror})") from None
+    return run_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    steps_per_epoch: int | None  # None: a given dataset, run until it ends
+    total_steps: int | None
+    examples: int
+
+
+def _plan(options: TrainOptions, source, given_dataset: bool) -> _Plan:
+    examples = options.dataset_size or source.num_examples
+    if options.dataset_size and options.dataset_size > source.num_examples:
+        raise UsageError(f"--dataset-size: {options.dataset_size} is more than the {source.num_examples} examples "
+                         f"of {source.path} (split {source.split!r})")
+    batch = options.pipeline.batch_size
+    if given_dataset and options.dataset_size is None:
+        per_epoch = None
+    elif options.pipeline.drop_remainder:
+        per_epoch = examples // batch
+    else:
+        per_epoch = math.ceil(examples / batch)
+    if per_epoch == 0:
+        raise DataError(f"{source.path}: {examples} example(s) make no full batch of {batch}; "
+                        "lower --batch-size or turn drop_remainder off")
+    if options.steps is not None:
+        return _Plan(per_epoch, options.steps, examples)
+    return _Plan(per_epoch, None if per_epoch is None else per_epoch * options.epochs, examples)
+
+
+def _open_validation(options: TrainOptions, labels: tuple[str, ...]):
+    from stallscope.pipeline.sources import open_source
+
+    path = options.validation_path
+    try:
+        source = open_source(options.source, path, options.validation_split, options.labels_file)
+    except UsageError:
+        if path.resolve() == options.dataset_path.resolve():
+            raise
+        source = open_source(options.source, path, "train", options.labels_file)  # a plain {label}/* tree
+    if tuple(source.labels) != tuple(labels):
+        raise DataError(f"--validation-path: {path} has labels {list(source.labels)[:5]}... that differ from the "
+                        f"training split's {list(labels)[:5]}...; give both the same --labels-file")
+    return source
+
+
+class _RealDevice:
+    """The model's train step as a tf.function; reading the loss forces the step to complete."""
+
+    def __init__(self, model, learning_rate: float) -> None:
+        import keras
+        import tensorflow as tf
+
+        self.model = model
+        self.optimizer = keras.optimizers.Adam(learning_rate)
+        self.optimizer.build(model.trainable_variables)  # slots exist before a checkpoint restores them
+        loss_fn = keras.losses.CategoricalCrossentropy()
+
+        @tf.function
+        def train_step(images, labels):
+            with tf.GradientTape() as tape:
+                predictions = model(images, training=True)
+                loss = loss_fn(labels, predictions)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        self._train_step = train_step
+
+    def run_step(self, batch) -> tuple[int, float]:
+        images, labels = batch
+        loss = float(self._train_step(images, labels))
+        return int(images.shape[0]), loss
+
+
+def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[StepProgress], None] | None = None
+                 ) -> TrainResult:
+    """Trains (or emulates training) as `options` say; writes the run directory; returns the figures."""
+    from stallscope.tfimport import import_tensorflow
+
+    tf = import_tensorflow()
+    import keras
+
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.describe import pipeline_as_run
+    from stallscope.pipeline.sources import open_source
+    from stallscope.workload.checkpoints import CheckpointStore
+
+    source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
+    validation_source = _open_validation(options, source.labels) if options.validation_path else None
+    plan = _plan(options, source, dataset is not None)
+    run_dir = _make_run_dir(options)
+    accelerator: Accelerator = options.accelerator
+    keras.utils.set_random_seed(options.seed)
+
+    model = spec = None
+    if accelerator.emulated:
+        device = EmulatedDevice(accelerator)
+        optimizer = None
+    else:
+        from stallscope.workload.models import build_model
+
+        spec = options.model_spec(source.labels)
+        model, _ = build_model(spec)
+        device = _RealDevice(model, options.learning_rate)
+        optimizer = device.optimizer
+
+    store = None
+    start_step = 0
+    if options.checkpoint_path is not None:
+        store = CheckpointStore(options.checkpoint_path, model=model, optimizer=optimizer, spec=spec,
+                                max_to_keep=options.max_checkpoints)
+        start_step = store.restore_latest()
+    step_counter = store.step if store is not None else None
+
+    if dataset is None:
+        dataset = build_dataset(options.pipeline, source, repeat=options.steps is not None,
+                                num_classes=source.num_classes)
+        if options.dataset_size and options.steps is None:
+            dataset = dataset.take(plan.steps_per_epoch)
+    try:
+        ran = pipeline_as_run(dataset)
+    except (ValueError, tf.errors.OpError) as exc:  # a hand-made dataset the describer cannot read
+        log.warning("could not describe the pipeline as run: %s", exc)
+        ran = []
+
+    profiler = StepProfiler(options.profile_steps, run_dir)
+    writer = tf.summary.create_file_writer(str(run_dir / "train"))
+    phase = "train" if accelerator.emulated else options.fine_tune
+    steps: list[rundir.StepRecord] = []
+    window: list[rundir.StepRecord] = []
+    losses: list[float] = []
+    started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    clock = StepClock()
+    step = start_step
+    interrupted = False
+    last_saved = start_step
+    epochs_started = 0
+
+    def iterators():
+        """(iterator, steps to take from it) chunks: one repeating iterator, or one per epoch."""
+        nonlocal epochs_started
+        if options.steps is not None:
+            if options.steps > start_step:
+                epochs_started += 1
+                yield iter(dataset), options.steps - start_step
+            return
+        if plan.steps_per_epoch is None:
+            for _ in range(options.epochs):
+                epochs_started += 1
+                yield iter(dataset), None
+            return
+        done_epochs, offset = divmod(start_step, plan.steps_per_epoch)
+        for _ in range(done_epochs, options.epochs):
+            epochs_started += 1
+            yield iter(dataset), plan.steps_per_epoch - offset
+            offset = 0
+
+    if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
+        log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
+    monitor = ResourceMonitor()
+    with monitor, writer.as_default():
+        try:
+            for iterator, count in iterators():
+                taken = 0
+                while count is None or taken < count:
+                    current = step + 1
+                    with profiler.step(current):
+                        clock.start()
+                        try:
+                            batch = next(iterator)
+                        except StopIteration:
+                            break
+                        clock.batch_received()
+                        if accelerator.emulated:
+                            with tf.profiler.experimental.Trace(TRACE_NAME):
+                                images = device.run_step(batch)
+                            loss = None
+                        else:
+                            images, loss = device.run_step(batch)
+                        clock.step_done()
+                    step = current
+                    taken += 1
+                    if step_counter is not None:
+                        step_counter.assign(step)
+                    record = clock.record(step=step, phase=phase, images=images,
+                                          warmup=len(steps) < options.warmup_steps)
+                    steps.append(record)
+                    window.append(record)
+                    if loss is not None:
+                        losses.append(loss)
+                    line = None
+                    if step % options.log_every == 0:
+                        line = format_step_line(step, window, loss)
+                        _write_scalars(tf, step, window, loss)
+                        log.info("%s", line)
+                        window = []
+                    if on_step is not None:
+                        on_step(StepProgress(record, loss, plan.total_steps, line))
+                    if store is not None and step % options.checkpoint_every == 0:
+                        store.save()
+                        last_saved = step
+        except KeyboardInterrupt:
+            interrupted = True  # keep what was measured; re-raised once the run directory is written
+        finally:
+            profiler.stop()
+            if store is not None and step != last_saved:
+                store.save()
+            writer.flush()
+
+    validation = None
+    if validation_source is not None and not interrupted:
+        from stallscope.workload.evaluate import evaluate_model, evaluation_pipeline
+
+        eval_config = evaluation_pipeline(options.pipeline)
+        eval_dataset = build_dataset(eval_config, validation_source, num_classes=source.num_classes)
+        validation = evaluate_model(model, eval_dataset).to_dict()
+        with writer.as_default():
+            for name in ("top1", "top5", "loss"):
+                tf.summary.scalar(f"validation/{name}", validation[name], step=step)
+        writer.flush()
+
+    stats = summarize_steps(steps)
+    summary = _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir, started_at,
+                       start_step, epochs_started, profiler, store, validation, spec, model)
+    summary["interrupted"] = interrupted
+    _write_run_dir(run_dir, options, steps, ran, monitor, summary)
+    if interrupted:
+        raise KeyboardInterrupt
+    return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=model)
+
+
+def _write_scalars(tf, step: int, window: list[rundir.StepRecord], loss: float | None) -> None:
+    count = max(1, len(window))
+    step_s = sum(r.step_ms for r in window) / count / 1000.0
+    images = sum(r.images for r in window) / count
+    tf.summary.scalar("examples_per_sec", images / step_s if step_s > 0 else 0.0, step=step)
+    tf.summary.scalar("input_wait_ms", sum(r.input_wait_ms for r in window) / count, step=step)
+    tf.summary.scalar("step_time_ms", step_s * 1000.0, step=step)
+    if loss is not None:
+        tf.summary.scalar("loss", loss, step=step)
+
+
+def _model_summary(spec: ModelSpec | None, model) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    data = spec.to_dict()
+    data.pop("labels")
+    data["parameters"] = int(model.count_params())
+    data["trainable_parameters"] = int(sum(int(v.numpy().size) for v in model.trainable_variables))
+    return data
+
+
+def _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir, started_at, start_step,
+             epochs_started, profiler, store, validation, spec, model) -> dict[str, Any]:
+    import tensorflow as tf
+
+    report = monitor.report
+    images = sum(s.images for s in steps)
+    passes = images / source.num_examples if source.num_examples else 0.0
+    io = dict(report.io) if report and report.io is not None else None
+    if io is not None and images:
+        io["files_opened"] = files_opened(source.kind, images=images, files_in_source=max(1, len(source.files)),
+                                          passes=passes)
+        io["per_image"] = {"bytes_read": io["rchar"] / images, "storage_bytes": io["read_bytes"] / images,
+                           "read_calls": io["syscr"] / images, "files_opened": io["files_opened"] / images}
+    from stallscope.pipeline.presets import overridden_fields
+
+    summary = {
+        **stats.to_dict(),
+        "measured_steps": stats.steps - stats.warmup_steps,
+        "first_step": steps[0].step if steps else None,
+        "last_step": steps[-1].step if steps else start_step,
+        "resumed_from_step": start_step,
+        "total_steps": plan.total_steps,
+        "epochs": options.epochs if options.steps is None else None,
+        "epochs_started": epochs_started,
+        "batch_size": options.pipeline.batch_size,
+        "image_size": options.pipeline.image_size,
+        "final_loss": losses[-1] if losses else None,
+        "mean_loss_last_10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "pipeline": {
+            "preset": options.pipeline.preset,
+            "requested": options.pipeline.to_dict(),
+            "overrides": json_ready(overridden_fields(options.pipeline)),
+            "ran": ran,
+        },
+        "model": _model_summary(spec, model),
+        "source": {"kind": source.kind, "path": str(source.path), "split": source.split,
+                   "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
+                   "schema": source.schema, "classes": source.num_classes},
+        "accelerator": options.accelerator.to_dict(),
+        "dataset_path": str(options.dataset_path),
+        "dataset_size": plan.examples,
+        "learning_rate": options.learning_rate,
+        "cpu": report.summary() if report else None,
+        "io": io,
+        "profile": {"steps": options.profile_steps.text, "captured_steps": profiler.captured_steps,
+                    "files": [str(p.relative_to(run_dir)) for p in rundir.profile_files(run_dir)]}
+        if options.profile_steps else None,
+        "checkpoint": {"path": str(store.directory), "latest": store.latest} if store else None,
+        "validation": validation,
+        "run_dir": str(run_dir),
+        "started_at": started_at,
+        "wall_time_s": report.duration_s if report else None,
+        "stallscope_version": __version__,
+        "tensorflow_version": tf.__version__,
+        "python_version": platform.python_version(),
+    }
+    return json_ready(summary)
+
+
+def _write_run_dir(run_dir: Path, options: TrainOptions, steps, ran, monitor, summary) -> None:
+    rundir.write_steps(run_dir, steps)
+    rundir.write_json(run_dir, rundir.PIPELINE_NAME, {
+        "requested": options.pipeline.to_dict(), "ran": ran, "preset": options.pipeline.preset,
+        "overrides": summary["pipeline"]["overrides"],
+    })
+    rundir.write_json(run_dir, rundir.RESOURCES_NAME, monitor.report.to_dict() if monitor.report else {})
+    rundir.write_json(run_dir, rundir.SUMMARY_NAME, summary)
