@@ -1,0 +1,96 @@
+"""Convert an image folder tree to verified, sharded TFRecords.
+
+Input: a `{label}/*` or `{split}/{label}/*` tree (train/validation as in seed-003). Every image is
+checked by its content and fully decoded once; JPEGs TensorFlow reads are kept byte for byte, other
+formats, CMYK, grayscale and rotated images are re-encoded as RGB JPEG, unusable files are skipped
+with their reason in manifest.json. Shards are named `{split}-00000-of-00016.tfrecord`; a killed
+conversion run again finishes with the same result.
+
+examples:
+  stallscope convert images --output_path tfrecords
+  stallscope convert --dataset_path=images --size_per_record=52428800 --output_path=tfrecords
+  stallscope convert data --shards 16 --validation-shards 4 --schema seed --max-side 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stallscope.cli.flags import add_flag, byte_size, existing_file, non_negative_int, positive_int
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", nargs="?", metavar="DATASET_PATH", help="the image tree (same as --dataset_path)")
+    add_flag(parser, "dataset_path", default=None, help="the image tree: {label}/* or {split}/{label}/* (default: images)")
+    add_flag(parser, "output_path", default="tfrecords", help="directory for the shards and manifest.json (default: tfrecords)")
+    add_flag(parser, "labels", type=existing_file, default=None, metavar="FILE",
+             help="one label per line; the line order fixes the label indices (default: sorted folder names)")
+    sharding = parser.add_mutually_exclusive_group()
+    add_flag(sharding, "size_per_record", type=byte_size, default=None, metavar="BYTES",
+             help="start a new shard once the current one holds this many image bytes: 52428800, 50M (default: 50M)")
+    add_flag(sharding, "shards", type=positive_int, default=None, metavar="N", help="N shards per split")
+    add_flag(parser, "train_shards", type=positive_int, default=None, metavar="N", help="shards for the train split")
+    add_flag(parser, "validation_shards", type=positive_int, default=None, metavar="N", help="shards for the validation split")
+    add_flag(parser, "workers", type=positive_int, default=None, metavar="N", help="worker processes (default: all cores)")
+    add_flag(parser, "schema", choices=("standard", "seed"), default="standard",
+             help="feature keys: standard image/* keys, or seed-002's name/category/data (default: standard)")
+    add_flag(parser, "max_side", type=positive_int, default=None, metavar="PIXELS",
+             help="downscale images whose longer side exceeds this (default: keep sizes)")
+    add_flag(parser, "jpeg_quality", type=positive_int, default=95, metavar="Q", help="quality of re-encoded JPEGs, 1..100 (default: 95)")
+    add_flag(parser, "max_pixels", type=positive_int, default=None, metavar="N",
+             help="skip images with more pixels than this as too large to decode (default: 89478485, Pillow's limit)")
+    add_flag(parser, "seed", type=non_negative_int, default=0, help="seed of the shuffle across shards (default: 0)")
+    add_flag(parser, "no_progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.data.images import DEFAULT_MAX_PIXELS
+    from stallscope.errors import UsageError
+    from stallscope.records.convert import ConvertOptions, convert_tree, format_summary
+
+    if args.dataset and args.dataset_path and args.dataset != args.dataset_path:
+        raise UsageError(f"dataset path given twice: {args.dataset!r} and --dataset_path {args.dataset_path!r}; expected one")
+    split_shards = tuple((split, n) for split, n in (("train", args.train_shards), ("validation", args.validation_shards)) if n)
+    options = ConvertOptions(
+        dataset_path=args.dataset or args.dataset_path or "images",
+        output_path=args.output_path,
+        labels_file=args.labels,
+        size_per_record=args.size_per_record,
+        shards=args.shards,
+        split_shards=split_shards,
+        workers=args.workers,
+        schema=args.schema,
+        max_side=args.max_side,
+        jpeg_quality=args.jpeg_quality,
+        max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
+        seed=args.seed,
+    )
+    bar = _ProgressBar(enabled=not args.no_progress and sys.stderr.isatty())
+    try:
+        report = convert_tree(options, progress=bar.update)
+    finally:
+        bar.close()
+    print("\n".join(format_summary(report)))
+    return 0
+
+
+class _ProgressBar:
+    """A tqdm bar created on the first update, when the total is known; nothing when not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,222 @@
+"""Judging one image by its content and turning it into a JPEG that TensorFlow decodes as RGB.
+
+Every image is sniffed by its magic bytes (never its extension) and fully decoded once with Pillow.
+A JPEG is kept byte for byte only when TF's `decode_jpeg` reads it as the same RGB picture: a
+baseline or progressive 8-bit, 3-channel JPEG with no EXIF rotation. Everything else that decodes
+(PNG, GIF, BMP, WebP, TIFF, CMYK, grayscale, palette, alpha, 16-bit, rotated, too large for
+`max_side`) is re-encoded as RGB JPEG and the actions are listed. What cannot be used raises
+`UnusableImage` with a short reason (the manifest groups by it) and a detail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import warnings
+
+from stallscope.config import require_positive
+from stallscope.errors import UsageError
+
+# Pillow's own decompression-bomb threshold; a larger picture is refused unless the user raises it.
+DEFAULT_MAX_PIXELS = 89_478_485
+DEFAULT_JPEG_QUALITY = 95
+
+# Short reasons, shared with the manifest and the convert summary.
+EMPTY = "empty file"
+NOT_AN_IMAGE = "not an image"
+UNSUPPORTED = "unsupported image format"
+CORRUPT = "truncated or corrupt image"
+TOO_LARGE = "too large to decode"
+
+# (format, magic test). Order matters only for readability; the tests are disjoint.
+_MAGIC = (
+    ("JPEG", lambda b: b[:3] == b"\xff\xd8\xff"),
+    ("PNG", lambda b: b[:8] == b"\x89PNG\r\n\x1a\n"),
+    ("GIF", lambda b: b[:6] in (b"GIF87a", b"GIF89a")),
+    ("BMP", lambda b: b[:2] == b"BM" and len(b) >= 26),
+    ("WEBP", lambda b: b[:4] == b"RIFF" and b[8:12] == b"WEBP"),
+    ("TIFF", lambda b: b[:4] in (b"II*\x00", b"MM\x00*")),
+    ("HEIF", lambda b: b[4:8] == b"ftyp" and b[8:12] in (b"heic", b"heix", b"hevc", b"mif1", b"msf1")),
+    ("AVIF", lambda b: b[4:8] == b"ftyp" and b[8:12] in (b"avif", b"avis")),
+)
+# JPEG frame types libjpeg-turbo in TF decodes: baseline, extended sequential, progressive (Huffman).
+_TF_JPEG_FRAMES = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
+_SOF_MARKERS = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_EXIF_ORIENTATION = 0x0112
+
+
+class UnusableImage(Exception):
+    """This file cannot become a training example; `reason` is one of the short reasons above."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOptions:
+    """How images are repaired: `max_side` downscales (None keeps the size), JPEG quality for re-encoding."""
+
+    max_side: int | None = None
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        require_positive("max_side", self.max_side, allow_none=True)
+        require_positive("max_pixels", self.max_pixels)
+        if isinstance(self.jpeg_quality, bool) or not isinstance(self.jpeg_quality, int) or not 1 <= self.jpeg_quality <= 100:
+            raise UsageError(f"jpeg_quality: expected an integer in 1..100, got {self.jpeg_quality!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedImage:
+    data: bytes  # JPEG bytes TF decodes as RGB
+    width: int
+    height: int
+    source_format: str  # what the content was: JPEG, PNG, ...
+    actions: tuple[str, ...] = ()  # empty when the original bytes were kept
+
+    @property
+    def repaired(self) -> bool:
+        return bool(self.actions)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format named by the magic bytes, or None."""
+    for name, test in _MAGIC:
+        if test(data):
+            return name
+    return None
+
+
+def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(SOF marker, sample precision, components) of a JPEG, read from its markers; None if not found."""
+    pos = 2
+    end = len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            pos += 2
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker in _SOF_MARKERS:
+            if pos + 10 > end:
+                return None
+            return marker, data[pos + 4], data[pos + 9]
+        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def _tf_keeps_jpeg(data: bytes) -> str | None:
+    """None when TF decodes this JPEG as is; else why it must be re-encoded."""
+    frame = jpeg_frame(data)
+    if frame is None:
+        return "JPEG without a readable frame header"
+    marker, precision, components = frame
+    if marker not in _TF_JPEG_FRAMES:
+        return f"JPEG frame type 0x{marker:02X} (lossless, arithmetic or hierarchical) TensorFlow cannot decode"
+    if precision != 8:
+        return f"{precision}-bit JPEG"
+    if components != 3:
+        return None  # reported by the mode check (grayscale, CMYK)
+    return None
+
+
+def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
+    """Checks and, where needed, repairs one image. Raises UnusableImage when it cannot be used."""
+    from PIL import Image, ImageOps
+
+    if not data:
+        raise UnusableImage(EMPTY)
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise UnusableImage(NOT_AN_IMAGE, f"content starts with {data[:8].hex()}")
+    pillow_format = "WEBP" if fmt == "WEBP" else fmt
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=[pillow_format])
+    except Image.DecompressionBombError as exc:
+        raise UnusableImage(TOO_LARGE, str(exc)) from None
+    except (ValueError, KeyError) as exc:  # Pillow has no plugin for this format
+        raise UnusableImage(UNSUPPORTED, f"{fmt} ({exc})") from None
+    except Exception as exc:  # Pillow raises a variety of errors for a broken header
+        if fmt in ("HEIF", "AVIF"):
+            raise UnusableImage(UNSUPPORTED, f"{fmt} is not readable here ({exc})") from None
+        raise UnusableImage(CORRUPT, f"{fmt} header: {exc}") from None
+
+    width, height = image.size
+    if width * height > options.max_pixels:
+        raise UnusableImage(TOO_LARGE, f"{width}x{height} = {width * height} pixels > limit {options.max_pixels}")
+    if width == 0 or height == 0:
+        raise UnusableImage(CORRUPT, f"{width}x{height} pixels")
+    frames = getattr(image, "n_frames", 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            image.load()  # the one full decode; a truncated file raises here
+    except Exception as exc:
+        raise UnusableImage(CORRUPT, f"{fmt}: {exc}") from None
+
+    actions: list[str] = []
+    if fmt != "JPEG":
+        actions.append(f"re-encoded {fmt} as JPEG")
+    else:
+        why = _tf_keeps_jpeg(data)
+        if why:
+            actions.append(f"re-encoded {why} as baseline JPEG")
+    if frames > 1:
+        actions.append(f"kept the first of {frames} frames")
+    orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+    if orientation not in (1, None):
+        image = ImageOps.exif_transpose(image)
+        actions.append(f"applied EXIF orientation {orientation}")
+    image, mode_action = _to_rgb(image)
+    if mode_action:
+        actions.append(mode_action)
+    if options.max_side and max(image.size) > options.max_side:
+        old = image.size
+        scale = options.max_side / max(old)
+        new = (max(1, round(old[0] * scale)), max(1, round(old[1] * scale)))
+        image = image.resize(new, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        actions.append(f"downscaled {old[0]}x{old[1]} to {new[0]}x{new[1]}")
+    if not actions:
+        return PreparedImage(data, width, height, fmt)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=options.jpeg_quality)
+    return PreparedImage(buffer.getvalue(), image.size[0], image.size[1], fmt, tuple(actions))
+
+
+def _to_rgb(image):
+    """(RGB image, action or None). Alpha is flattened onto white so hidden pixels stay hidden."""
+    from PIL import Image
+
+    mode = image.mode
+    if mode == "RGB":
+        return image, None
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    elif mode == "P":
+        return image.convert("RGB"), "palette to RGB"
+    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background, f"{mode} alpha flattened onto white"
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        import numpy as np
+
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or pixels.max(initial=0) > 255 else 255.0
+        eight = np.clip(pixels * (255.0 / top), 0, 255).astype(np.uint8)
+        return Image.fromarray(eight, "L").convert("RGB"), f"{mode} high bit depth to 8-bit RGB"
+    names = {"L": "grayscale", "1": "bilevel", "CMYK": "CMYK", "YCbCr": "YCbCr", "LAB": "Lab", "HSV": "HSV"}
+    return image.convert("RGB"), f"{names.get(mode, mode)} to RGB"

@@ -1,0 +1,473 @@
+"""Image folders to sharded TFRecords plus `manifest.json`: `convert_tree(options) -> ConvertReport`.
+
+The plan (which file goes to which shard, in which order) is a pure function of the tree and the
+options (`sharding.py`), so a run killed at any moment and started again ends with the same bytes:
+a shard appears under its final name only when complete, each completed shard leaves a small state
+file recording the plan it was written for, a re-run keeps shards whose state and sha256 still
+match and rewrites the rest, and the manifest is written last.
+
+Work is spread over processes in chunks of a few images; workers read, check, repair and encode
+without TensorFlow, the parent writes the shards in plan order.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from stallscope.config import require_choice, require_positive, to_dict
+from stallscope.data import images
+from stallscope.data.folders import ImageFile, read_labels_file, scan_tree
+from stallscope.errors import DataError, UsageError
+from stallscope.records import sharding
+from stallscope.records.manifest import (
+    LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, save_manifest, write_json_atomic,
+)
+from stallscope.records.schema import SCHEMAS, get_schema
+from stallscope.records.writer import ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
+STATE_DIR = ".stallscope-convert"  # per-shard state of an unfinished conversion
+CHUNK_IMAGES = 8  # images per worker task: small enough to balance, large enough to amortise pickling
+VANISHED = "vanished during conversion"
+UNREADABLE = "unreadable"
+
+Progress = Callable[[int, int], None]  # (images done so far, images in total)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """Everything that decides a conversion's output. Shard by `size_per_record` bytes (seed-000, the
+    default, 50 MiB) or by `shards` per split (seed-003); `split_shards` sets one split's count."""
+
+    dataset_path: Path
+    output_path: Path
+    labels_file: Path | None = None
+    size_per_record: int | None = None
+    shards: int | None = None
+    split_shards: tuple[tuple[str, int], ...] = ()
+    workers: int | None = None  # None: every core
+    schema: str = "standard"
+    max_side: int | None = None
+    jpeg_quality: int = images.DEFAULT_JPEG_QUALITY
+    max_pixels: int = images.DEFAULT_MAX_PIXELS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dataset_path", "output_path", "labels_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        require_choice("schema", self.schema, SCHEMAS)
+        require_positive("size_per_record", self.size_per_record, allow_none=True)
+        require_positive("shards", self.shards, allow_none=True)
+        require_positive("workers", self.workers, allow_none=True)
+        if self.size_per_record is not None and self.shards is not None:
+            raise UsageError(
+                f"--size_per_record ({self.size_per_record}) and --shards ({self.shards}) both given; expected one of them"
+            )
+        object.__setattr__(self, "split_shards", tuple((str(s), n) for s, n in self.split_shards))
+        for split, count in self.split_shards:
+            require_positive(f"--{split}-shards", count)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UsageError(f"seed: expected an integer, got {self.seed!r}")
+        self.image_options  # validates max_side, jpeg_quality, max_pixels
+
+    @property
+    def image_options(self) -> images.ImageOptions:
+        return images.ImageOptions(max_side=self.max_side, jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels)
+
+    @property
+    def resolved_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One file the scan placed in a class folder, with the identity a resumed run compares."""
+
+    path: Path
+    name: bytes  # path relative to the dataset root, as the file system spells it
+    split: str
+    label: int
+    label_text: str
+    size: int
+    mtime_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedShard:
+    split: str
+    filename: str
+    items: tuple[Candidate, ...]
+    fingerprint: str  # sha256 of everything that decides this shard's bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertReport:
+    output_path: Path
+    manifest: Manifest
+    examples: int
+    shards: int
+    bytes_written: int  # total bytes of all shards
+    input_bytes: int  # bytes of the candidate files read
+    skipped_by_reason: dict[str, int]
+    repaired: int
+    repairs_by_kind: dict[str, int]
+    reused_shards: int
+    elapsed_s: float
+
+    @property
+    def images_per_second(self) -> float:
+        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.input_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def display_name(name: bytes) -> str:
+    """A JSON-safe rendering of a file name; bytes that are not UTF-8 show as \\xNN."""
+    return name.decode("utf-8", "backslashreplace")
+
+
+def _file_entry(name: bytes, **fields: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": display_name(name)}
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        entry["path_hex"] = name.hex()  # the exact bytes, for names that are not UTF-8
+    entry.update(fields)
+    return entry
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+def _candidates(root: Path, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
+    out = []
+    for f in files:
+        name = os.fsencode(f.path.relative_to(root))
+        try:
+            stat = f.path.stat()
+        except OSError as exc:
+            skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
+            continue
+        out.append(Candidate(f.path, name, f.split, f.label, f.label_text, stat.st_size, stat.st_mtime_ns))
+    return out
+
+
+def _shard_counts(options: ConvertOptions, splits: Iterable[str]) -> dict[str, int | None]:
+    per_split = dict(options.split_shards)
+    unknown = sorted(set(per_split) - set(splits))
+    if unknown:
+        raise UsageError(
+            f"--{unknown[0]}-shards: the tree has no split {unknown[0]!r}; it has {', '.join(splits) or 'none'}"
+        )
+    return {split: per_split.get(split, options.shards) for split in splits}
+
+
+def plan_shards(options: ConvertOptions, candidates: list[Candidate], labels: tuple[str, ...]) -> list[PlannedShard]:
+    """Seeded shuffle per split, then cut by count or by size. Pure given the candidates."""
+    splits = list(dict.fromkeys(c.split for c in candidates))
+    counts = _shard_counts(options, splits)
+    target = options.size_per_record or DEFAULT_SIZE_PER_RECORD
+    plan = []
+    for split in splits:
+        items = sharding.shuffled([c for c in candidates if c.split == split], options.seed, split)
+        for item in items:
+            if not 0 <= item.label < len(labels):  # seed-002's trap: one_hot would give all zeros
+                raise DataError(f"{display_name(item.name)}: label {item.label} outside [0, {len(labels)})")
+        count = counts[split]
+        if count is not None and count > len(items):
+            raise UsageError(f"--shards {count}: split {split!r} has only {len(items)} image(s); expected at most {len(items)} shards")
+        ranges = sharding.ranges_by_count(len(items), count) if count else sharding.ranges_by_size([c.size for c in items], target)
+        for index, span in enumerate(ranges):
+            filename = sharding.shard_filename(split, index, len(ranges))
+            shard_items = tuple(items[i] for i in span)
+            plan.append(PlannedShard(split, filename, shard_items, _fingerprint(options, filename, shard_items)))
+    return plan
+
+
+def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate, ...]) -> str:
+    data = {
+        "filename": filename, "schema": options.schema, "max_side": options.max_side,
+        "jpeg_quality": options.jpeg_quality, "max_pixels": options.max_pixels,
+        "items": [[c.name.hex(), c.label, c.label_text, c.size, c.mtime_ns] for c in items],
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# --- worker side (no TensorFlow) ----------------------------------------------------------------
+
+WorkItem = tuple[str, bytes, int, bytes]  # (path, name, label, label_text)
+
+
+def process_chunk(schema_name: str, image_options: images.ImageOptions, items: list[WorkItem]) -> list[tuple]:
+    """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail)."""
+    schema = get_schema(schema_name)
+    out: list[tuple] = []
+    for path, name, label, label_text in items:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            out.append(("skip", VANISHED, ""))
+            continue
+        except OSError as exc:
+            out.append(("skip", UNREADABLE, f"{exc.__class__.__name__}: {exc.strerror or exc}"))
+            continue
+        try:
+            image = images.prepare_image(data, image_options)
+        except images.UnusableImage as exc:
+            out.append(("skip", exc.reason, exc.detail))
+            continue
+        payload = encode_example_bytes(
+            schema, image=image.data, label=label, filename=name, label_text=label_text,
+            height=image.height, width=image.width,
+        )
+        out.append(("ok", frame_record(payload), image.actions))
+    return out
+
+
+def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tuple]]:
+    """Results of `fn(*task)` in task order, with a bounded number of tasks in flight."""
+    if workers <= 1:
+        for task in tasks:
+            yield fn(*task)
+        return
+    context = multiprocessing.get_context("spawn")  # no fork of a parent that may hold TF threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        window: collections.deque = collections.deque()
+        for task in tasks:
+            window.append(pool.submit(fn, *task))
+            if len(window) >= workers * 4:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+# --- output directory and resume ------------------------------------------------------------------
+
+
+def _is_ours(name: str) -> bool:
+    return name in (MANIFEST_NAME, LABELS_NAME, STATE_DIR) or bool(sharding.SHARD_NAME.match(name)) or is_temporary(name)
+
+
+def _prepare_output(options: ConvertOptions, plan: list[PlannedShard]) -> Path:
+    out = options.output_path
+    root = options.dataset_path.resolve()
+    resolved = out.resolve()
+    if resolved == root or root in resolved.parents:
+        raise UsageError(f"--output_path: {str(out)!r} is inside --dataset_path {str(options.dataset_path)!r}; expected a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output_path: {str(out)!r} is a file; expected a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    foreign = sorted(e.name for e in out.iterdir() if not _is_ours(e.name))
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise UsageError(
+            f"--output_path: {str(out)!r} holds {foreign[0]!r}{more}, which `stallscope convert` did not write; "
+            "expected an empty or new directory"
+        )
+    (out / MANIFEST_NAME).unlink(missing_ok=True)  # the directory is being rewritten: no stale manifest
+    planned = {s.filename for s in plan}
+    for entry in out.iterdir():
+        if is_temporary(entry.name) or (sharding.SHARD_NAME.match(entry.name) and entry.name not in planned):
+            log.info("removing %s left by an earlier run", entry.name)
+            entry.unlink()
+    state = out / STATE_DIR
+    state.mkdir(exist_ok=True)
+    for entry in state.iterdir():
+        if is_temporary(entry.name):
+            entry.unlink()
+    return state
+
+
+def _state_path(state_dir: Path, shard: PlannedShard) -> Path:
+    return state_dir / f"{shard.filename}.json"
+
+
+def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any] | None:
+    """The saved state of a shard completed by an earlier run of the same plan, if its bytes still match."""
+    path = out / shard.filename
+    try:
+        state = json.loads(_state_path(state_dir, shard).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    info = state.get("shard", {})
+    if state.get("fingerprint") != shard.fingerprint or not path.is_file() or path.stat().st_size != info.get("bytes"):
+        return None
+    if file_sha256(path) != info.get("sha256"):
+        return None
+    return state
+
+
+# --- the conversion -------------------------------------------------------------------------------
+
+
+def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
+    """Converts `options.dataset_path` into shards and a manifest in `options.output_path`."""
+    started = time.perf_counter()
+    labels = read_labels_file(options.labels_file) if options.labels_file else None
+    tree = scan_tree(options.dataset_path, labels)
+    for label in tree.labels:
+        try:
+            label.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"class folder {label.encode('utf-8', 'surrogateescape')!r}: name is not UTF-8; rename it") from None
+    root = tree.root
+    skipped: list[dict[str, Any]] = [
+        _file_entry(os.fsencode(s.path.relative_to(root)), reason=s.reason) for s in tree.skipped
+    ]
+    candidates = _candidates(root, tree.files, skipped)
+    if not candidates:
+        raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
+    plan = plan_shards(options, candidates, tree.labels)
+    state_dir = _prepare_output(options, plan)
+    out = options.output_path
+    total_images = len(candidates)
+
+    results: dict[str, dict[str, Any]] = {}
+    done = 0
+    for shard in plan:
+        state = _reusable(out, state_dir, shard)
+        if state is not None:
+            results[shard.filename] = state
+            done += len(shard.items)
+    reused = len(results)
+    if progress:
+        progress(done, total_images)
+    pending = [s for s in plan if s.filename not in results]
+    schema_name, image_options = options.schema, options.image_options
+
+    def tasks() -> Iterator[tuple]:
+        for shard in pending:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
+                yield (schema_name, image_options, work)
+
+    chunk_results = _ordered_map(process_chunk, tasks(), options.resolved_workers)
+    for shard in pending:
+        shard_skipped, shard_repaired = [], []
+        with ShardWriter(out / shard.filename) as writer:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
+                    if result[0] == "ok":
+                        writer.write_framed(result[1])
+                        if result[2]:
+                            shard_repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
+                    else:
+                        entry = _file_entry(item.name, reason=result[1])
+                        if result[2]:
+                            entry["detail"] = result[2]
+                        shard_skipped.append(entry)
+                done += len(span)
+                if progress:
+                    progress(done, total_images)
+            info = writer.commit()
+        state = {"fingerprint": shard.fingerprint, "shard": dataclasses.asdict(info),
+                 "skipped": shard_skipped, "repaired": shard_repaired}
+        write_json_atomic(_state_path(state_dir, shard), state)
+        results[shard.filename] = state
+        log.info("wrote %s: %d records, %d bytes", shard.filename, info.records, info.bytes)
+
+    manifest = _build_manifest(options, tree, plan, results, skipped)
+    save_manifest(out, manifest)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    report = _report(options, manifest, candidates, reused, elapsed)
+    if report.examples == 0:
+        raise DataError(
+            f"dataset path {str(root)!r}: no usable images; all {len(candidates)} file(s) in class folders were skipped "
+            f"(reasons in {out / MANIFEST_NAME})"
+        )
+    return report
+
+
+def _build_manifest(options, tree, plan, results, skipped) -> Manifest:
+    splits: dict[str, SplitInfo] = {}
+    repaired: list[dict[str, Any]] = []
+    skipped = list(skipped)
+    for split in dict.fromkeys(s.split for s in plan):
+        infos = tuple(ShardInfo(**results[s.filename]["shard"]) for s in plan if s.split == split)
+        splits[split] = SplitInfo(examples=sum(i.records for i in infos), shards=infos)
+    for shard in plan:
+        skipped.extend(results[shard.filename]["skipped"])
+        repaired.extend(results[shard.filename]["repaired"])
+    recorded = to_dict(options)
+    recorded["size_per_record"] = None if options.shards else (options.size_per_record or DEFAULT_SIZE_PER_RECORD)
+    recorded["workers"] = options.resolved_workers
+    return Manifest(
+        schema=options.schema,
+        labels=tree.labels,
+        splits=splits,
+        options=recorded,
+        skipped=tuple(sorted(skipped, key=lambda e: e["path"])),
+        repaired=tuple(sorted(repaired, key=lambda e: e["path"])),
+        source=str(tree.root.resolve()),
+    )
+
+
+def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float) -> ConvertReport:
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    by_reason = collections.Counter(e["reason"] for e in manifest.skipped)
+    by_kind = collections.Counter(_repair_kind(a) for e in manifest.repaired for a in e["actions"])
+    return ConvertReport(
+        output_path=options.output_path,
+        manifest=manifest,
+        examples=sum(s.examples for s in manifest.splits.values()),
+        shards=len(shards),
+        bytes_written=sum(s.bytes for s in shards),
+        input_bytes=sum(c.size for c in candidates),
+        skipped_by_reason=dict(by_reason.most_common()),
+        repaired=len(manifest.repaired),
+        repairs_by_kind=dict(by_kind.most_common()),
+        reused_shards=reused,
+        elapsed_s=elapsed,
+    )
+
+
+def _repair_kind(action: str) -> str:
+    """`downscaled 800x600 to 400x300` -> `downscaled`; groups actions for the summary."""
+    for prefix in ("re-encoded", "downscaled", "applied EXIF orientation", "kept the first"):
+        if action.startswith(prefix):
+            return action.split(" as ")[0] if prefix == "re-encoded" else prefix
+    return action
+
+
+def format_summary(report: ConvertReport) -> list[str]:
+    """The one-screen summary the CLI and the demo print."""
+    mb = report.bytes_written / 1e6
+    lines = [
+        f"converted {report.examples} images into {report.shards} shards ({mb:.1f} MB) in {report.output_path}",
+        f"  {report.elapsed_s:.1f} s, {report.images_per_second:.0f} images/s, {report.megabytes_per_second:.1f} MB/s read",
+    ]
+    for split, info in report.manifest.splits.items():
+        lines.append(f"  {split}: {info.examples} examples in {len(info.shards)} shard(s)")
+    skipped = sum(report.skipped_by_reason.values())
+    if skipped:
+        detail = ", ".join(f"{n} {reason}" for reason, n in report.skipped_by_reason.items())
+        lines.append(f"  skipped {skipped} file(s): {detail}")
+    else:
+        lines.append("  skipped 0 files")
+    if report.repaired:
+        detail = ", ".join(f"{n} {kind}" for kind, n in report.repairs_by_kind.items())
+        lines.append(f"  repaired {report.repaired} image(s): {detail}")
+    if report.reused_shards:
+        lines.append(f"  kept {report.reused_shards} complete shard(s) from an interrupted run")
+    lines.append(f"  manifest: {report.output_path / MANIFEST_NAME}  labels: {report.output_path / LABELS_NAME}")
+    return lines

@@ -1,0 +1,281 @@
+"""`verify_records(records_dir) -> VerifyReport`: re-read every shard and name any damage precisely.
+
+TF's reader reports "corrupted record at 1234" without the file, and `ignore_errors()` silently
+drops the rest of a shard. Here the TFRecord framing is parsed in Python, so each problem names the
+shard, the record index and the byte offset: a bad length or data checksum, a truncated shard, a
+missing or unknown shard, a count, size or sha256 that differs from `manifest.json`, a record that is
+not an Example of the schema, a label outside [0, N), an image TensorFlow cannot decode.
+
+Without a manifest (e.g. seed-style `out_0.tfrecord` files) it checks framing, parsing and images,
+with the schema detected from the first record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from stallscope.errors import DataError, UsageError
+from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
+from stallscope.records.schema import SCHEMAS, Schema
+from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES, masked_crc32c
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+# Larger than any sane record; a bigger length means the header itself is garbage.
+MAX_RECORD_BYTES = 1 << 31
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    file: str
+    kind: str  # missing shard, unknown shard, truncated, length checksum, data checksum, count, size, sha256, parse, label, image
+    message: str
+    record: int | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.record is not None:
+            where += f": record {self.record}"
+        if self.offset is not None:
+            where += f" at byte {self.offset}"
+        return f"{where}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    file: str
+    records: int
+    bytes: int
+    sha256: str
+    images_decoded: int
+    ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    records_dir: Path
+    schema: str | None
+    has_manifest: bool
+    shards: tuple[ShardCheck, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def images_decoded(self) -> int:
+        return sum(s.images_decoded for s in self.shards)
+
+    def summary_line(self) -> str:
+        against = f"against {MANIFEST_NAME}" if self.has_manifest else f"(no {MANIFEST_NAME}: counts only)"
+        facts = f"{len(self.shards)} shard(s), {self.records} records, {self.images_decoded} images decoded {against}"
+        if self.ok:
+            return f"OK: {facts}"
+        bad_files = len({p.file for p in self.problems})
+        return f"FAILED: {len(self.problems)} problem(s) in {bad_files} file(s); {facts}"
+
+
+class FrameError(Exception):
+    """The framing of a shard cannot be read past this point."""
+
+    def __init__(self, kind: str, message: str, record: int, offset: int) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.record, self.offset = kind, message, record, offset
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    index: int
+    offset: int  # of the frame's first byte
+    payload: bytes
+    data_crc_ok: bool
+
+
+def read_frames(data: bytes) -> Iterator[Frame]:
+    """Parses TFRecord framing. A bad data checksum is reported per frame and reading goes on (the
+    length was sound); a bad length checksum or a short read raises FrameError: nothing after it can
+    be trusted."""
+    offset = 0
+    index = 0
+    end = len(data)
+    while offset < end:
+        if end - offset < HEADER_BYTES:
+            raise FrameError("truncated", f"shard ends inside a record header ({end - offset} of {HEADER_BYTES} bytes)", index, offset)
+        length_bytes = data[offset:offset + 8]
+        (length,) = _LENGTH.unpack(length_bytes)
+        (length_crc,) = _CRC.unpack_from(data, offset + 8)
+        if masked_crc32c(length_bytes) != length_crc:
+            raise FrameError("length checksum", f"length field checksum mismatch; the remaining {end - offset} bytes cannot be read", index, offset)
+        if length > MAX_RECORD_BYTES:
+            raise FrameError("length checksum", f"implausible record length {length}", index, offset)
+        start = offset + HEADER_BYTES
+        stop = start + length
+        if stop + FOOTER_BYTES > end:
+            raise FrameError(
+                "truncated", f"shard ends inside this record: it needs {length + HEADER_BYTES + FOOTER_BYTES} bytes, "
+                f"{end - offset} remain", index, offset,
+            )
+        payload = data[start:stop]
+        (data_crc,) = _CRC.unpack_from(data, stop)
+        yield Frame(index, offset, payload, masked_crc32c(payload) == data_crc)
+        offset = stop + FOOTER_BYTES
+        index += 1
+
+
+def _shard_files(records_dir: Path) -> list[str]:
+    """Files that look like TFRecord shards: ours (`train-00000-of-00004.tfrecord`) and seed-style ones."""
+    return sorted(
+        e.name for e in records_dir.iterdir()
+        if e.is_file() and not e.name.startswith(".") and "tfrecord" in e.name.lower()
+    )
+
+
+def _detect(payload: bytes) -> Schema | None:
+    import tensorflow as tf
+
+    try:
+        keys = set(tf.train.Example.FromString(payload).features.feature)
+    except Exception:
+        return None
+    for schema in SCHEMAS.values():
+        if schema.image_key in keys and schema.label_key in keys:
+            return schema
+    return None
+
+
+def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
+    """A function returning None when TF decodes the image as RGB, else TF's error in one line."""
+    import tensorflow as tf
+
+    def decode(data: bytes) -> str | None:
+        if jpeg_only and data[:3] != b"\xff\xd8\xff":
+            return f"image is not a JPEG (starts with {data[:4].hex()})"
+        try:
+            if jpeg_only:
+                tf.io.decode_jpeg(data, channels=3)
+            else:
+                tf.io.decode_image(data, channels=3, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
+            return exc.message.splitlines()[0][:200]
+        return None
+
+    return decode
+
+
+def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int | None = None) -> VerifyReport:
+    """Checks every shard of a records directory; `decode=False` skips image decoding."""
+    import tensorflow as tf
+
+    records_dir = Path(records_dir)
+    if not records_dir.is_dir():
+        raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} is not a directory")
+    has_manifest = (records_dir / MANIFEST_NAME).exists()
+    manifest: Manifest | None = load_manifest(records_dir) if has_manifest else None
+    present = _shard_files(records_dir)
+    problems: list[Problem] = []
+    expected: dict[str, object] = {}
+    if manifest is not None:
+        schema: Schema | None = SCHEMAS.get(manifest.schema)
+        if schema is None:
+            raise DataError(f"{records_dir / MANIFEST_NAME}: unknown schema {manifest.schema!r}")
+        expected = {s.file: s for split in manifest.splits.values() for s in split.shards}
+        order = list(expected)
+        for name in present:
+            if name not in expected:
+                problems.append(Problem(name, "unknown shard", f"not listed in {MANIFEST_NAME}"))
+    else:
+        if not present:
+            raise DataError(f"RECORDS_DIR: {str(records_dir)!r} has no {MANIFEST_NAME} and no *.tfrecord files")
+        schema = None
+        order = present
+    num_labels = len(manifest.labels) if manifest is not None else None
+    decode_one = _decoder(jpeg_only=manifest is not None) if decode else None
+    checks: list[ShardCheck] = []
+    with concurrent.futures.ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+        for name in order:
+            path = records_dir / name
+            if not path.is_file():
+                problems.append(Problem(name, "missing shard", f"listed in {MANIFEST_NAME} but not found"))
+                continue
+            data = path.read_bytes()
+            shard_problems, records, decoded, schema = _check_shard(
+                name, data, schema, num_labels, decode_one, pool, tf
+            )
+            info = expected.get(name)
+            sha = hashlib.sha256(data).hexdigest()
+            if info is not None:
+                if records != info.records and not any(p.kind in ("truncated", "length checksum") for p in shard_problems):
+                    shard_problems.append(Problem(name, "count", f"{records} records, {MANIFEST_NAME} says {info.records}"))
+                if len(data) != info.bytes:
+                    shard_problems.append(Problem(name, "size", f"{len(data)} bytes, {MANIFEST_NAME} says {info.bytes}"))
+                if sha != info.sha256:
+                    shard_problems.append(Problem(name, "sha256", f"sha256 {sha[:12]}... differs from {MANIFEST_NAME}'s {info.sha256[:12]}..."))
+            problems.extend(shard_problems)
+            checks.append(ShardCheck(name, records, len(data), sha, decoded, not shard_problems))
+    return VerifyReport(records_dir, schema.name if schema else None, has_manifest, tuple(checks), tuple(problems))
+
+
+def _check_shard(name, data, schema, num_labels, decode_one, pool, tf):
+    problems: list[Problem] = []
+    images: list[tuple[int, int, bytes]] = []
+    records = 0
+    try:
+        for frame in read_frames(data):
+            records += 1
+            if not frame.data_crc_ok:
+                problems.append(Problem(name, "data checksum", "record data checksum mismatch (damaged bytes)", frame.index, frame.offset))
+                continue
+            if schema is None:
+                schema = _detect(frame.payload)
+                if schema is None:
+                    problems.append(Problem(name, "parse", "not a tf.train.Example with either schema's keys", frame.index, frame.offset))
+                    continue
+            problem, image = _check_example(name, frame, schema, num_labels, tf)
+            if problem:
+                problems.append(problem)
+            elif image is not None:
+                images.append((frame.index, frame.offset, image))
+    except FrameError as exc:
+        problems.append(Problem(name, exc.kind, exc.message, exc.record, exc.offset))
+    decoded = 0
+    if decode_one is not None:
+        for (index, offset, _), error in zip(images, pool.map(decode_one, [img for _, _, img in images])):
+            if error:
+                problems.append(Problem(name, "image", f"TensorFlow cannot decode the image: {error}", index, offset))
+            else:
+                decoded += 1
+    return problems, records, decoded, schema
+
+
+def _check_example(name, frame: Frame, schema: Schema, num_labels, tf):
+    try:
+        feature = tf.train.Example.FromString(frame.payload).features.feature
+    except Exception as exc:
+        return Problem(name, "parse", f"not a tf.train.Example ({exc.__class__.__name__})", frame.index, frame.offset), None
+    missing = [k for k in (schema.image_key, schema.label_key) if k not in feature]
+    if missing:
+        return Problem(name, "parse", f"missing feature {missing[0]!r} of the {schema.name} schema", frame.index, frame.offset), None
+    labels = feature[schema.label_key].int64_list.value
+    images = feature[schema.image_key].bytes_list.value
+    if len(labels) != 1 or len(images) != 1:
+        return Problem(name, "parse", f"expected one label and one image, found {len(labels)} and {len(images)}", frame.index, frame.offset), None
+    label = labels[0]
+    if label < 0 or (num_labels is not None and label >= num_labels):
+        bound = f"[0, {num_labels})" if num_labels is not None else ">= 0"
+        return Problem(name, "label", f"label {label} outside {bound}", frame.index, frame.offset), None
+    return None, images[0]
