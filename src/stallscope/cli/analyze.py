@@ -1,0 +1,53 @@
+"""Diagnose a run or a profile: how much of each step waits for input, which tf.data stage is the
+bottleneck, seed-004's checklist with evidence, and the fix.
+
+RUN_DIR_OR_PROFILE is a run directory written by `stallscope train --profile_steps`, a capture
+directory (plugins/profile/<time>/), or a *.xplane.pb file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stallscope.cli.flags import add_flag
+from stallscope.errors import UsageError
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="RUN_DIR_OR_PROFILE", help="run directory, capture directory or .xplane.pb")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the analysis as JSON (input_share, bottleneck, ...)")
+    output.add_argument("--markdown", action="store_true", help="print the analysis as Markdown")
+    add_flag(parser, "html", metavar="FILE", type=Path, default=None,
+             help="also write an HTML report with plots to FILE")
+    add_flag(parser, "no_xprof", action="store_true",
+             help="skip TensorBoard's Input Pipeline Analyzer (xprof) cross-check")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.analysis.analyze import analyze_run
+
+    if args.html is not None and args.html.is_dir():
+        raise UsageError(f"--html: {str(args.html)!r} is a directory; expected a file name such as report.html")
+    analysis = analyze_run(args.path, with_xprof=not args.no_xprof)
+    if args.json:
+        sys.stdout.write(analysis.to_json() + "\n")
+    elif args.markdown:
+        from stallscope.report.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(analysis))
+    else:
+        from stallscope.report.text import render_text
+
+        sys.stdout.write(render_text(analysis))
+    if args.html is not None:
+        from stallscope.report.html import render_html
+
+        try:
+            args.html.write_text(render_html(analysis), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--html: cannot write {str(args.html)!r} ({exc.strerror})") from None
+        print(f"HTML report written to {args.html}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,1 @@
+"""Renderers of an analysis: terminal text, Markdown, HTML with plots."""

@@ -1,0 +1,71 @@
+"""A self-contained HTML report: the Markdown tables' content plus the plots, PNGs embedded as base64."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from stallscope.analysis.analyze import Analysis
+from stallscope.pipeline.config import describe_knob
+from stallscope.report.plots import stage_bars_png, step_bars_png
+from stallscope.report.text import fmt_knobs, fmt_ms, fmt_share, xprof_line
+
+_STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+          "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
+          ".hot{color:#d62728;font-weight:bold}pre{background:#f6f6f6;padding:.5em}")
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(analysis: Analysis) -> str:
+    e = html.escape
+    steps = analysis.steps
+    spread_rows = [[label, fmt_ms(s.mean), fmt_ms(s.p50), fmt_ms(s.p90), fmt_ms(s.std)]
+                   for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms),
+                                    ("compute", steps.compute_ms))]
+    stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="hot">{e(s.name)}</span>'
+                                               if s.long_name == analysis.tree.bottleneck else e(s.name)),
+                   "yes" if s.asynchronous else "", str(s.calls), fmt_ms(s.total_ms), fmt_ms(s.own_ms),
+                   f"{s.per_element_us:.0f} us", "" if s.parallelism is None else describe_knob(s.parallelism)]
+                  for s in analysis.tree.stages]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>stallscope: {e(analysis.source)}</title>"
+        f"<style>{_STYLE}</style></head><body>",
+        f"<h1>Input pipeline analysis</h1><p><code>{e(analysis.profile_path)}</code></p>",
+        f"<p><b>Input share {fmt_share(analysis.input_share)}: {e(analysis.verdict)} input-bound</b> over "
+        f"{steps.counted_steps} steps. {e(xprof_line(analysis))}. Bottleneck: "
+        f"<span class='hot'>{e(analysis.bottleneck or 'unknown')}</span>.</p>",
+        _table(["per step", "mean", "p50", "p90", "std"], spread_rows),
+        _img(step_bars_png(analysis), "per-step input wait and compute"),
+        "<h2>tf.data stages</h2>",
+        _table(["stage", "async", "calls", "total", "own", "per call", "parallelism"], stage_rows),
+        _img(stage_bars_png(analysis), "own time per stage"),
+        "<h2>Checklist</h2>",
+        _table(["question", "answer", "evidence"], [[e(c.question), e(c.answer), e(c.evidence)]
+                                                   for c in analysis.checklist]),
+        "<h2>Pipeline as written vs as run</h2><ul>",
+    ]
+    if analysis.written_chain:
+        parts.append(f"<li>written: <code>{e(' -> '.join(analysis.written_chain))}</code></li>")
+    parts.append(f"<li>ran: <code>{e(' -> '.join(analysis.ran_chain))}</code></li>")
+    parts += [f"<li>TF rewrite: {e(r.describe())}</li>" for r in analysis.rewrites]
+    parts.append("</ul><h2>Fix</h2>")
+    if not analysis.advice:
+        parts.append("<p>None needed: the input pipeline keeps up.</p>")
+    parts.append("<ol>")
+    for item in analysis.advice:
+        knobs = f" <code>{e(fmt_knobs(item.knobs))}</code>" if item.knobs else ""
+        command = f"<pre>$ {e(item.command)}</pre>" if item.command else ""
+        parts.append(f"<li><b>{e(item.title)}</b>{knobs}: {e(item.reason)}{command}<pre>{e(item.code)}</pre></li>")
+    parts.append("</ol>")
+    parts += [f"<p><i>note: {e(n)}</i></p>" for n in analysis.notes]
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,53 @@
+"""The analysis as Markdown, for issues, pull requests and notes."""
+
+from __future__ import annotations
+
+from stallscope.analysis.analyze import Analysis
+from stallscope.pipeline.config import describe_knob
+from stallscope.report.text import fmt_knobs, fmt_ms, fmt_share, xprof_line
+
+
+def render_markdown(analysis: Analysis) -> str:
+    steps = analysis.steps
+    out = [
+        f"# Input pipeline analysis: `{analysis.source}`",
+        "",
+        f"**Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound** "
+        f"over {steps.counted_steps} steps. {xprof_line(analysis)}.",
+        f"Bottleneck stage: **{analysis.bottleneck or 'unknown'}**.",
+        "",
+        "| per step | mean | p50 | p90 | std |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
+        out.append(f"| {label} | {fmt_ms(s.mean)} | {fmt_ms(s.p50)} | {fmt_ms(s.p90)} | {fmt_ms(s.std)} |")
+    if analysis.run is not None:
+        run = analysis.run
+        out += ["", f"The run's own timing (steps.csv): step {fmt_ms(run.step_ms.mean)}, input wait "
+                f"{fmt_ms(run.input_ms.mean)}, input share {fmt_share(run.input_share)}, "
+                f"{run.images_per_second:.1f} images/s."]
+    out += ["", "## tf.data stages", "", "| stage | async | calls | total | own | per call | parallelism |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for st in analysis.tree.stages:
+        name = f"**{st.name}**" if st.long_name == analysis.tree.bottleneck else st.name
+        parallel = "" if st.parallelism is None else describe_knob(st.parallelism)
+        out.append(f"| {'&nbsp;' * 2 * st.depth}{name} | {'yes' if st.asynchronous else ''} | {st.calls} | "
+                   f"{fmt_ms(st.total_ms)} | {fmt_ms(st.own_ms)} | {st.per_element_us:.0f} us | {parallel} |")
+    out += ["", "## Checklist", "", "| question | answer | evidence |", "|---|---|---|"]
+    out += [f"| {c.question} | {c.answer} | {c.evidence} |" for c in analysis.checklist]
+    out += ["", "## Pipeline as written vs as run", ""]
+    if analysis.written_chain:
+        out.append(f"- written: `{' -> '.join(analysis.written_chain)}`")
+    out.append(f"- ran: `{' -> '.join(analysis.ran_chain)}`")
+    out += [f"- TF rewrite: {r.describe()}" for r in analysis.rewrites]
+    out += ["", "## Fix", ""]
+    if not analysis.advice:
+        out.append("None needed: the input pipeline keeps up.")
+    for number, item in enumerate(analysis.advice, 1):
+        knobs = f" (`{fmt_knobs(item.knobs)}`)" if item.knobs else ""
+        out.append(f"{number}. **{item.title}**{knobs}: {item.reason}.")
+        if item.command:
+            out.append(f"   `{item.command}`")
+        out += ["", "   ```python", *[f"   {line}" for line in item.code.splitlines()], "   ```", ""]
+    out += [f"> note: {n}" for n in analysis.notes]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,87 @@
+"""The terminal report of an analysis: numbers become text only here."""
+
+from __future__ import annotations
+
+from stallscope.analysis.analyze import Analysis
+from stallscope.pipeline.config import describe_knob
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def fmt_share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def fmt_knobs(knobs: dict) -> str:
+    parts = []
+    for key, value in knobs.items():
+        shown = describe_knob(value) if isinstance(value, int) and not isinstance(value, bool) and value <= 0 else value
+        parts.append(f"{key}={shown}")
+    return ", ".join(parts)
+
+
+def xprof_line(analysis: Analysis) -> str:
+    figure = analysis.xprof
+    if figure is None:
+        return "TensorBoard (xprof): not run"
+    if figure.input_share is None:
+        return f"TensorBoard (xprof): no figure ({figure.error or 'no steps found'})"
+    delta = (analysis.input_share - figure.input_share) * 100
+    return (f"TensorBoard says {fmt_share(figure.input_share)} over {figure.steps} steps "
+            f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
+
+
+def render_text(analysis: Analysis) -> str:
+    steps = analysis.steps
+    lines = [
+        f"stallscope analyze {analysis.source}",
+        f"profile: {analysis.profile_path}",
+        "",
+        f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
+        f"({steps.counted_steps} steps; first and last marked steps left out, as TensorBoard does)",
+        xprof_line(analysis),
+        "",
+        f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
+    ]
+    for label, spread in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
+        lines.append(f"{label:<12}{fmt_ms(spread.mean):>11}{fmt_ms(spread.p50):>11}{fmt_ms(spread.p90):>11}"
+                     f"{fmt_ms(spread.std):>11}")
+    if analysis.run is not None:
+        run = analysis.run
+        lines += ["", f"The run's own timing (steps.csv, {run.steps} steps without warm-up): step "
+                  f"{fmt_ms(run.step_ms.mean)}, input wait {fmt_ms(run.input_ms.mean)}, input share "
+                  f"{fmt_share(run.input_share)} ({run.verdict}), {run.images_per_second:.1f} images/s"]
+    lines += ["", "tf.data stages (outermost first)",
+              f"  {'stage':<28}{'calls':>7}{'total':>12}{'own':>12}{'per call':>11}{'parallel':>10}"]
+    for stage in analysis.tree.stages:
+        mark = " <- bottleneck" if stage.long_name == analysis.tree.bottleneck else ""
+        parallel = "" if stage.parallelism is None else describe_knob(stage.parallelism)
+        if stage.asynchronous and stage.concurrency > 1.05:
+            parallel += f" ({stage.concurrency:.1f})"
+        name = "  " * stage.depth + stage.name + (" *" if stage.asynchronous else "")
+        lines.append(f"  {name:<28}{stage.calls:>7}{fmt_ms(stage.total_ms):>12}{fmt_ms(stage.own_ms):>12}"
+                     f"{stage.per_element_us:>9.0f}us{parallel:>10}{mark}")
+    lines.append("  * asynchronous: its total is time spent waiting for it; own is the work of its function")
+    lines += ["", "Checklist (TF Profiler guide to tf.data)"]
+    for item in analysis.checklist:
+        lines.append(f"  {item.question:<36} {item.answer:<10} {item.evidence}")
+    lines += ["", "Pipeline as written vs as run"]
+    if analysis.written_chain:
+        lines.append(f"  written: {' -> '.join(analysis.written_chain)}")
+    lines.append(f"  ran:     {' -> '.join(analysis.ran_chain)}")
+    for change in analysis.rewrites:
+        lines.append(f"  TF rewrite: {change.describe()}")
+    if analysis.written_chain and not analysis.rewrites:
+        lines.append("  TF ran what was written")
+    lines += ["", "Fix, most helpful first" if analysis.advice else "Fix: none needed; the input pipeline keeps up"]
+    for number, item in enumerate(analysis.advice, 1):
+        knobs = f" [{fmt_knobs(item.knobs)}]" if item.knobs else ""
+        lines.append(f"  {number}. {item.title}{knobs}: {item.reason}")
+        if item.command:
+            lines.append(f"     $ {item.command}")
+        lines += [f"     {code}" for code in item.code.splitlines()]
+    for note in analysis.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines) + "\n"
