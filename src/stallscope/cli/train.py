@@ -1,0 +1,269 @@
+"""Fine-tune a keras.applications model from JPEG files or TFRecords, timing every step's input wait.
+
+Every run writes RUN_DIR/summary.json (images/s, step time, input wait, input share, verdict, the
+pipeline as asked and as run), steps.csv, pipeline.json, resources.json and TensorBoard scalars.
+RUN_DIR is --log_path, or a new runs/<timestamp>-<model>-<source> named on screen.
+
+With --checkpoint_path, a run killed mid-way and started again with the same flags resumes from
+the last checkpoint (step count and optimizer state). --steps is the global step to reach.
+
+Profiling: `--log_path DIR --profile_steps 10:20` captures a TF profile of steps 10..20 with step
+markers; open it with `tensorboard --logdir DIR`, Profile tab (Input Pipeline Analyzer).
+
+Emulated accelerator: `--accelerator emulated:2000` (images/s) or `emulated:15ms` (per step)
+replaces the model step with a wait that uses no CPU, so a CPU-only machine shows whether the
+pipeline would keep a fast device fed. No model is built.
+
+The seeds' --base_model: `--base_model mobilenet` names the model; `--base_model=imagenet` (as
+seed-000 used it) means MobileNet with ImageNet weights.
+
+examples:
+  stallscope train --source files --dataset_path data/train --accelerator emulated:2000 --steps 100
+  stallscope train --source records --dataset_path records --pipeline seed --map-parallelism autotune
+  stallscope train --dataset_path data --model inception_v3 --image_size 299 --weights imagenet \\
+      --fine_tune last:30 --checkpoint_path ckpt --log_path runs/lr1e-4 --profile_steps 10:20
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from stallscope.cli import flags
+from stallscope.errors import UsageError
+from stallscope.pipeline import config as pipeline_config
+from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+from stallscope.workload.models import MODELS
+
+OFF = "off"  # a knob value that switches the stage off (None in PipelineConfig)
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "0"}
+_DEFAULT_PRESET = "tuned"
+# Knobs with their own seed-style flags elsewhere in this parser (or no flag at all).
+_NOT_KNOBS = {"preset"}
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE | {"off"}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def knob_or_off(text: str):
+    """A parallelism/buffer knob: a positive integer, 'autotune', or 'off' (no such stage)."""
+    if text.strip().lower() in ("off", "none"):
+        return OFF
+    return flags.int_or_autotune(text)
+
+
+def rewrite_switch(text: str):
+    """A TF static rewrite: true/false forces it; 'default' leaves TF's choice."""
+    if text.strip().lower() in ("default", "none", "tf"):
+        return OFF
+    return parse_bool(text)
+
+
+def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
+    """argparse keywords for a PipelineConfig field, from its type (new fields get flags for free)."""
+    name, kind = field.name, str(field.type)
+    if name in STATIC_OPTIMIZATIONS:
+        return {"type": rewrite_switch, "metavar": "true|false|default",
+                "help": f"TF's {name} rewrite on, off, or TF's default"}
+    choices = getattr(pipeline_config, f"{name.upper()}_CHOICES", None)
+    if choices is not None:
+        return {"choices": choices}
+    if kind == "bool":
+        return {"type": parse_bool, "metavar": "true|false"}
+    if kind == "int | None":
+        return {"type": knob_or_off, "metavar": "N|autotune|off"}
+    if kind == "int":
+        return {"type": flags.non_negative_int, "metavar": "N"}
+    return {"metavar": "VALUE"}
+
+
+def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
+    """--pipeline PRESET, --pipeline-config FILE and one flag per PipelineConfig knob."""
+    from stallscope.pipeline.presets import PRESETS
+
+    group = parser.add_argument_group("input pipeline (a preset, then single knobs override it)")
+    flags.add_flag(group, "pipeline", choices=sorted(PRESETS), default=None,
+                   help=f"named pipeline: seed (what the seeds wrote, TF's rewrites off), autotune, tuned "
+                        f"(default: {_DEFAULT_PRESET})")
+    flags.add_flag(group, "pipeline_config", type=flags.existing_file, default=None, metavar="FILE",
+                   help="a saved PipelineConfig JSON (e.g. from `diagnose --fix`); knob flags override it")
+    for field in dataclasses.fields(PipelineConfig):
+        if field.name in _NOT_KNOBS:
+            continue
+        kwargs = _knob_flag(field)
+        kwargs.setdefault("help", f"pipeline knob {field.name} (see PipelineConfig)")
+        flags.add_flag(group, field.name, default=None, dest=f"knob_{field.name}", **kwargs)
+
+
+def pipeline_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The preset (or --pipeline-config file) with the knob flags the user gave applied."""
+    from stallscope.pipeline.presets import get_preset
+
+    if args.pipeline is not None and args.pipeline_config is not None:
+        raise UsageError("--pipeline-config: give either --pipeline PRESET or --pipeline-config FILE, not both")
+    base = PipelineConfig.load(args.pipeline_config) if args.pipeline_config is not None \
+        else get_preset(args.pipeline or _DEFAULT_PRESET)
+    changes = {}
+    for field in dataclasses.fields(PipelineConfig):
+        value = getattr(args, f"knob_{field.name}", None)
+        if value is not None:
+            changes[field.name] = None if value == OFF else value
+    return base.replace(**changes)
+
+
+def resolve_model_flags(model: str | None, base_model: str | None, weights: str | None) -> tuple[str, str]:
+    """(model, weights) from --model, the seeds' --base_model and --weights."""
+    if base_model is not None:
+        text = base_model.strip().lower()
+        if text == "imagenet":  # seed-000: --base_model=imagenet meant MobileNet with ImageNet weights
+            implied_model, implied_weights = "mobilenet", "imagenet"
+        elif text in MODELS:
+            implied_model, implied_weights = text, None
+        else:
+            raise UsageError(f"--base-model: expected a model ({', '.join(MODELS)}) or 'imagenet', got {base_model!r}")
+        if model is not None and model != implied_model:
+            raise UsageError(f"--base-model: {base_model!r} means model {implied_model!r}, but --model says {model!r}")
+        if weights is not None and implied_weights is not None and weights != implied_weights:
+            raise UsageError(f"--base-model: 'imagenet' means ImageNet weights, but --weights says {weights!r}")
+        model = implied_model
+        weights = weights or implied_weights
+    return model or "mobilenet", weights or "none"
+
+
+def add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    """The data, model and accelerator flags shared by `train` and the diagnosis probes."""
+    data = parser.add_argument_group("data (the seeds' flags)")
+    flags.add_flag(data, "source", choices=("files", "records"), default="files",
+                   help="read JPEG files ({label}/* or {split}/{label}/*) or TFRecord shards (default: files)")
+    flags.add_flag(data, "dataset_path", type=Path, default=Path("images"), metavar="DIR",
+                   help="image tree or records directory (default: images, as seed-000)")
+    flags.add_flag(data, "split", default="train", help="split to train on (default: train)")
+    flags.add_flag(data, "labels_file", "--labels", type=flags.existing_file, default=None, metavar="FILE",
+                   help="one label per line: fixes the class order")
+    flags.add_flag(data, "dataset_size", type=flags.positive_int, default=None, metavar="N",
+                   help="examples per epoch (default: the whole split)")
+    model = parser.add_argument_group("model")
+    flags.add_flag(model, "model", choices=sorted(MODELS), default=None,
+                   help="keras.applications base (default: mobilenet)")
+    flags.add_flag(model, "base_model", default=None, metavar="NAME|imagenet",
+                   help="seed-000's flag: a model name, or 'imagenet' for MobileNet with ImageNet weights")
+    flags.add_flag(model, "alpha", type=float, default=1.0,
+                   help="MobileNet/MobileNetV2 width multiplier (default: 1.0)")
+    flags.add_flag(model, "weights", default=None, metavar="none|imagenet|PATH",
+                   help="base weights: none, imagenet (Keras downloads them) or a weights file (default: none)")
+    flags.add_flag(model, "fine_tune", default="head", metavar="head|full|last:N",
+                   help="train the head only, everything, or the last N base layers too (default: head)")
+    flags.add_flag(model, "accelerator", default="real", metavar="real|emulated:IPS|emulated:MSms",
+                   help="run the model, or emulate a device of that many images/s or ms per step (default: real)")
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    add_workload_flags(parser)
+    training = parser.add_argument_group("training")
+    flags.add_flag(training, "steps", type=flags.positive_int, default=None, metavar="N",
+                   help="train until global step N (a resumed run continues to N); default: --epochs")
+    flags.add_flag(training, "epochs", type=flags.positive_int, default=1, help="passes over the data (default: 1)")
+    flags.add_flag(training, "learning_rate", type=flags.positive_float, default=1e-4,
+                   help="Adam learning rate (default: 1e-4)")
+    flags.add_flag(training, "validation_path", type=Path, default=None, metavar="DIR",
+                   help="held-out data evaluated at the end (its validation split, or a {label}/* tree)")
+    flags.add_flag(training, "warmup_steps", type=flags.non_negative_int, default=2,
+                   help="first steps left out of the means (tracing; default: 2)")
+    out = parser.add_argument_group("output")
+    flags.add_flag(out, "log_path", type=Path, default=None, metavar="DIR",
+                   help="run directory (default: a new runs/<timestamp>-<model>-<source>)")
+    flags.add_flag(out, "checkpoint_path", type=Path, default=None, metavar="DIR",
+                   help="checkpoints (resumed from when present); default: none")
+    flags.add_flag(out, "checkpoint_every", type=flags.positive_int, default=500, metavar="N",
+                   help="save every N steps, and at the end (default: 500)")
+    flags.add_flag(out, "profile_steps", default=None, metavar="START:STOP",
+                   help="capture a TF profile of these global steps into the run directory")
+    flags.add_flag(out, "log_every", type=flags.positive_int, default=10, metavar="N",
+                   help="print a step line and write TensorBoard scalars every N steps (default: 10)")
+    add_pipeline_flags(parser)
+
+
+def train_options_from_args(args: argparse.Namespace, **overrides):
+    """TrainOptions from parsed flags (shared with the diagnosis)."""
+    from stallscope.workload.train import TrainOptions
+
+    model, weights = resolve_model_flags(args.model, args.base_model, args.weights)
+    pipeline = pipeline_from_args(args)
+    values = dict(
+        source=args.source, dataset_path=args.dataset_path, split=args.split, labels_file=args.labels_file,
+        dataset_size=args.dataset_size, model=model, alpha=args.alpha, weights=weights,
+        fine_tune=args.fine_tune, accelerator=args.accelerator, pipeline=pipeline,
+        seed=pipeline.seed,
+    )
+    for name in ("steps", "epochs", "learning_rate", "validation_path", "warmup_steps", "log_path",
+                 "checkpoint_path", "checkpoint_every", "profile_steps", "log_every"):
+        if hasattr(args, name):
+            values[name] = getattr(args, name)
+    values.update(overrides)
+    return TrainOptions(**values)
+
+
+def format_summary(summary: dict[str, Any]) -> list[str]:
+    """The end-of-run lines: step time, input wait, input share and verdict."""
+    accelerator = summary["accelerator"]["spec"]
+    lines = [
+        f"steps           {summary['first_step']}..{summary['last_step']} "
+        f"({summary['measured_steps']} measured, {summary['warmup_steps']} warm-up)",
+        f"pipeline        {summary['pipeline']['preset']}: {' <- '.join(summary['pipeline']['ran']) or '?'}",
+        f"accelerator     {accelerator}",
+        f"throughput      {summary['images_per_second']:.1f} images/s",
+        f"step time       {summary['step_time_ms']:.1f} ms (p50 {summary['step_time_p50_ms']:.1f}, "
+        f"p90 {summary['step_time_p90_ms']:.1f})",
+        f"input wait      {summary['input_wait_ms']:.1f} ms per step",
+        f"input share     {summary['input_share'] * 100:.1f}% -> {summary['verdict']} input-bound",
+    ]
+    if summary.get("cpu"):
+        lines.append(f"CPU             {summary['cpu']['system_mean_percent']:.0f}% of "
+                     f"{summary['cpu']['cores']} cores (process {summary['cpu']['process_mean_percent']:.0f}%)")
+    if summary.get("final_loss") is not None:
+        lines.append(f"loss            {summary['final_loss']:.4f}")
+    validation = summary.get("validation")
+    if validation:
+        lines.append(f"validation      top-1 {validation['top1']:.3f}, top-{validation['k']} {validation['top5']:.3f}, "
+                     f"loss {validation['loss']:.4f} ({validation['examples']} examples)")
+    if summary.get("checkpoint"):
+        lines.append(f"checkpoint      {summary['checkpoint']['latest']}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.workload.train import run_training
+
+    options = train_options_from_args(args)
+    if options.log_path is None:
+        from stallscope.workload.train import new_run_dir
+
+        model = "emulated" if options.accelerator.emulated else options.model
+        options = dataclasses.replace(options, log_path=new_run_dir(model, options.source))
+    print(f"run directory: {options.log_path}", flush=True)
+
+    def on_step(progress) -> None:
+        if progress.log_line:
+            print(progress.log_line, flush=True)
+
+    result = run_training(options, on_step=on_step)
+    for line in format_summary(result.summary):
+        print(line)
+    print(f"summary         {result.run_dir / 'summary.json'}")
+    if result.summary.get("profile"):
+        if result.summary["profile"]["files"]:
+            print(f"profile         tensorboard --logdir {result.run_dir}  (Profile tab)")
+        else:
+            print(f"profile         none written: the run never reached steps {result.summary['profile']['steps']}",
+                  file=sys.stderr)
+    return 0
