@@ -1,13 +1,35 @@
 """The layout of a run directory, shared by the workload (writer) and the analysis (reader).
 
 RUN_DIR/
-  summary.json        headline figures of the run (see `train.py` for the fields)
-  steps.csv           one row per step: StepRecord fields
-  pipeline.json       {"requested": PipelineConfig dict, "ran": [stage names, outermost first], ...}
-  resources.json      CPU utilisation samples and /proc/self/io counters of the run
-  plugins/profile/*/  TF profile (`*.xplane.pb`) when --profile_steps was given; TensorBoard reads it
-  train/              TensorBoard scalars
-"""
+  summary.json        headline figures of the run (written by `workload/train.py`), see below
+  steps.csv           one row per step of this session: StepRecord fields (a resumed run starts at
+                      the step after its checkpoint; `step` is the global step)
+  pipeline.json       {"requested": PipelineConfig dict, "ran": [stage names, outermost first],
+                       "preset": name, "overrides": {knob: value changed from the preset}}
+  resources.json      {"interval_s", "duration_s", "cores", "cpu": summary below,
+                       "io": /proc/self/io deltas (rchar, wchar, syscr, syscw, read_bytes, write_bytes) or null,
+                       "samples": [{"elapsed_s", "process_percent", "system_percent", "per_cpu_percent"}]}
+  plugins/profile/*/  TF profile (`*.xplane.pb`) when --profile_steps was given; TensorBoard reads it.
+                      Each profiled step is a `Trace('train', step_num=i, _r=1)` around get_next and
+                      the model step; an emulated step's wait is a `Trace('emulated_accelerator')`.
+  train/              TensorBoard scalars: loss, examples_per_sec, input_wait_ms, step_time_ms
+                      (and validation/top1, top5, loss)
+
+summary.json keys (numbers stay numbers; times in ms are means over non-warm-up steps):
+  images_per_second, step_time_ms, input_wait_ms, compute_ms, input_share (0..1), verdict,
+  step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
+  steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
+  total_steps, epochs, epochs_started, batch_size, image_size, final_loss, mean_loss_last_10,
+  pipeline {preset, requested, overrides, ran}, model {model, alpha, weights, fine_tune, ...} or
+  null (emulated), source {kind, path, split, examples, files, bytes, schema, classes},
+  accelerator {kind, spec, images_per_second, ms_per_step}, dataset_path, dataset_size,
+  learning_rate, cpu {cores, samples, process_mean_percent, process_max_percent,
+  system_mean_percent, system_max_percent, process_cpu_seconds, duration_s},
+  io {rchar, read_bytes, syscr, ..., files_opened, per_image {bytes_read, storage_bytes,
+  read_calls, files_opened}} or null, profile {steps, captured_steps, files} or null,
+  checkpoint {path, latest} or null, validation {examples, top1, top5, loss, k, ...} or null,
+  run_dir, started_at, wall_time_s, interrupted, stallscope_version, tensorflow_version,
+  python_version."""
 
 from __future__ import annotations
 
