@@ -42,8 +42,8 @@ class Advice:
 
 
 def recommend(analysis: "Analysis", config: PipelineConfig | None = None) -> list[Advice]:
-    """Advice for this analysis, best first; `config` (else the run's requested config) tells
-    which knobs are already set, so nothing already done is advised again."""
+    """Advice for this analysis, best first. The profile decides what is wrong; `config` (else the
+    run's requested config) drops advice that would change nothing because its knobs are set already."""
     config = config if config is not None else analysis.config
     tree = analysis.tree
     stage = tree.bottleneck_stage
@@ -110,6 +110,8 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None) -> lis
             "    processing_mode='parallel_epochs', service='grpc://DISPATCHER:5000'))",
             "every core here is busy; more CPUs are the remaining fix", checks["cpu_saturated"].evidence,
             command="stallscope serve"))
+    if config is not None:
+        advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
     return sorted(advice, key=lambda a: ORDER.index(a.key))
 
 

@@ -1,0 +1,128 @@
+"""Tiny profiled training loops for the analysis tests: real tf.data pipelines, real TF profiles.
+
+Each loop iterates a `tf.data` pipeline under `tf.profiler.experimental` with a step marker per
+step (`Trace('train', step_num=i, _r=1)`, as `stallscope train` writes them) and sleeps a fixed
+time per step in place of the device. TF's static rewrites are off unless asked for, so the
+pipeline that runs is the one written here. Profiles are made once per test session.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+STEPS = 24
+DEVICE_S = 0.008      # the emulated device step
+SLOW_S = 0.003        # per element of the "decode" function: 4 per batch -> 12 ms per batch sequentially
+BATCH = 4
+
+
+def _slow_decode(x):
+    import tensorflow as tf
+
+    def work(value):
+        time.sleep(SLOW_S)
+        return value
+
+    return tf.numpy_function(work, [x], tf.int64, stateful=False)
+
+
+def build_pipeline(kind: str, *, rewrites: bool = False):
+    """`stalled`: sequential slow map, no prefetch. `parallel`: the same map with 3 parallel calls
+    and a prefetch. `healthy`: cheap map + prefetch."""
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.range(10_000)
+    if kind == "stalled":
+        dataset = dataset.map(_slow_decode).batch(BATCH)
+    elif kind == "parallel":
+        dataset = dataset.map(_slow_decode, num_parallel_calls=3).batch(BATCH).prefetch(2)
+    elif kind == "healthy":
+        dataset = dataset.map(lambda x: x * 2).batch(BATCH).prefetch(4)
+    else:
+        raise ValueError(kind)
+    if not rewrites:
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = False
+        options.experimental_optimization.inject_prefetch = False
+        options.experimental_optimization.map_and_batch_fusion = False
+        dataset = dataset.with_options(options)
+    return dataset
+
+
+def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float = DEVICE_S, profile: bool = True):
+    """Runs `steps` steps (get_next + device sleep), profiling them; returns per-step StepRecords."""
+    import tensorflow as tf
+
+    from stallscope.workload.rundir import StepRecord
+
+    iterator = iter(dataset)
+    next(iterator)  # the first element builds the pipeline's threads; not a step
+    records = []
+    if profile:
+        tf.profiler.experimental.start(str(log_dir))
+    origin = time.perf_counter()
+    try:
+        for step in range(steps):
+            with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+                started = time.perf_counter()
+                batch = next(iterator)
+                got = time.perf_counter()
+                time.sleep(device_s)
+                done = time.perf_counter()
+            records.append(StepRecord(
+                step=step + 1, phase="train", started_s=started - origin, step_ms=(done - started) * 1e3,
+                input_wait_ms=(got - started) * 1e3, compute_ms=(done - got) * 1e3,
+                images=int(batch.shape[0]), warmup=step == 0,
+            ))
+    finally:
+        if profile:
+            tf.profiler.experimental.stop()
+    return records
+
+
+def write_run_dir(run_dir: Path, kind: str, *, rewrites: bool = False) -> Path:
+    """A run directory as `stallscope train` lays it out: profile, steps.csv, pipeline.json, resources.json."""
+    from stallscope.pipeline.describe import pipeline_as_built, pipeline_as_run
+    from stallscope.workload import rundir
+    from stallscope.workload.resources import ResourceMonitor
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dataset = build_pipeline(kind, rewrites=rewrites)
+    with ResourceMonitor(interval_s=0.05) as monitor:
+        records = profiled_loop(run_dir, dataset)
+    rundir.write_steps(run_dir, records)
+    rundir.write_json(run_dir, rundir.PIPELINE_NAME, {
+        "requested": None, "written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)})
+    rundir.write_json(run_dir, rundir.RESOURCES_NAME, monitor.report.to_dict())
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def stalled_profile(tmp_path_factory) -> Path:
+    """A bare profile directory (no run files): sequential slow map, no prefetch."""
+    log_dir = tmp_path_factory.mktemp("stalled")
+    profiled_loop(log_dir, build_pipeline("stalled"))
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def healthy_profile(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("healthy")
+    profiled_loop(log_dir, build_pipeline("healthy"))
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def parallel_profile(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("parallel")
+    profiled_loop(log_dir, build_pipeline("parallel"))
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def rewritten_run(tmp_path_factory) -> Path:
+    """A full run directory of the stalled pipeline with TF's default rewrites left on."""
+    return write_run_dir(tmp_path_factory.mktemp("rewritten") / "run", "stalled", rewrites=True)

@@ -1,0 +1,38 @@
+"""`stallscope analyze`: report forms and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from stallscope.cli.main import main
+
+
+def test_json_has_top_level_input_share_and_bottleneck(stalled_profile, capsys):
+    assert main(["analyze", str(stalled_profile), "--json", "--no-xprof"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert isinstance(data["input_share"], float) and 0.0 <= data["input_share"] <= 1.0
+    assert data["bottleneck"] == "Map"
+    assert data["verdict"] == "highly"
+    assert {s["name"] for s in data["stages"]} == {"BatchV2", "Map", "Range"}
+    assert data["advice"][0]["knobs"] == {"map_parallelism": -1}
+
+
+def test_text_markdown_and_html(stalled_profile, tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["analyze", str(stalled_profile), "--no_xprof", "--html", str(page)]) == 0
+    text = capsys.readouterr().out
+    assert "highly input-bound" in text and "<- bottleneck" in text and "Decode in parallel" in text
+    html = page.read_text()
+    assert html.count("data:image/png;base64,") == 2 and "Map" in html
+    assert main(["analyze", str(stalled_profile), "--no-xprof", "--markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown.startswith("# Input pipeline analysis") and "**Map** |" in markdown
+
+
+def test_path_without_profile_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no TF profile found" in err and str(tmp_path) in err
+    assert main(["analyze", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
