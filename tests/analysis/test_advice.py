@@ -82,3 +82,12 @@ def test_rewrites_name_each_change():
     assert [c.describe() for c in changes] == [
         "(nothing) became Prefetch (inject_prefetch)", "Map became ParallelMap (map_parallelization)"]
     assert rewrites(["Batch", "Map"], ["BatchV2", "Map"]) == ()
+
+
+def test_config_rewrites_when_no_written_chain_was_recorded():
+    from stallscope.analysis.rewrites import config_rewrites
+
+    seed = PipelineConfig(preset="seed")
+    changes = config_rewrites(seed, ["Prefetch", "Batch", "ParallelMap", "Range"])
+    assert {c.option for c in changes} == {"map_parallelization", "inject_prefetch"}
+    assert config_rewrites(seed.replace(map_parallelism=2, prefetch=2), ["Prefetch", "Batch", "ParallelMap"]) == ()

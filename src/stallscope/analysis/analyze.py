@@ -15,7 +15,7 @@ from typing import Any
 
 from stallscope.analysis import advice as advice_module
 from stallscope.analysis.checklist import CheckItem, checklist
-from stallscope.analysis.rewrites import Rewrite, rewrites
+from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.tfdata import StageTree, stage_tree
 from stallscope.analysis.xplane import find_profile, load_profile
@@ -112,9 +112,13 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
     config = _requested_config(pipeline, notes)
     written = tuple(_chain(pipeline, "written"))
     ran = tuple(_chain(pipeline, "ran")) or tuple(tree.chain())
-    changes = rewrites(written, ran) if written else ()
-    if not written:
-        notes.append("no written chain in pipeline.json: TF's rewrites cannot be compared with what was written")
+    if written:
+        changes = rewrites(written, ran)
+    elif config is not None:
+        changes = config_rewrites(config, ran)
+    else:
+        changes = ()
+        notes.append("no pipeline.json with the written chain or requested config: TF's rewrites are not shown")
     figure = xprof_figure(profile_file) if with_xprof else None
     partial = Analysis(
         source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,

@@ -63,3 +63,18 @@ def _option_for(old: tuple[str, ...], new: tuple[str, ...]) -> str:
         if old == written and new == ran:
             return option
     return ""
+
+
+def config_rewrites(config, ran: Sequence[str]) -> tuple[Rewrite, ...]:
+    """Rewrites visible from the requested config alone, when the run recorded no written chain:
+    a sequential map (map_parallelism none) that ran as ParallelMap or MapAndBatch, or no prefetch
+    asked for while the run's outermost stage is a Prefetch."""
+    stages = [normalise(s) for s in ran]
+    changes = []
+    if config.map_parallelism is None and "ParallelMap" in stages:
+        changes.append(Rewrite(("Map",), ("ParallelMap",), "map_parallelization"))
+    if "MapAndBatch" in stages:
+        changes.append(Rewrite(("Map", "Batch"), ("MapAndBatch",), "map_and_batch_fusion"))
+    if config.prefetch is None and stages[:1] == ["Prefetch"]:
+        changes.append(Rewrite((), ("Prefetch",), "inject_prefetch"))
+    return tuple(changes)
