@@ -1,0 +1,45 @@
+"""CPU sampling and /proc/self/io deltas taken during a run."""
+
+import os
+import time
+
+import pytest
+
+from stallscope.workload.resources import ResourceMonitor, files_opened, io_delta, read_proc_io
+
+needs_proc_io = pytest.mark.skipif(read_proc_io() is None, reason="the kernel offers no /proc/self/io")
+
+
+@needs_proc_io
+def test_monitor_counts_bytes_and_calls_read(tmp_path):
+    data = tmp_path / "blob.bin"
+    data.write_bytes(os.urandom(256 * 1024))
+    with ResourceMonitor(interval_s=0.02) as monitor:
+        with open(data, "rb") as handle:
+            while handle.read(4096):
+                pass
+        deadline = time.perf_counter() + 0.1
+        while time.perf_counter() < deadline:  # some CPU work for the sampler to see
+            sum(range(1000))
+    report = monitor.report
+    assert report.io["rchar"] >= 256 * 1024
+    assert report.io["syscr"] >= 64
+    assert len(report.samples) >= 2
+    summary = report.summary()
+    assert summary["cores"] >= 1
+    assert 0 < summary["process_max_percent"] <= 100 * summary["cores"] + 1
+    assert 0 <= summary["system_mean_percent"] <= 100
+    assert summary["process_cpu_seconds"] > 0
+    written = report.to_dict()
+    assert written["io"] == report.io and len(written["samples"]) == len(report.samples)
+
+
+def test_io_delta_handles_missing_counters():
+    assert io_delta(None, {"rchar": 1}) is None
+    assert io_delta({"rchar": 5, "syscr": 1}, {"rchar": 12, "syscr": 4}) == {"rchar": 7, "syscr": 3}
+
+
+def test_files_opened_from_the_file_list():
+    assert files_opened("files", images=40, files_in_source=24, passes=40 / 24) == 40
+    assert files_opened("records", images=40, files_in_source=2, passes=40 / 24) == 4
+    assert files_opened("records", images=4, files_in_source=2, passes=4 / 24) == 1
