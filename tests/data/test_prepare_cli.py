@@ -1,0 +1,125 @@
+"""`stallscope prepare`: the two kinds through the console entry point, summaries and one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+
+import pytest
+
+from stallscope.cli.main import main
+
+TINY_FLAGS = ["--classes", "2", "--images_per_class=3", "--long-side", "32-48", "--quality", "80", "--workers", "1"]
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_prepare_help_lists_both_kinds(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "imagenet-val" in out and "synthetic" in out and "stallscope prepare synthetic --output" in out
+
+
+def test_prepare_without_a_kind_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare"])
+    assert exc.value.code == 2 and "KIND" in _one_line_error(capsys)
+
+
+def test_synthetic_summary_then_nothing_to_do(tmp_path, capsys):
+    out_dir = tmp_path / "data"
+    assert main(["prepare", "synthetic", "--output", str(out_dir), *TINY_FLAGS]) == 0
+    first = capsys.readouterr().out
+    assert "images        6 (train 4, validation 2)" in first and "6 images made" in first
+    low, high = map(int, re.search(r"long side (\d+)-(\d+) px", first).groups())
+    assert 32 <= low <= high <= 48
+    index = json.loads((out_dir / "synthetic.json").read_text())
+    assert index["options"]["quality"] == [80, 80] and index["options"]["long_side"] == [32, 48]
+
+    assert main(["prepare", "synthetic", f"--output={out_dir}", *TINY_FLAGS]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+    assert main(["prepare", "synthetic", "--output", str(out_dir), *TINY_FLAGS, "--seed", "1"]) == 2
+    err = _one_line_error(capsys)
+    assert "--output" in err and "seed 0 there, 1 asked" in err and "--overwrite" in err
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--quality", "95-75", "LOW-HIGH"),
+    ("--long-side", "big", "LOW-HIGH"),
+    ("--validation-fraction", "1.5", "[0, 1)"),
+    ("--classes", "0", "positive integer"),
+])
+def test_synthetic_bad_flags_are_one_line(tmp_path, capsys, flag, value, expected):
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "synthetic", "--output", str(tmp_path / "d"), flag, value])
+    assert exc.value.code == 2
+    err = _one_line_error(capsys)
+    assert flag.lstrip("-").split("-")[0] in err and expected in err
+
+
+def test_imagenet_val_from_a_tar(tmp_path, capsys, image_tree_factory):
+    tree = image_tree_factory(classes=1, per_class=3, size=(32, 24))
+    archive = tmp_path / "ILSVRC2012_img_val.tar"
+    with tarfile.open(archive, "w") as tar:
+        for number, jpeg in enumerate(sorted((tree / "class_00").iterdir()), start=1):
+            tar.add(jpeg, arcname=f"ILSVRC2012_val_{number:08d}.JPEG")
+        note = tarfile.TarInfo("notes.txt")
+        note.size = 2
+        tar.addfile(note, io.BytesIO(b"hi"))
+
+    assert main(["prepare", "imagenet-val", str(archive), "--output", str(tmp_path / "images")]) == 0
+    out = capsys.readouterr().out
+    assert "3 images in 3 classes, 1-1 per class" in out and "3 placed, 0 already in place" in out
+    assert "notes.txt: name does not match" in out and "prepare.json" in out
+    assert (tmp_path / "images" / "n01751748" / "ILSVRC2012_val_00000001.JPEG").is_file()
+
+    assert main(["prepare", "imagenet-val", str(archive), "-o", str(tmp_path / "images")]) == 0
+    assert "0 placed, 3 already in place" in capsys.readouterr().out
+
+
+def test_imagenet_val_errors_are_one_line(tmp_path, capsys):
+    missing = tmp_path / "ILSVRC2012_img_val.tar"
+    assert main(["prepare", "imagenet-val", str(missing), "--output", str(tmp_path / "o")]) == 2
+    assert "does not exist" in _one_line_error(capsys)
+
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"<html>not found</html>" * 50)
+    assert main(["prepare", "imagenet-val", str(junk), "--output", str(tmp_path / "o")]) == 2
+    assert "junk.tar: not a tar archive" in _one_line_error(capsys)
+
+    folder = tmp_path / "extracted"
+    folder.mkdir()
+    assert main(["prepare", "imagenet-val", str(folder), "--output", str(tmp_path / "o"),
+                 "--labels", str(tmp_path / "nope.txt")]) == 2
+    err = _one_line_error(capsys)
+    assert "--labels" in err and "nope.txt" in err
+
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "imagenet-val", str(folder), "--output", str(tmp_path / "o"), "--link", "--copy"])
+    assert exc.value.code == 2 and "not allowed with" in _one_line_error(capsys)
+
+
+def test_damaged_archive_prints_the_summary_then_one_error_line(tmp_path, capsys, image_tree_factory):
+    tree = image_tree_factory(classes=1, per_class=3, size=(32, 24))
+    archive = tmp_path / "val.tar"
+    with tarfile.open(archive, "w") as tar:
+        for number, jpeg in enumerate(sorted((tree / "class_00").iterdir()), start=1):
+            tar.add(jpeg, arcname=f"ILSVRC2012_val_{number:08d}.JPEG")
+    with tarfile.open(archive) as tar:
+        last = tar.getmembers()[-1]
+    archive.write_bytes(archive.read_bytes()[: last.offset_data + 10])
+
+    assert main(["prepare", "imagenet-val", str(archive), "--output", str(tmp_path / "images")]) == 2
+    captured = capsys.readouterr()
+    assert "2 images in 2 classes" in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "cut short in ILSVRC2012_val_00000003.JPEG" in err and "run again" in err
