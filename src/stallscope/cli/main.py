@@ -23,7 +23,7 @@ SUBCOMMANDS = (
     ("diagnose", "stallscope.cli.diagnose", "differential stall analysis by short probes; --fix applies the advice"),
     ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
 )
-NEEDS_TENSORFLOW = frozenset({"convert", "verify", "train", "evaluate", "analyze", "diagnose", "serve"})
+NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnose", "serve"})
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
