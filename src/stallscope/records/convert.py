@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -243,13 +244,20 @@ def process_chunk(schema_name: str, image_options: images.ImageOptions, items: l
     return out
 
 
+def _start_method() -> str:
+    """fork when it is safe (Linux, no TensorFlow threads in this process): fast, and scripts need no
+    `if __name__ == "__main__"` guard. spawn otherwise: forking a process that runs TF's thread pools
+    can deadlock the child."""
+    return "fork" if sys.platform.startswith("linux") and "tensorflow" not in sys.modules else "spawn"
+
+
 def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tuple]]:
     """Results of `fn(*task)` in task order, with a bounded number of tasks in flight."""
     if workers <= 1:
         for task in tasks:
             yield fn(*task)
         return
-    context = multiprocessing.get_context("spawn")  # no fork of a parent that may hold TF threads
+    context = multiprocessing.get_context(_start_method())
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         window: collections.deque = collections.deque()
         for task in tasks:
@@ -378,10 +386,13 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
                 done += len(span)
                 if progress:
                     progress(done, total_images)
-            info = writer.commit()
-        state = {"fingerprint": shard.fingerprint, "shard": dataclasses.asdict(info),
-                 "skipped": shard_skipped, "repaired": shard_repaired}
-        write_json_atomic(_state_path(state_dir, shard), state)
+            state = {"fingerprint": shard.fingerprint, "skipped": shard_skipped, "repaired": shard_repaired}
+
+            def save_state(info: ShardInfo, state=state, shard=shard) -> None:
+                state["shard"] = dataclasses.asdict(info)
+                write_json_atomic(_state_path(state_dir, shard), state)
+
+            info = writer.commit(before_rename=save_state)
         results[shard.filename] = state
         log.info("wrote %s: %d records, %d bytes", shard.filename, info.records, info.bytes)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from stallscope.records.manifest import ShardInfo
@@ -153,13 +154,18 @@ class ShardWriter:
     def write(self, payload: bytes) -> None:
         self.write_framed(frame_record(payload))
 
-    def commit(self) -> ShardInfo:
+    def commit(self, before_rename: Callable[[ShardInfo], None] | None = None) -> ShardInfo:
+        """Makes the shard visible. `before_rename(info)` runs once the bytes are on disk but before the
+        rename, so whatever it records (a resume state) exists whenever the shard does."""
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
+        info = ShardInfo(file=self.path.name, records=self.records, bytes=self.bytes, sha256=self._sha.hexdigest())
+        if before_rename is not None:
+            before_rename(info)
         os.replace(self._tmp, self.path)
-        self._info = ShardInfo(file=self.path.name, records=self.records, bytes=self.bytes, sha256=self._sha.hexdigest())
-        return self._info
+        self._info = info
+        return info
 
     def abort(self) -> None:
         if not self._handle.closed:
