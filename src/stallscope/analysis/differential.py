@@ -1,0 +1,547 @@
+"""Differential stall analysis: short probes of one workload separate the causes of input wait.
+
+As DS-Analyzer does for PyTorch, the same workload (pipeline config, source, model or emulated
+device) is run in parts (see `probes.py`):
+
+1. compute alone: the training loop fed from batches already in memory;
+2. the pipeline alone with a cold page cache (the source's files evicted first);
+3. the pipeline alone with a warm page cache (the same elements, now cached);
+4. end to end: the training loop fed by the pipeline, as `stallscope train` runs it.
+
+Per step the end-to-end input wait is split by what the pipeline spends its time on: CPU work
+(preprocessing stall: decode, resize, ...) or waiting while no core works for it (fetch stall:
+storage reads, remote latency). The CPU share comes from the warm probe's process CPU time over
+the cores its stages can use; storage reads add what the cold probe took beyond the warm one, as far
+as it would show as wait. What-if figures (other device speeds, more cores, data cached) follow
+from the same numbers (`whatif.py`); `fix` applies the advice and measures again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from stallscope.analysis import whatif
+from stallscope.analysis.advice import Advice, apply_advice
+from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
+from stallscope.config import AUTOTUNE, json_ready, require_choice
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.verdict import verdict_for
+from stallscope.workload.models import parse_fine_tune
+from stallscope.workload.train import TrainOptions
+
+logger = logging.getLogger(__name__)
+
+CAUSES = ("fetch", "preprocessing", "none")
+STEADY_CACHE_CHOICES = ("auto", "warm", "cold")
+FITS_IN_MEMORY_FRACTION = 0.5  # "auto": the data stays in the page cache below this share of free RAM
+COMPUTE_CACHED_BATCHES = 2
+CACHE_FRACTION_OF_MEMORY = 0.25  # advise an in-memory cache only for data below this share of free RAM
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnoseOptions:
+    """One diagnosis.
+
+    train: the workload (source, path, pipeline, model, accelerator); its steps/log_path are ignored.
+    phases: fine-tuning phases diagnosed one by one, e.g. ("head", "full") for a job that freezes
+        the base and later unfreezes it (a cheaper step can turn a job input-bound).
+    probe_steps: measured steps of the compute and end-to-end probes (rounded to whole epochs on
+        small data sets, since a shuffle buffer refills once per epoch).
+    pipeline_budget_s: most seconds each pipeline-alone probe runs.
+    cold_cache: run the cold-cache probe (evicts the source's files from the page cache).
+    steady_cache: the page-cache state of a long run, which the verdict and cause are judged on:
+        "warm" (the data stays cached after the first epoch), "cold" (every epoch reads storage)
+        or "auto" (warm when the data set fits in half the free memory).
+    work_dir: where the probe runs' directories go (kept); None: a temporary directory, removed.
+    extra_stages: builder hooks added to every probe's pipeline (library use: tests, experiments).
+    """
+
+    train: TrainOptions
+    phases: tuple[str, ...] = ()
+    probe_steps: int = 20
+    pipeline_budget_s: float = 10.0
+    cold_cache: bool = True
+    steady_cache: str = "auto"
+    work_dir: Path | None = None
+    extra_stages: Mapping[str, Callable] | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.train, TrainOptions):
+            raise UsageError(f"train: expected TrainOptions, got {type(self.train).__name__}")
+        phases = tuple(self.phases) or (self.train.fine_tune,)
+        object.__setattr__(self, "phases", tuple(parse_fine_tune(p) for p in phases))
+        if isinstance(self.probe_steps, bool) or not isinstance(self.probe_steps, int) or self.probe_steps < 2:
+            raise UsageError(f"--probe-steps: expected an integer >= 2, got {self.probe_steps!r}")
+        if not (isinstance(self.pipeline_budget_s, (int, float)) and self.pipeline_budget_s > 0):
+            raise UsageError(f"pipeline_budget_s: expected a number above 0, got {self.pipeline_budget_s!r}")
+        require_choice("steady_cache", self.steady_cache, STEADY_CACHE_CHOICES)
+        if self.steady_cache == "cold" and not self.cold_cache:
+            raise UsageError("steady_cache: 'cold' needs the cold-cache probe; cold_cache is off")
+        if self.work_dir is not None:
+            object.__setattr__(self, "work_dir", Path(self.work_dir))
+
+    @property
+    def pipeline(self) -> PipelineConfig:
+        return self.train.pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineBreakdown:
+    """Where the pipeline's time per batch goes (ms), from the pipeline-alone probes."""
+
+    warm_ms: float             # per batch, files in the page cache
+    cold_ms: float | None      # per batch, files evicted first (None: not probed)
+    cpu_ms: float              # the part the CPU works or waits for a core (warm): preprocessing
+    waiting_ms: float          # the part no core works for the pipeline (warm): latency, reads
+    storage_ms: float          # what a cold cache adds: reads from the device
+    threads: float             # cores the pipeline's stages can keep busy here
+    cpu_ms_per_image: float    # CPU time per image (all threads), for the more-cores what-if
+
+    @property
+    def fetch_fraction(self) -> float:
+        """The share of the warm pipeline's time that is not CPU work."""
+        return self.waiting_ms / self.warm_ms if self.warm_ms > 0 else 0.0
+
+
+def breakdown(warm: PipelineProbe, cold: PipelineProbe | None, config: PipelineConfig) -> PipelineBreakdown:
+    """Splits the warm pipeline time into CPU work and waiting, and adds the cold cache's cost.
+
+    The CPU part is the CPU time its threads used or waited for (run queue) over the cores its
+    stages can use (a sequential chain: one), never more than the wall time; the rest is waiting
+    with no core working or wanted: storage reads, remote latency, a slow source."""
+    threads = pipeline_threads(config, warm.cores)
+    batch = config.batch_size
+    warm_ms = warm.ms_per_image * batch
+    cpu_ms = min(warm_ms, warm.cpu_demand_ms_per_image / threads * batch)
+    cold_ms = cold.ms_per_image * batch if cold is not None else None
+    storage = max(0.0, cold_ms - warm_ms) if cold_ms is not None else 0.0
+    return PipelineBreakdown(warm_ms=warm_ms, cold_ms=cold_ms, cpu_ms=cpu_ms, waiting_ms=warm_ms - cpu_ms,
+                             storage_ms=storage, threads=threads, cpu_ms_per_image=warm.cpu_ms_per_image)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseDiagnosis:
+    """One fine-tuning phase: the step split into compute and stalls (ms), and what-if figures."""
+
+    phase: str
+    compute: LoopProbe
+    end_to_end: LoopProbe
+    overlapped: bool                 # the step time fits compute overlapping the pipeline
+    compute_ms: float
+    steady_cache: str                # "warm" or "cold": the state the figures below are judged in
+    preprocessing_stall_ms: float    # CPU-bound wait per step
+    fetch_stall_ms: float            # wait per step on storage reads or latency (no core working)
+    cold_fetch_stall_ms: float       # the fetch stall with a cold cache (first epoch, data > RAM)
+    step_ms: float
+    input_wait_ms: float
+    input_share: float               # measured end to end (plus storage reads when steady is cold)
+    cold_input_share: float          # with a cold cache (the first epoch)
+    verdict: str
+    cause: str                       # "fetch", "preprocessing" or "none"
+    knee_images_per_second: float
+    highly_bound_above: float
+    devices: tuple[whatif.DeviceWhatIf, ...]
+    cores: tuple[whatif.CoresWhatIf, ...]
+    from_storage: whatif.Prediction | None
+    cached: whatif.Prediction
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """The result of `diagnose`: probes, the per-phase split, and the advice that follows."""
+
+    source: dict[str, Any]
+    pipeline: PipelineConfig
+    accelerator: str
+    warm: PipelineProbe
+    cold: PipelineProbe | None
+    pipeline_breakdown: PipelineBreakdown
+    phases: tuple[PhaseDiagnosis, ...]
+    advice: tuple[Advice, ...]
+    seconds: float
+
+    @property
+    def worst(self) -> PhaseDiagnosis:
+        return max(self.phases, key=lambda p: p.input_share)
+
+    @property
+    def input_share(self) -> float:
+        return self.worst.input_share
+
+    @property
+    def verdict(self) -> str:
+        return self.worst.verdict
+
+    @property
+    def cause(self) -> str:
+        return self.worst.cause
+
+    def to_dict(self) -> dict[str, Any]:
+        worst = self.worst
+        return json_ready({
+            "input_share": worst.input_share,
+            "verdict": worst.verdict,
+            "cause": worst.cause,
+            "source": self.source,
+            "accelerator": self.accelerator,
+            "pipeline": self.pipeline.to_dict(),
+            "probes": {"warm": self.warm.to_dict(), "cold": self.cold.to_dict() if self.cold else None},
+            "pipeline_breakdown": {**dataclasses.asdict(self.pipeline_breakdown),
+                                   "fetch_fraction": self.pipeline_breakdown.fetch_fraction},
+            "phases": [_phase_dict(p) for p in self.phases],
+            "advice": [a.to_dict() for a in self.advice],
+            "seconds": self.seconds,
+        })
+
+
+def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
+    data = {f.name: getattr(phase, f.name) for f in dataclasses.fields(phase)
+            if f.name not in ("compute", "end_to_end", "devices", "cores", "from_storage", "cached")}
+    data["probes"] = {"compute": phase.compute.to_dict(), "end_to_end": phase.end_to_end.to_dict()}
+    data["what_if"] = {
+        "devices": [{"device_images_per_second": d.device_images_per_second, **d.prediction.to_dict()}
+                    for d in phase.devices],
+        "cores": [{"extra_cores": c.extra_cores, "cores": c.cores,
+                   "pipeline_images_per_second": c.pipeline_images_per_second, **c.prediction.to_dict()}
+                  for c in phase.cores],
+        "from_storage": phase.from_storage.to_dict() if phase.from_storage else None,
+        "cached_in_memory": phase.cached.to_dict(),
+    }
+    return data
+
+
+def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreakdown, batch_size: int,
+              cores: int, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
+    """The per-step split of one phase (pure arithmetic on measured figures).
+
+    The end-to-end wait (measured with a warm cache) is split by the warm pipeline's share of CPU
+    work and waiting; a cold cache adds the storage reads as far as the overlap model says they
+    would show as wait. The verdict and cause are judged in the steady cache state."""
+    compute_ms = compute.step_ms
+    step_ms, wait_ms = end_to_end.step_ms, end_to_end.input_wait_ms
+    serial = compute_ms + parts.warm_ms
+    overlapped = abs(step_ms - max(compute_ms, parts.warm_ms)) <= abs(step_ms - serial)
+    fetch_warm = wait_ms * parts.fetch_fraction
+    preprocessing = wait_ms - fetch_warm
+    warm_model = whatif.predict(compute_ms=compute_ms, pipeline_ms=parts.warm_ms, batch_size=batch_size,
+                                overlapped=overlapped)
+    from_storage = None
+    storage_wait = 0.0
+    if parts.cold_ms is not None:
+        from_storage = whatif.predict(compute_ms=compute_ms, pipeline_ms=parts.cold_ms, batch_size=batch_size,
+                                      overlapped=overlapped)
+        storage_wait = max(0.0, from_storage.input_wait_ms - warm_model.input_wait_ms)
+    cold_share = (wait_ms + storage_wait) / (step_ms + storage_wait) if step_ms + storage_wait > 0 else 0.0
+    cold = steady_cache == "cold"
+    fetch = fetch_warm + (storage_wait if cold else 0.0)
+    share = cold_share if cold else end_to_end.input_share
+    verdict = verdict_for(share)
+    if verdict == "not":
+        cause = "none"
+    else:
+        cause = "fetch" if fetch > preprocessing else "preprocessing"
+    pipeline_ms = parts.cold_ms if cold else parts.warm_ms
+    cpu_ms_per_image = parts.cpu_ms_per_image
+    return PhaseDiagnosis(
+        phase=phase, compute=compute, end_to_end=end_to_end, overlapped=overlapped,
+        compute_ms=compute_ms, steady_cache=steady_cache, preprocessing_stall_ms=preprocessing,
+        fetch_stall_ms=fetch, cold_fetch_stall_ms=fetch_warm + storage_wait,
+        step_ms=step_ms + (storage_wait if cold else 0.0), input_wait_ms=wait_ms + (storage_wait if cold else 0.0),
+        input_share=share, cold_input_share=cold_share, verdict=verdict, cause=cause,
+        knee_images_per_second=whatif.knee_images_per_second(pipeline_ms=pipeline_ms, batch_size=batch_size),
+        highly_bound_above=whatif.highly_bound_above(pipeline_ms=pipeline_ms, batch_size=batch_size,
+                                                     overlapped=overlapped),
+        devices=tuple(whatif.accelerator_sweep(pipeline_ms=pipeline_ms, batch_size=batch_size,
+                                               overlapped=overlapped)),
+        cores=tuple(whatif.cores_sweep(
+            cpu_ms_per_image=cpu_ms_per_image, cores=cores, batch_size=batch_size, compute_ms=compute_ms,
+            floor_ms_per_image=parts.storage_ms / batch_size if cold else 0.0)),
+        from_storage=from_storage,
+        cached=warm_model,
+    )
+
+
+def steady_cache_state(options: DiagnoseOptions, data_bytes: int) -> str:
+    """The page-cache state a long run settles in (see DiagnoseOptions.steady_cache)."""
+    if not options.cold_cache:
+        return "warm"
+    if options.steady_cache != "auto":
+        return options.steady_cache
+    fits = data_bytes <= psutil.virtual_memory().available * FITS_IN_MEMORY_FRACTION
+    return "warm" if fits else "cold"
+
+
+def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConfig, parts: PipelineBreakdown,
+              *, examples: int, data_bytes: int) -> list[Advice]:
+    """Knob changes that address the stall the probes found, most effective first."""
+    worst = max(diagnosis_phases, key=lambda p: p.input_share)
+    advice: list[Advice] = []
+    evidence = (f"pipeline alone {parts.warm_ms:.1f} ms per batch warm ({parts.cpu_ms:.1f} ms CPU work on "
+                f"{parts.threads:g} core(s), {parts.waiting_ms:.1f} ms waiting), compute {worst.compute_ms:.1f} ms")
+    if worst.cause == "fetch" and config.read_parallelism is None:
+        advice.append(Advice(
+            "parallel_interleave", "Read files in parallel", {"read_parallelism": AUTOTUNE, "deterministic": False},
+            "dataset = files.interleave(read_one, cycle_length=tf.data.AUTOTUNE,\n"
+            "                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+            f"{worst.fetch_stall_ms:.1f} ms of each step waits on reads while no core works", evidence))
+    if worst.cause == "preprocessing" and config.map_parallelism is None:
+        advice.append(Advice(
+            "parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE},
+            "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE)",
+            f"{worst.preprocessing_stall_ms:.1f} ms of each step waits on a sequential decode map", evidence))
+    if worst.cause != "none" and config.shuffle_buffer >= examples and config.shuffle_at == "decoded":
+        advice.append(Advice(
+            "shuffle_encoded", "Shuffle before decoding", {"shuffle_at": "encoded"},
+            "dataset = dataset.shuffle(buffer)  # on file names / records, before the decode map",
+            f"a shuffle buffer of {config.shuffle_buffer} decoded images holds the whole data set "
+            f"({examples} examples), so each epoch starts by decoding all of it before the first step",
+            evidence))
+    if config.prefetch is None and (worst.cause != "none" or not worst.overlapped):
+        advice.append(Advice(
+            "prefetch", "Prefetch at the end", {"prefetch": AUTOTUNE},
+            "dataset = dataset.prefetch(tf.data.AUTOTUNE)  # the last line of the pipeline",
+            "without a prefetch the next batch is made only when the step asks for it", evidence))
+    free = psutil.virtual_memory().available
+    if (worst.cause == "fetch" and worst.steady_cache == "cold" and parts.storage_ms > 0 and config.cache == "none"
+            and data_bytes < free * CACHE_FRACTION_OF_MEMORY):
+        advice.append(Advice(
+            "cache", "Cache the encoded bytes in memory", {"cache": "memory", "cache_at": "encoded"},
+            "dataset = dataset.cache()  # after reading, before decoding; from the second epoch on, no I/O",
+            f"a cold cache adds {parts.storage_ms:.1f} ms per batch and the data ({data_bytes / 1e6:.0f} MB) "
+            "fits in memory", evidence))
+    if worst.cause == "preprocessing" and config.map_parallelism is not None:
+        advice.append(Advice(
+            "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1},
+            "options.threading.max_intra_op_parallelism = 1",
+            "the map is parallel already; parallelism across elements is cheaper than inside each op", evidence))
+        advice.append(Advice(
+            "max_side", "Store smaller images", {},
+            "# re-convert once; decoding a 256 px JPEG costs a fraction of a 500 px one",
+            "decoding is the slow part and its cost grows with the pixels stored", evidence,
+            command="stallscope convert IMAGES --output_path RECORDS --max-side 256"))
+    return advice
+
+
+def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, old: PipelineConfig, new: PipelineConfig,
+                  *, cores: float) -> whatif.Prediction:
+    """The step the fixed config should give: CPU work spread over the cores its stages can now use,
+    waiting spread over parallel reads, and the overlap a prefetch brings."""
+    batch = new.batch_size
+    cpu_total = parts.cpu_ms_per_image * batch
+    threads = pipeline_threads(new, max(1, int(round(cores))))
+    waiting = parts.waiting_ms
+    if old.read_parallelism is None and new.read_parallelism is not None:
+        waiting /= threads
+    pipeline_ms = cpu_total / threads + waiting
+    overlapped = phase.overlapped or new.prefetch is not None
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=batch,
+                          overlapped=overlapped)
+
+
+def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
+    return max(1, examples // config.batch_size if config.drop_remainder else math.ceil(examples / config.batch_size))
+
+
+def measured_steps(options: DiagnoseOptions, examples: int) -> int:
+    """probe_steps, rounded to whole epochs when an epoch is short (a shuffle buffer refills and the
+    first batch of each epoch waits for it, so a window must hold whole epochs to be fair)."""
+    per_epoch = _steps_per_epoch(options.pipeline, examples)
+    if per_epoch <= 2 * options.probe_steps:
+        return per_epoch * max(1, round(options.probe_steps / per_epoch))
+    return options.probe_steps
+
+
+class _Prober:
+    """Runs the loop probes of one diagnosis, sharing its source, work directory and hooks."""
+
+    def __init__(self, options: DiagnoseOptions, source, work_dir: Path) -> None:
+        self.options = options
+        self.source = source
+        self.work_dir = work_dir
+        self.counter = 0
+
+    def _train_options(self, config: PipelineConfig, phase: str, steps: int, name: str) -> TrainOptions:
+        self.counter += 1
+        return dataclasses.replace(
+            self.options.train, pipeline=config, fine_tune=phase, steps=steps, epochs=1, dataset_size=None,
+            log_path=self.work_dir / f"{self.counter:02d}-{name}-{phase.replace(':', '_')}",
+            checkpoint_path=None, profile_steps=None, validation_path=None, log_every=10**9,
+        )
+
+    def _dataset(self, config: PipelineConfig):
+        from stallscope.pipeline.builder import build_dataset
+
+        return build_dataset(config, self.source, repeat=True, num_classes=self.source.num_classes,
+                             extra_stages=self.options.extra_stages)
+
+    def compute(self, config: PipelineConfig, phase: str) -> LoopProbe:
+        from stallscope.workload.train import run_training
+
+        warmup = max(COMPUTE_CACHED_BATCHES, self.options.train.warmup_steps)
+        dataset = self._dataset(config).take(COMPUTE_CACHED_BATCHES).cache().repeat()
+        options = dataclasses.replace(self._train_options(config, phase, warmup + self.options.probe_steps,
+                                                          "compute"), warmup_steps=warmup)
+        result = run_training(options, dataset=dataset)
+        return LoopProbe.from_steps("compute", phase, result.steps)
+
+    def end_to_end(self, config: PipelineConfig, phase: str) -> LoopProbe:
+        from stallscope.workload.train import run_training
+
+        warmup = self.options.train.warmup_steps
+        steps = warmup + measured_steps(self.options, self.source.num_examples)
+        options = dataclasses.replace(self._train_options(config, phase, steps, "end_to_end"), warmup_steps=warmup)
+        result = run_training(options, dataset=self._dataset(config))
+        return LoopProbe.from_steps("end_to_end", phase, result.steps)
+
+
+def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None = None) -> Diagnosis:
+    """Runs the probes and splits each phase's step into compute, preprocessing and fetch stalls."""
+    from stallscope.tfimport import import_tensorflow
+
+    import_tensorflow()
+    from stallscope.pipeline.sources import open_source
+
+    say = progress or (lambda message: logger.info("%s", message))
+    started = time.perf_counter()
+    train = options.train
+    source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
+    with _work_dir(options) as work_dir:
+        prober = _Prober(options, source, work_dir)
+        config = options.pipeline
+        max_images = source.num_examples
+        cold = None
+        if options.cold_cache:
+            say("probe: pipeline alone, cold page cache")
+            cold = probe_pipeline(config, source, cache_state="cold", max_images=max_images,
+                                  budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
+            max_images = min(max_images, cold.images)  # the warm probe reads the elements now cached
+        say("probe: pipeline alone, warm page cache")
+        warm = probe_pipeline(config, source, cache_state="warm", max_images=max_images,
+                              budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
+        parts = breakdown(warm, cold, config)
+        steady = steady_cache_state(options, source.total_bytes)
+        phases = []
+        for phase in options.phases:
+            say(f"probe: compute alone ({phase})")
+            compute = prober.compute(config, phase)
+            say(f"probe: end to end ({phase})")
+            end_to_end = prober.end_to_end(config, phase)
+            phases.append(attribute(compute=compute, end_to_end=end_to_end, parts=parts,
+                                    batch_size=config.batch_size, cores=warm.cores, phase=phase,
+                                    steady_cache=steady))
+    phases = tuple(phases)
+    advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
+    return Diagnosis(
+        source={"kind": source.kind, "path": str(source.path), "split": source.split,
+                "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes},
+        pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
+        phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started,
+    )
+
+
+class _work_dir:
+    """The probes' run directories: the user's work_dir (kept) or a temporary one (removed)."""
+
+    def __init__(self, options: DiagnoseOptions) -> None:
+        self.given = options.work_dir
+        self.path: Path | None = None
+
+    def __enter__(self) -> Path:
+        if self.given is not None:
+            self.given.mkdir(parents=True, exist_ok=True)
+            self.path = self.given
+        else:
+            self.path = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-"))
+        return self.path
+
+    def __exit__(self, *exc_info) -> None:
+        if self.given is None and self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseFix:
+    phase: str
+    before: LoopProbe
+    predicted: whatif.Prediction
+    after: LoopProbe
+
+
+@dataclasses.dataclass(frozen=True)
+class FixResult:
+    """`diagnose --fix`: the advice applied, the re-run, and where the fixed config was saved."""
+
+    diagnosis: Diagnosis
+    applied: tuple[Advice, ...]
+    config: PipelineConfig
+    phases: tuple[PhaseFix, ...]
+    config_path: Path | None
+
+    @property
+    def held(self) -> bool:
+        """Whether the fix lowered the input share in every phase (the advice held)."""
+        return all(p.after.input_share <= p.before.input_share for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_ready({
+            "applied": [a.to_dict() for a in self.applied],
+            "pipeline": self.config.to_dict(),
+            "config_path": str(self.config_path) if self.config_path else None,
+            "held": self.held,
+            "phases": [{"phase": p.phase, "before": p.before.to_dict(), "predicted": p.predicted.to_dict(),
+                        "after": p.after.to_dict()} for p in self.phases],
+        })
+
+
+def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None = None,
+        progress: Callable[[str], None] | None = None) -> FixResult:
+    """Applies the diagnosis' advice as a new PipelineConfig, runs the end-to-end probe again and
+    sets before, predicted and after side by side; saves the config where `train
+    --pipeline-config FILE` reads it."""
+    from stallscope.pipeline.sources import open_source
+
+    say = progress or (lambda message: logger.info("%s", message))
+    applicable = tuple(a for a in diagnosis.advice if a.knobs)
+    if not applicable:
+        raise UsageError("--fix: the diagnosis advises no pipeline change "
+                         f"({diagnosis.verdict} input-bound); nothing to apply")
+    old = diagnosis.pipeline
+    new = apply_advice(old, applicable).replace(preset="custom" if old.preset == "custom" else f"{old.preset}+fix")
+    train = options.train
+    source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
+    cores = max(1.0, diagnosis.warm.cores - diagnosis.warm.other_cores_busy)
+    phases = []
+    with _work_dir(options) as work_dir:
+        prober = _Prober(options, source, work_dir)
+        prober.counter = 50
+        for phase in diagnosis.phases:
+            say(f"re-run with the fixed pipeline ({phase.phase})")
+            after = prober.end_to_end(new, phase.phase)
+            phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
+                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, old, new,
+                                                           cores=cores),
+                                   after=after))
+    result = FixResult(diagnosis=diagnosis, applied=applicable, config=new, phases=tuple(phases),
+                       config_path=Path(save_to) if save_to is not None else None)
+    if save_to is not None:
+        save_fixed_config(result, Path(save_to))
+    return result
+
+
+def save_fixed_config(result: FixResult, path: Path) -> None:
+    """{"pipeline": config, ...the evidence}: `PipelineConfig.load` reads the wrapped config."""
+    from stallscope.records.manifest import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {**result.to_dict(), "diagnosis": result.diagnosis.to_dict()})

@@ -1,0 +1,232 @@
+"""The short probes of a differential diagnosis, each a real run of one part of the workload.
+
+- pipeline probe: the input pipeline alone, as fast as it goes, with the data set's files in the
+  page cache (warm) or evicted from it (cold). It counts the elements that went through the decode
+  map (a counter after it), so a shuffle buffer filling before the first batch is measured as work
+  done, not as a slow first batch; it also takes the process's CPU seconds and I/O counters.
+- compute probe: the training loop fed from a few batches already in memory (taken, cached,
+  repeated), so every step is the model (or the emulated device) alone.
+- end-to-end probe: the training loop fed by the pipeline, as `stallscope train` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stallscope.analysis import iostats
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.sources import DataSource
+from stallscope.workload.resources import ResourceMonitor
+from stallscope.workload.rundir import StepRecord
+from stallscope.workload.timing import summarize_steps
+
+logger = logging.getLogger(__name__)
+
+CACHE_STATES = ("warm", "cold")
+WARM_BYTES_LIMIT = 2 * 1024**3   # read the files into the page cache up front only below this size
+MINCORE_FILES_LIMIT = 20_000     # mincore one file at a time: skip the check for huge file lists
+_MONITOR_INTERVAL_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineProbe:
+    """The pipeline alone: throughput, CPU and I/O of `images` elements decoded in `seconds`.
+
+    cached_before: share of the source's pages in the page cache when the probe started (mincore),
+        None where it cannot be measured.
+    cpu_seconds: this process's CPU time during the probe (all threads).
+    run_queue_seconds: time its threads were runnable but had no core (contention); None: unknown.
+    other_cores_busy: mean cores that other processes kept busy meanwhile (contention).
+    """
+
+    cache_state: str
+    batches: int
+    images: int
+    seconds: float
+    cpu_seconds: float
+    run_queue_seconds: float | None
+    cores: int
+    other_cores_busy: float
+    cached_before: float | None
+    io: dict[str, int] | None
+    io_per_image: iostats.IoPerImage | None
+    batch_size: int
+
+    @property
+    def ms_per_image(self) -> float:
+        return self.seconds * 1000.0 / self.images if self.images else math.inf
+
+    @property
+    def ms_per_batch(self) -> float:
+        return self.ms_per_image * self.batch_size
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def cpu_ms_per_image(self) -> float:
+        return self.cpu_seconds * 1000.0 / self.images if self.images else 0.0
+
+    @property
+    def cpu_demand_ms_per_image(self) -> float:
+        """CPU time per image plus the time its threads waited for a core."""
+        return (self.cpu_seconds + (self.run_queue_seconds or 0.0)) * 1000.0 / self.images if self.images else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["io_per_image"] = self.io_per_image.to_dict() if self.io_per_image else None
+        data.update(ms_per_image=self.ms_per_image, ms_per_batch=self.ms_per_batch,
+                    images_per_second=self.images_per_second, cpu_ms_per_image=self.cpu_ms_per_image,
+                    cpu_demand_ms_per_image=self.cpu_demand_ms_per_image)
+        return data
+
+
+def run_queue_delay_s() -> float | None:
+    """Seconds this process's live threads spent runnable but waiting for a core (Linux schedstat).
+
+    Time a pipeline thread waits for a core that other processes hold is CPU work delayed, not a
+    fetch stall; without this, a busy machine would look like slow storage. None where the kernel
+    keeps no schedstat."""
+    total = 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found = False
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as handle:
+                fields = handle.read().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if len(fields) >= 2:
+            total += int(fields[1])
+            found = True
+    return total / 1e9 if found else None
+
+
+def pipeline_threads(config: PipelineConfig, cores: int) -> float:
+    """How many cores the pipeline's stages can keep busy: one for a sequential chain (it runs
+    inside get_next), the parallelism of its parallel stages otherwise, at most the pool size."""
+    widths = [1]
+    for knob in (config.map_parallelism, config.read_parallelism):
+        if knob is not None:
+            widths.append(cores if knob == AUTOTUNE else min(knob, cores))
+    threads = max(widths)
+    if config.private_threadpool_size:
+        threads = min(threads, config.private_threadpool_size)
+    return float(max(1, min(threads, cores)))
+
+
+def _counting_hooks(extra_stages: Mapping[str, Any] | None, counter):
+    """The caller's hooks plus a counter of the elements leaving the decode map."""
+    hooks = dict(extra_stages or {})
+    inner = hooks.get("after_decode")
+
+    def count(dataset):
+        dataset = inner(dataset) if inner is not None else dataset
+
+        def tally(*element):
+            counter.assign_add(1)
+            return element if len(element) > 1 else element[0]
+
+        return dataset.map(tally, name="stallscope_probe_counter")
+
+    hooks["after_decode"] = count
+    return hooks
+
+
+def probe_pipeline(
+    config: PipelineConfig,
+    source: DataSource,
+    *,
+    cache_state: str,
+    max_images: int,
+    budget_s: float,
+    extra_stages: Mapping[str, Any] | None = None,
+) -> PipelineProbe:
+    """Runs the pipeline alone until `max_images` went through decode or `budget_s` passed
+    (checked between batches; a shuffle buffer larger than max_images is filled in full)."""
+    from stallscope.tfimport import import_tensorflow
+
+    tf = import_tensorflow()
+    from stallscope.pipeline.builder import build_dataset
+
+    if cache_state not in CACHE_STATES:
+        raise UsageError(f"cache_state: expected one of {', '.join(CACHE_STATES)}, got {cache_state!r}")
+    if max_images <= 0:
+        raise UsageError(f"max_images: expected a positive integer, got {max_images!r}")
+    files = [str(p) for p in source.files]
+    if cache_state == "cold":
+        iostats.evict_from_page_cache(files)
+    elif source.total_bytes <= WARM_BYTES_LIMIT:
+        iostats.warm_page_cache(files)
+    cached = iostats.cached_fraction(files) if len(files) <= MINCORE_FILES_LIMIT else None
+
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+    dataset = build_dataset(config, source, repeat=True, extra_stages=_counting_hooks(extra_stages, counter))
+    batches = 0
+    delay_before = run_queue_delay_s()
+    with ResourceMonitor(interval_s=_MONITOR_INTERVAL_S) as monitor:
+        started = time.perf_counter()
+        iterator = iter(dataset)
+        while True:
+            next(iterator)
+            batches += 1
+            if int(counter.numpy()) >= max_images or time.perf_counter() - started >= budget_s:
+                break
+        seconds = time.perf_counter() - started
+        images = int(counter.numpy())
+        delay_after = run_queue_delay_s()
+    del iterator
+    run_queue = None if delay_before is None or delay_after is None else max(0.0, delay_after - delay_before)
+    report = monitor.report
+    summary = report.summary()
+    cores = report.cores
+    other = max(0.0, summary["system_mean_percent"] / 100.0 * cores - summary["process_mean_percent"] / 100.0)
+    probe = PipelineProbe(
+        cache_state=cache_state, batches=batches, images=images, seconds=seconds,
+        cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,
+        cached_before=cached, io=report.io,
+        io_per_image=iostats.per_image(report.io, images, source_kind=source.kind,
+                                       files_in_source=len(files), examples=source.num_examples),
+        batch_size=config.batch_size,
+    )
+    logger.info("%s pipeline probe: %d images in %.2f s (%.0f images/s, %.2f CPU ms/image, %.2f ms/image "
+                "waiting for a core)", cache_state, images, seconds, probe.images_per_second,
+                probe.cpu_ms_per_image, probe.cpu_demand_ms_per_image - probe.cpu_ms_per_image)
+    return probe
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopProbe:
+    """A run of the training loop: means over its measured steps (ms)."""
+
+    kind: str            # "compute" (batches from memory) or "end_to_end"
+    phase: str
+    steps: int
+    step_ms: float
+    input_wait_ms: float
+    compute_ms: float
+    images_per_second: float
+    input_share: float
+    verdict: str
+
+    @classmethod
+    def from_steps(cls, kind: str, phase: str, steps: Sequence[StepRecord]) -> "LoopProbe":
+        stats = summarize_steps(steps)
+        return cls(kind=kind, phase=phase, steps=stats.steps - stats.warmup_steps, step_ms=stats.step_time_ms,
+                   input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms,
+                   images_per_second=stats.images_per_second, input_share=stats.input_share, verdict=stats.verdict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,243 @@
+"""Differential stall analysis: short probes of the workload separate fetch (storage) stalls,
+preprocessing (CPU) stalls and compute, per step.
+
+Probes, each a real run of part of the same workload: compute alone (batches already in memory),
+the pipeline alone with a cold page cache (the data set's files evicted, no root needed) and with
+a warm one, and end to end. The report gives per step the compute, the preprocessing stall and the
+fetch stall, I/O per image (bytes read, read calls, files opened), and what-if figures: devices of
+other speeds (where the knee is), more CPU cores, the data cached in memory.
+
+--fix applies the advice as a new pipeline config, runs again, prints before / predicted / after
+side by side, and saves the config for `stallscope train --pipeline-config FILE`.
+
+examples:
+  stallscope diagnose --dataset_path data/train --pipeline seed --accelerator emulated:2000
+  stallscope diagnose --source records --dataset_path records --pipeline seed --accelerator emulated:2000 --fix
+  stallscope diagnose --dataset_path data --model mobilenet --image_size 128 --phases head,full --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from stallscope.cli import flags
+from stallscope.cli.train import add_pipeline_flags, add_workload_flags, train_options_from_args
+from stallscope.errors import UsageError
+
+DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not phases:
+        raise argparse.ArgumentTypeError(f"expected phases such as head,full, got {text!r}")
+    return phases
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    add_workload_flags(parser)
+    probes = parser.add_argument_group("probes")
+    flags.add_flag(probes, "probe_steps", type=flags.positive_int, default=20, metavar="N",
+                   help="measured steps of the compute and end-to-end probes (default: 20; whole epochs "
+                        "on small data sets)")
+    flags.add_flag(probes, "pipeline_budget", type=flags.positive_float, default=10.0, metavar="SECONDS",
+                   help="most seconds each pipeline-alone probe runs (default: 10)")
+    flags.add_flag(probes, "phases", type=_phases, default=None, metavar="PHASE[,PHASE]",
+                   help="fine-tuning phases to diagnose one by one, e.g. head,full (default: --fine_tune)")
+    flags.add_flag(probes, "no_cold_cache", action="store_true",
+                   help="skip the cold-cache probe (leaves the page cache alone)")
+    flags.add_flag(probes, "learning_rate", type=flags.positive_float, default=1e-4,
+                   help="Adam learning rate of the real model's probe steps (default: 1e-4)")
+    flags.add_flag(probes, "warmup_steps", type=flags.non_negative_int, default=2,
+                   help="first probe steps left out of the means (tracing; default: 2)")
+    flags.add_flag(probes, "work_dir", type=Path, default=None, metavar="DIR",
+                   help="keep the probe runs' directories here (default: a temporary directory, removed)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
+    out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
+    out.add_argument("--fix", action="store_true",
+                     help="apply the advice, run again, print before / predicted / after, save the config")
+    flags.add_flag(out, "fixed_config", type=Path, default=DEFAULT_FIXED_CONFIG, metavar="FILE",
+                   help=f"where --fix saves the fixed pipeline config (default: {DEFAULT_FIXED_CONFIG})")
+    add_pipeline_flags(parser)
+
+
+def options_from_args(args: argparse.Namespace):
+    from stallscope.analysis.differential import DiagnoseOptions
+
+    if args.json and args.markdown:
+        raise UsageError("--markdown: give either --json or --markdown, not both")
+    train = train_options_from_args(args)
+    return DiagnoseOptions(
+        train=train, phases=args.phases or (train.fine_tune,), probe_steps=args.probe_steps,
+        pipeline_budget_s=args.pipeline_budget, cold_cache=not args.no_cold_cache, work_dir=args.work_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.analysis.differential import diagnose, fix
+
+    options = options_from_args(args)
+    quiet = args.json or args.markdown
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr if quiet else sys.stdout, flush=True)
+
+    diagnosis = diagnose(options, progress=progress)
+    result = None
+    if args.fix:
+        if any(a.knobs for a in diagnosis.advice):
+            result = fix(options, diagnosis, save_to=args.fixed_config, progress=progress)
+        else:
+            progress(f"--fix: nothing to apply ({diagnosis.verdict} input-bound, no pipeline change advised)")
+    if args.json:
+        data = diagnosis.to_dict()
+        if result is not None:
+            data["fix"] = result.to_dict()
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif args.markdown:
+        sys.stdout.write("\n".join(markdown_lines(diagnosis, result)) + "\n")
+    else:
+        print("\n".join(report_lines(diagnosis, result)))
+    return 0
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms"
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _rate(value: float) -> str:
+    return "unbounded" if math.isinf(value) else f"{value:,.0f} images/s"
+
+
+def _io_rows(diagnosis) -> list[tuple[str, str, str]]:
+    rows = []
+    for probe in (diagnosis.cold, diagnosis.warm):
+        if probe is None or probe.io_per_image is None:
+            continue
+        io = probe.io_per_image
+        rows.append((f"{probe.cache_state} cache",
+                     f"{io.bytes_read / 1024:.1f} KiB read ({io.storage_bytes / 1024:.1f} KiB from storage)",
+                     f"{io.read_calls:.2f} read calls, {io.files_opened:.3f} files opened"))
+    return rows
+
+
+def report_lines(diagnosis, result=None) -> list[str]:
+    """The terminal report: the split per step, I/O per image, what-ifs, advice, and the fix."""
+    source = diagnosis.source
+    parts = diagnosis.pipeline_breakdown
+    lines = [
+        f"diagnosis of {source['kind']} {source['path']} ({source['examples']} examples, "
+        f"{source['bytes'] / 1e6:.1f} MB), pipeline {diagnosis.pipeline.preset}, accelerator {diagnosis.accelerator}",
+        f"probes took {diagnosis.seconds:.1f} s",
+        "",
+        "pipeline alone (per batch of %d)" % diagnosis.pipeline.batch_size,
+        f"  warm cache      {_ms(parts.warm_ms)}  ({_rate(diagnosis.warm.images_per_second)}; "
+        f"{_ms(parts.cpu_ms)} CPU work on {parts.threads:g} core(s), {_ms(parts.waiting_ms)} waiting)",
+    ]
+    if diagnosis.cold is not None:
+        cached = diagnosis.cold.cached_before
+        lines.append(f"  cold cache      {_ms(parts.cold_ms)}  ({_rate(diagnosis.cold.images_per_second)}; "
+                     f"storage adds {_ms(parts.storage_ms)}"
+                     + (f"; {cached * 100:.0f}% of pages cached at start" if cached is not None else "") + ")")
+    for label, first, second in _io_rows(diagnosis):
+        lines.append(f"  I/O per image, {label}: {first}, {second}")
+    for phase in diagnosis.phases:
+        lines += [
+            "",
+            f"phase {phase.phase}: {phase.verdict} input-bound ({_pct(phase.input_share)} of the step waits for input, "
+            f"{phase.steady_cache} page cache"
+            + (f"; {_pct(phase.cold_input_share)} with a cold cache" if diagnosis.cold is not None else "")
+            + f"), cause: {phase.cause}",
+            f"  step            {_ms(phase.step_ms)}  ({_rate(phase.end_to_end.images_per_second)}, "
+            f"{'overlapped' if phase.overlapped else 'serial'} input and compute)",
+            f"  compute         {_ms(phase.compute_ms)}  (batches from memory)",
+            f"  preprocessing   {_ms(phase.preprocessing_stall_ms)}  stall per step (CPU)",
+            f"  fetch           {_ms(phase.fetch_stall_ms)}  stall per step (storage, latency; "
+            f"{_ms(phase.cold_fetch_stall_ms)} with a cold cache)",
+            f"  knee            input limits any device above {_rate(phase.knee_images_per_second)}; "
+            f"highly input-bound above {_rate(phase.highly_bound_above)}",
+            "  what if the device ran at:   "
+            + ", ".join(f"{d.device_images_per_second:,.0f} -> {_pct(d.prediction.input_share)}"
+                        for d in phase.devices),
+            "  what if more CPU cores, stages parallel (pipeline images/s, input share): "
+            + ", ".join(f"+{c.extra_cores} -> {c.pipeline_images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
+                        for c in phase.cores),
+            f"  data cached in memory:       {_ms(phase.cached.step_ms)} step, {_pct(phase.cached.input_share)} input"
+            + (f"  (from storage: {_ms(phase.from_storage.step_ms)}, {_pct(phase.from_storage.input_share)})"
+               if phase.from_storage else ""),
+        ]
+    lines += ["", "advice" if diagnosis.advice else "advice: none, the pipeline keeps up"]
+    for number, advice in enumerate(diagnosis.advice, 1):
+        knobs = ", ".join(f"{k}={v}" for k, v in advice.knobs.items()) or advice.command
+        lines.append(f"  {number}. {advice.title} ({knobs}): {advice.reason}")
+    if result is not None:
+        lines += ["", *fix_lines(result)]
+    return lines
+
+
+def fix_lines(result) -> list[str]:
+    lines = [f"fix applied: {', '.join(a.key for a in result.applied)}"]
+    header = f"  {'':16}{'before':>12}{'predicted':>12}{'after':>12}"
+    for phase in result.phases:
+        lines += [
+            f"phase {phase.phase}",
+            header,
+            f"  {'step time':16}{_ms(phase.before.step_ms):>12}{_ms(phase.predicted.step_ms):>12}"
+            f"{_ms(phase.after.step_ms):>12}",
+            f"  {'input share':16}{_pct(phase.before.input_share):>12}{_pct(phase.predicted.input_share):>12}"
+            f"{_pct(phase.after.input_share):>12}",
+            f"  {'images/s':16}{phase.before.images_per_second:>12,.0f}{phase.predicted.images_per_second:>12,.0f}"
+            f"{phase.after.images_per_second:>12,.0f}",
+        ]
+    lines.append("the advice held: the input share went down" if result.held
+                 else "the advice did not hold: the input share did not go down in every phase")
+    if result.config_path is not None:
+        lines.append(f"fixed pipeline saved to {result.config_path}; reuse it with "
+                     f"`stallscope train --pipeline-config {result.config_path}`")
+    return lines
+
+
+def markdown_lines(diagnosis, result=None) -> list[str]:
+    parts = diagnosis.pipeline_breakdown
+    lines = [
+        f"# Diagnosis: {diagnosis.verdict} input-bound, cause: {diagnosis.cause}",
+        "",
+        f"Source `{diagnosis.source['path']}` ({diagnosis.source['kind']}, {diagnosis.source['examples']} examples), "
+        f"pipeline `{diagnosis.pipeline.preset}`, accelerator `{diagnosis.accelerator}`; probes took "
+        f"{diagnosis.seconds:.1f} s.",
+        "",
+        "## Per step",
+        "",
+        "| phase | step | compute | preprocessing stall | fetch stall (cold) | input share | verdict | cause |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in diagnosis.phases:
+        lines.append(f"| {p.phase} | {_ms(p.step_ms)} | {_ms(p.compute_ms)} | {_ms(p.preprocessing_stall_ms)} | "
+                     f"{_ms(p.fetch_stall_ms)} | {_pct(p.input_share)} | {p.verdict} | {p.cause} |")
+    lines += ["", "## Pipeline alone", "",
+              f"- warm cache: {_ms(parts.warm_ms)} per batch ({_ms(parts.cpu_ms)} CPU work on {parts.threads:g} "
+              f"core(s), {_ms(parts.waiting_ms)} waiting)"]
+    if parts.cold_ms is not None:
+        lines.append(f"- cold cache: {_ms(parts.cold_ms)} per batch (storage adds {_ms(parts.storage_ms)})")
+    for label, first, second in _io_rows(diagnosis):
+        lines.append(f"- I/O per image, {label}: {first}, {second}")
+    lines += ["", "## What if", "", "| phase | device images/s | step | input share | verdict |", "|---|---|---|---|---|"]
+    for p in diagnosis.phases:
+        for d in p.devices:
+            lines.append(f"| {p.phase} | {d.device_images_per_second:,.0f} | {_ms(d.prediction.step_ms)} | "
+                         f"{_pct(d.prediction.input_share)} | {d.prediction.verdict} |")
+    lines += ["", "## Advice", ""]
+    lines += [f"{n}. **{a.title}** (`{', '.join(f'{k}={v}' for k, v in a.knobs.items()) or a.command}`): {a.reason}"
+              for n, a in enumerate(diagnosis.advice, 1)] or ["None: the pipeline keeps up."]
+    if result is not None:
+        lines += ["", "## Fix", "", "```", *fix_lines(result), "```"]
+    return lines
