@@ -139,7 +139,8 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
 
 def _unplaceable(entry: Path, reason: str) -> list[SkippedFile]:
     if entry.is_dir() and not entry.is_symlink():
-        return [SkippedFile(p, reason) for p in _walk_files(entry)]
+        # files of a hidden folder (.git, .Trash) are "hidden file", the rest keep the given reason
+        return [SkippedFile(p, _unusable_reason(p, entry.parent) or reason) for p in _walk_files(entry)]
     return [SkippedFile(entry, _unusable_reason(entry, entry.parent) or reason)]
 
 

@@ -1,0 +1,82 @@
+"""scan_tree: both layouts, label order, and a reason for every file it cannot place."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stallscope.data.folders import read_labels_file, scan_tree
+from stallscope.errors import DataError, UsageError
+
+
+def _touch(path, data=b"x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_label_layout_sorted_labels(image_tree_factory):
+    tree = scan_tree(image_tree_factory(classes=3, per_class=2))
+    assert tree.labels == ("class_00", "class_01", "class_02") and not tree.has_splits
+    assert tree.splits == ("train",) and len(tree.files) == 6
+    assert {(f.label, f.label_text) for f in tree.files} == {(0, "class_00"), (1, "class_01"), (2, "class_02")}
+
+
+def test_split_layout(image_tree_factory):
+    tree = scan_tree(image_tree_factory(classes=2, per_class=2, splits=("validation", "train")))
+    assert tree.has_splits and tree.splits == ("train", "validation")
+    assert len(tree.split_files("validation")) == 4
+
+
+def test_labels_file_fixes_indices(image_tree_factory, tmp_path):
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("class_01\n\n# comment\nclass_00\n")
+    tree = scan_tree(image_tree_factory(classes=2, per_class=1), read_labels_file(labels_file))
+    assert tree.labels == ("class_01", "class_00")
+    assert {f.label_text: f.label for f in tree.files} == {"class_01": 0, "class_00": 1}
+
+
+@pytest.mark.parametrize("text, match", [("", "holds no labels"), ("a\nb\na\n", "'a' more than once")])
+def test_bad_labels_files(tmp_path, text, match):
+    path = tmp_path / "labels.txt"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=match):
+        read_labels_file(path)
+    with pytest.raises(UsageError, match="does not exist"):
+        read_labels_file(tmp_path / "missing.txt")
+
+
+def test_every_unplaceable_file_has_a_reason(tmp_path):
+    root = tmp_path / "tree"
+    _touch(root / "cat" / "a.jpg")
+    _touch(root / "cat" / "sub" / "b.jpg")  # nested: still the cat class
+    _touch(root / "cat" / ".DS_Store")
+    _touch(root / ".git" / "config")
+    _touch(root / "README.md")
+    os.symlink(root / "nowhere.jpg", root / "cat" / "gone.jpg")
+    os.symlink(root / "cat", root / "cat" / "loop")
+    name = os.fsencode(root / "cat") + b"/caf\xe9 \xff.jpg"
+    with open(name, "wb") as handle:
+        handle.write(b"x")
+    tree = scan_tree(root)
+    placed = {f.path.relative_to(root).as_posix() for f in tree.files}
+    assert placed == {"cat/a.jpg", "cat/sub/b.jpg", os.fsdecode(b"cat/caf\xe9 \xff.jpg")}
+    reasons = {s.path.relative_to(root).as_posix(): s.reason for s in tree.skipped}
+    assert reasons == {
+        "cat/.DS_Store": "hidden file",
+        ".git/config": "hidden file",
+        "README.md": "not inside a class folder",
+        "cat/gone.jpg": "dangling link",
+        "cat/loop": "link to a directory",
+    }
+
+
+def test_missing_or_empty_roots(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        scan_tree(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="not a directory"):
+        scan_tree(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no class folders"):
+        scan_tree(tmp_path / "empty")

@@ -1,0 +1,161 @@
+"""images.prepare_image: content sniffing, one full decode, repairs TensorFlow agrees with, clear skips."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from stallscope.data import images
+from stallscope.data.images import ImageOptions, UnusableImage, prepare_image
+from stallscope.errors import UsageError
+
+
+def _photo(size=(80, 60), seed=0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = rng.uniform(0, 255, 3) + x[..., None] * 1.5 - y[..., None] * 1.0 + rng.normal(0, 10, (height, width, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def _tf_rgb(data: bytes):
+    import tensorflow as tf
+
+    return tf.io.decode_jpeg(data, channels=3).numpy()
+
+
+def test_plain_and_progressive_jpegs_are_kept_byte_for_byte():
+    for kwargs in ({}, {"progressive": True}):
+        data = _encode(_photo(), "JPEG", **kwargs)
+        prepared = prepare_image(data)
+        assert prepared.data is data and not prepared.repaired
+        assert (prepared.width, prepared.height, prepared.source_format) == (80, 60, "JPEG")
+
+
+@pytest.mark.parametrize("fmt, kwargs, action", [
+    ("PNG", {}, "re-encoded PNG as JPEG"),
+    ("GIF", {}, "re-encoded GIF as JPEG"),
+    ("BMP", {}, "re-encoded BMP as JPEG"),
+    ("WEBP", {}, "re-encoded WEBP as JPEG"),
+    ("TIFF", {}, "re-encoded TIFF as JPEG"),
+])
+def test_other_formats_become_rgb_jpeg_tf_decodes(fmt, kwargs, action):
+    prepared = prepare_image(_encode(_photo(), fmt, **kwargs))
+    assert action in prepared.actions and prepared.data[:3] == b"\xff\xd8\xff"
+    assert _tf_rgb(prepared.data).shape == (60, 80, 3)
+
+
+@pytest.mark.parametrize("mode, action", [("L", "grayscale to RGB"), ("CMYK", "CMYK to RGB")])
+def test_grayscale_and_cmyk_jpegs_are_re_encoded(mode, action):
+    photo = _photo()
+    prepared = prepare_image(_encode(photo.convert(mode), "JPEG"))
+    assert action in prepared.actions
+    rgb = _tf_rgb(prepared.data)
+    assert rgb.shape == (60, 80, 3)
+    expected = np.asarray(photo.convert(mode).convert("RGB"), dtype=float)
+    assert np.abs(rgb.astype(float) - expected).mean() < 12  # the colours survive, not just the shape
+
+
+def test_alpha_is_flattened_onto_white_and_palette_transparency_too():
+    rgba = Image.new("RGBA", (20, 10), (255, 0, 0, 0))  # fully transparent red
+    prepared = prepare_image(_encode(rgba, "PNG"))
+    assert any("alpha flattened onto white" in a for a in prepared.actions)
+    assert _tf_rgb(prepared.data).min() > 240  # white, not the hidden red
+    palette = Image.new("P", (20, 10), 0)
+    palette.putpalette([0, 255, 0] * 256)
+    prepared = prepare_image(_encode(palette, "PNG", transparency=0))
+    assert _tf_rgb(prepared.data).min() > 240
+
+
+def test_sixteen_bit_png_is_scaled_not_clipped():
+    ramp = (np.linspace(0, 65535, 64 * 8).reshape(8, 64)).astype(np.uint16)
+    prepared = prepare_image(_encode(Image.fromarray(ramp), "PNG"))
+    rgb = _tf_rgb(prepared.data)
+    assert any("high bit depth" in a for a in prepared.actions)
+    assert rgb[..., 0].min() < 20 and rgb[..., 0].max() > 235 and 100 < rgb[..., 0].mean() < 155
+
+
+def test_exif_orientation_is_applied():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    prepared = prepare_image(_encode(_photo((80, 60)), "JPEG", exif=exif.tobytes()))
+    assert "applied EXIF orientation 6" in prepared.actions
+    assert (prepared.width, prepared.height) == (60, 80) and _tf_rgb(prepared.data).shape == (80, 60, 3)
+
+
+def test_max_side_downscales_keeping_aspect():
+    prepared = prepare_image(_encode(_photo((400, 300)), "JPEG"), ImageOptions(max_side=100))
+    assert "downscaled 400x300 to 100x75" in prepared.actions
+    assert _tf_rgb(prepared.data).shape == (75, 100, 3)
+    small = _encode(_photo((80, 60)), "JPEG")
+    assert prepare_image(small, ImageOptions(max_side=100)).data is small
+
+
+def test_animated_gif_keeps_first_frame():
+    frames = [_photo(seed=1).convert("P"), _photo(seed=2).convert("P")]
+    prepared = prepare_image(_encode(frames[0], "GIF", save_all=True, append_images=frames[1:]))
+    assert "kept the first of 2 frames" in prepared.actions
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 32)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", images.EMPTY),
+    (b"hello, I am text", images.NOT_AN_IMAGE),
+    (b"<html><body>404</body></html>", images.NOT_AN_IMAGE),
+    (_png_claiming(40000, 40000), images.TOO_LARGE),   # a decompression bomb: refused before decoding
+    (_png_claiming(12000, 12000), images.TOO_LARGE),   # above our limit, below Pillow's hard one
+    (b"\xff\xd8\xff\xe0" + b"\x00" * 20, images.CORRUPT),
+])
+def test_unusable_inputs_give_their_reason(data, reason):
+    with pytest.raises(UnusableImage) as exc:
+        prepare_image(data)
+    assert exc.value.reason == reason
+
+
+def test_truncated_files_are_corrupt_for_every_format():
+    for fmt in ("JPEG", "PNG", "WEBP"):
+        data = _encode(_photo(), fmt)
+        with pytest.raises(UnusableImage) as exc:
+            prepare_image(data[: len(data) // 2])
+        assert exc.value.reason == images.CORRUPT, fmt
+
+
+def test_max_pixels_is_configurable():
+    data = _encode(_photo((80, 60)), "JPEG")
+    with pytest.raises(UnusableImage, match="4800 pixels > limit 1000"):
+        prepare_image(data, ImageOptions(max_pixels=1000))
+
+
+def test_sniffing_and_jpeg_frames():
+    assert images.sniff_format(_encode(_photo(), "PNG")) == "PNG"
+    assert images.sniff_format(b"RIFF\x00\x00\x00\x00WEBPVP8 ") == "WEBP"
+    assert images.sniff_format(b"\x00\x00\x00\x18ftypheic") == "HEIF"
+    assert images.sniff_format(b"BM") is None  # too short to be a bitmap
+    assert images.jpeg_frame(_encode(_photo(), "JPEG"))[:2] == (0xC0, 8)
+    assert images.jpeg_frame(_encode(_photo(), "JPEG", progressive=True))[0] == 0xC2
+    assert images.jpeg_frame(_encode(_photo().convert("L"), "JPEG"))[2] == 1
+    assert images.jpeg_frame(b"\xff\xd8\xff\xd9") is None
+
+
+@pytest.mark.parametrize("kwargs", [{"jpeg_quality": 0}, {"jpeg_quality": 101}, {"max_side": 0}, {"max_pixels": -1}])
+def test_options_are_validated(kwargs):
+    with pytest.raises(UsageError):
+        ImageOptions(**kwargs)
