@@ -2,7 +2,8 @@
 
 The chain, with every stage optional except read, decode and batch:
 
-    files:   paths -> [shuffle files] -> read (map, or parallel interleave of one-file datasets)
+    files:   paths -> [shuffle files] -> [read map, parallel with read_parallelism; without it
+             the read runs inside the decode map]
     records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
     then:    [cache encoded] -> [shuffle encoded] -> decode map (parse, decode, resize, normalise,
              label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [prefetch]
@@ -138,19 +139,17 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
         dataset = dataset.shuffle(len(paths), seed=file_seed, reshuffle_each_iteration=True)
     elif config.shuffle_buffer and config.shuffle_at == "encoded" and _shuffled_paths(config, source):
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
-    sequential = config.read_parallelism is None and config.interleave_cycle_length is None
-    if sequential and not separate_read:
+    if config.interleave_cycle_length is not None:
+        logger.warning(
+            "interleave_cycle_length=%s does not apply to a files source (it reads with a map); ignored",
+            config.interleave_cycle_length,
+        )
+    if config.read_parallelism is None and not separate_read:
         return dataset, "path"
-    if sequential:
-        return dataset.map(lambda path, label: (tf.io.read_file(path), label, path), name="read"), "encoded"
-
-    def one_file(path, label):
-        return tf.data.Dataset.from_tensors((tf.io.read_file(path), label, path))
-
-    dataset = dataset.interleave(
-        one_file,
-        cycle_length=_cycle_length(config),
-        block_length=1,
+    # A separate read stage: a map, parallel when read_parallelism is set (measured cheaper per
+    # image than an interleave of one-file datasets, with the same number of reads in flight).
+    dataset = dataset.map(
+        lambda path, label: (tf.io.read_file(path), label, path),
         num_parallel_calls=_calls(config.read_parallelism),
         deterministic=None if config.read_parallelism is None else config.deterministic,
         name="read",

@@ -58,7 +58,6 @@ TUNED = PipelineConfig(
     shuffle_at="encoded",
     shuffle_files=True,
     read_parallelism=AUTOTUNE,
-    interleave_cycle_length=4,
     map_parallelism=AUTOTUNE,
     prefetch=AUTOTUNE,
     deterministic=False,

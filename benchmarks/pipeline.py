@@ -1,0 +1,224 @@
+"""Input pipeline throughput: the seeds' pipeline against the tf.data guide's and ours.
+
+In one run over the same built-in data set (photo-like JPEGs of about 500x375), measures images/s of
+  seed        the seeds' pipeline (sequential map, no prefetch, shuffle of decoded images), files
+  autotune    the tf.data guide's advice with AUTOTUNE, files
+  tuned       our preset, from files and from TFRecords
+  tuned-256   our preset over TFRecords converted with max side 256
+  decode      the decode limit: decode + resize alone over in-memory bytes, on all cores
+and prints a table with ratios against `seed` and against the decode limit.
+
+Every measurement runs one untimed epoch first (traces functions, fills the page cache equally for
+all: the whole data set fits in memory) and then times whole epochs, so the seed pipeline's shuffle
+buffer fill counts as it does in training. Timings on a shared machine are noisy; compare the ratios.
+
+    python benchmarks/pipeline.py [--out DIR] [--images-per-class 50] [--epochs 2] [--explore]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from stallscope.pipeline.builder import build_dataset, build_decode_limit_dataset  # noqa: E402
+from stallscope.pipeline.describe import pipeline_as_run  # noqa: E402
+from stallscope.pipeline.presets import get_preset  # noqa: E402
+from stallscope.pipeline.sources import DataSource, open_source  # noqa: E402
+
+IMAGE_SIZE = 224
+BATCH_SIZE = 32
+SHARD_BYTES = 8 * 1024 * 1024
+
+
+def make_images(root: Path, images_per_class: int) -> Path:
+    """The built-in synthetic data set (train split only)."""
+    from stallscope.data.synthetic import SyntheticOptions, make_synthetic
+
+    make_synthetic(root, SyntheticOptions(classes=10, images_per_class=images_per_class, validation_fraction=0.0))
+    return root
+
+
+def write_records(source: DataSource, out: Path, max_side: int | None) -> Path:
+    """TFRecords of the source's images, via `stallscope convert` when available."""
+    try:
+        from stallscope.records.convert import ConvertOptions, convert_tree
+    except ImportError:
+        return _write_records_here(source, out, max_side)
+    options = ConvertOptions(size_per_record=SHARD_BYTES, max_side=max_side)
+    convert_tree(source.path, out, options)
+    return out
+
+
+def _write_records_here(source: DataSource, out: Path, max_side: int | None) -> Path:
+    """Fallback: standard-schema shards of ~8 MB with a manifest, same layout as `convert`."""
+    from stallscope.records.manifest import Manifest, ShardInfo, SplitInfo, save_manifest
+    from stallscope.records.schema import STANDARD, encode_example
+    from stallscope.records.writer import file_sha256
+
+    out.mkdir(parents=True, exist_ok=True)
+    payloads = []
+    for path, label in zip(source.files, source.file_labels):
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if max_side and max(width, height) > max_side:
+                image = image.convert("RGB")
+                image.thumbnail((max_side, max_side), Image.BILINEAR)
+                buffer = io.BytesIO()
+                image.save(buffer, "JPEG", quality=90)
+                data, (width, height) = buffer.getvalue(), image.size
+        payloads.append(encode_example(
+            STANDARD, image=data, label=label, filename=path.name.encode(),
+            label_text=source.labels[label].encode(), height=height, width=width,
+        ))
+    total = sum(len(p) for p in payloads)
+    count = max(1, round(total / SHARD_BYTES))
+    shards = []
+    for index in range(count):
+        name = f"train-{index:05d}-of-{count:05d}.tfrecord"
+        with tf.io.TFRecordWriter(str(out / name)) as writer:
+            records = payloads[index::count]  # synthetic files are class-sorted: stripe them
+            for payload in records:
+                writer.write(payload)
+        shards.append(ShardInfo(name, len(records), (out / name).stat().st_size, file_sha256(out / name)))
+    split = SplitInfo(len(payloads), tuple(shards))
+    save_manifest(out, Manifest(schema="standard", labels=source.labels, splits={"train": split},
+                                options={"max_side": max_side}))
+    return out
+
+
+def warm_page_cache(source: DataSource) -> None:
+    for path in source.files:
+        path.read_bytes()
+
+
+def images_per_second(dataset_factory, epochs: int) -> float:
+    """One untimed epoch, then `epochs` timed ones; images/s over the timed ones."""
+    for _ in dataset_factory():
+        pass
+    images = 0
+    started = time.perf_counter()
+    for _ in range(epochs):
+        for images_batch, _labels in dataset_factory():
+            images += int(images_batch.shape[0])
+    return images / (time.perf_counter() - started)
+
+
+def measure_pipeline(config, source: DataSource, epochs: int) -> tuple[float, list[str]]:
+    warm_page_cache(source)
+    dataset = build_dataset(config, source)
+    return images_per_second(lambda: dataset, epochs), pipeline_as_run(dataset)
+
+
+def measure_decode_limit(source: DataSource, epochs: int) -> float:
+    encoded = [p.read_bytes() for p in source.files]
+    batches = len(encoded) // BATCH_SIZE
+    dataset = build_decode_limit_dataset(encoded, image_size=IMAGE_SIZE, batch_size=BATCH_SIZE)
+
+    def one_epoch():
+        return dataset.take(batches)
+
+    per_epoch = batches * BATCH_SIZE
+    for _ in one_epoch():
+        pass
+    started = time.perf_counter()
+    for _ in range(epochs):
+        for _ in one_epoch():
+            pass
+    return per_epoch * epochs / (time.perf_counter() - started)
+
+
+def explore_tuned(files: DataSource, records: DataSource, epochs: int) -> list[tuple[str, str, float]]:
+    """Variants of `tuned`, one knob at a time, to show why the preset is what it is."""
+    tuned = get_preset("tuned").replace(image_size=IMAGE_SIZE, batch_size=BATCH_SIZE)
+    variants = {
+        "tuned": {},
+        "deterministic=True": {"deterministic": True},
+        "max_intra_op_parallelism=0 (TF default)": {"max_intra_op_parallelism": 0},
+        "map_parallelism=2": {"map_parallelism": 2},
+        "map_parallelism=4": {"map_parallelism": 4},
+        "interleave_cycle_length=2": {"interleave_cycle_length": 2},
+        "read_parallelism=None (sequential read)": {"read_parallelism": None, "interleave_cycle_length": None},
+        "shuffle_at=decoded": {"shuffle_at": "decoded"},
+        "private_threadpool_size=2": {"private_threadpool_size": 2},
+        "decode=scaled (changes pixels)": {"decode": "scaled"},
+        "decode=crop (changes pixels)": {"decode": "crop"},
+    }
+    rows = []
+    for source in (files, records):
+        for label, changes in variants.items():
+            rate, _ = measure_pipeline(tuned.replace(**changes), source, epochs)
+            rows.append((source.kind, label, rate))
+            print(f"  {source.kind:8s} {label:42s} {rate:8.1f} images/s", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="working directory (default: a temporary one)")
+    parser.add_argument("--images-per-class", type=int, default=50, help="10 classes of this many images")
+    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per measurement")
+    parser.add_argument("--explore", action="store_true", help="also measure variants of the tuned preset")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="stallscope-bench-") as scratch:
+        work = args.out or Path(scratch)
+        print(f"data: built-in synthetic, 10 classes x {args.images_per_class} images ...", flush=True)
+        files = open_source("files", make_images(work / "images", args.images_per_class))
+        records = open_source("records", write_records(files, work / "records", None))
+        small = open_source("records", write_records(files, work / "records-256", 256))
+        print(f"  files     {files.num_examples} images, {files.bytes_per_example / 1024:.0f} KB/image")
+        print(f"  records   {len(records.files)} shards, {records.bytes_per_example / 1024:.0f} KB/image")
+        print(f"  max-side 256: {len(small.files)} shards, {small.bytes_per_example / 1024:.0f} KB/image")
+        print(f"cores: {os.cpu_count()}, image size {IMAGE_SIZE}, batch {BATCH_SIZE}, {args.epochs} timed epochs\n")
+
+        def preset(name):
+            return get_preset(name).replace(image_size=IMAGE_SIZE, batch_size=BATCH_SIZE)
+
+        runs = [
+            ("seed (files)", preset("seed"), files),
+            ("autotune (files)", preset("autotune"), files),
+            ("tuned (files)", preset("tuned"), files),
+            ("tuned (records)", preset("tuned"), records),
+            ("tuned (records, max side 256)", preset("tuned"), small),
+        ]
+        results: dict[str, float] = {}
+        chains: dict[str, list[str]] = {}
+        for label, config, source in runs:
+            results[label], chains[label] = measure_pipeline(config, source, args.epochs)
+            print(f"  measured {label}: {results[label]:.1f} images/s", flush=True)
+        results["decode limit (in memory, all cores)"] = decode = measure_decode_limit(files, args.epochs)
+        print(f"  measured decode limit: {decode:.1f} images/s\n", flush=True)
+
+        seed = results["seed (files)"]
+        print(f"{'pipeline':38s} {'images/s':>9s} {'x seed':>7s} {'x decode':>9s}")
+        for label, rate in results.items():
+            print(f"{label:38s} {rate:9.1f} {rate / seed:7.2f} {rate / decode:9.2f}")
+        print()
+        for label, chain in chains.items():
+            print(f"{label:38s} runs: {' <- '.join(chain)}")
+        tuned_files = results["tuned (files)"]
+        best_tuned = max(tuned_files, results["tuned (records)"])
+        print("\ntargets (2 cores):")
+        print(f"  tuned >= 0.9x decode limit : {best_tuned / decode:.2f}x")
+        print(f"  tuned >= 1.8x seed          : {best_tuned / seed:.2f}x")
+        print(f"  max-side 256 records >= 2x tuned from full-size files: "
+              f"{results['tuned (records, max side 256)'] / tuned_files:.2f}x")
+        if args.explore:
+            print("\nvariants of tuned (one knob each):")
+            explore_tuned(files, records, args.epochs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
