@@ -261,3 +261,11 @@ def test_bad_sources_are_clear_errors(tmp_path, val_images):
         prepare_imagenet_val(archive, tmp_path / "out", ImagenetValOptions(mode="link"))
     with pytest.raises(UsageError, match="mode"):
         ImagenetValOptions(mode="move")
+
+
+def test_output_around_the_source_folder_is_refused(tmp_path, val_images):
+    source = _write_folder(tmp_path / "images" / "raw", val_images)
+    for output in (tmp_path / "images", source):
+        with pytest.raises(UsageError, match="holds the SOURCE folder"):
+            prepare_imagenet_val(source, output)
+    assert sorted(p.name for p in source.iterdir()) == NAMES  # untouched

@@ -262,9 +262,6 @@ class _CountingReader:
             self._progress(len(data), self._total, "B")
         return data
 
-    def tell(self) -> int:
-        return self._raw.tell()
-
 
 def _checked_tarinfo(problems: list[Exception]) -> type[tarfile.TarInfo]:
     """tarfile ends a stream quietly at a cut or damaged header after the first member, as if the
@@ -400,7 +397,7 @@ def _place_from_folder(source: Path, output: Path, truth: GroundTruth, mode: str
             tally.unplaced.append(Unplaced(where, f"unreadable: {exc.strerror or exc}"))
 
 
-def _tidy_output(output: Path, truth: GroundTruth, tally: _Tally) -> tuple[dict[str, int], list[Unplaced]]:
+def _tidy_output(output: Path, truth: GroundTruth) -> tuple[dict[str, int], list[Unplaced]]:
     """Removes temporaries of killed runs and files that contradict the ground truth (left by a run
     with other labels); returns the images per synset folder as the tree now stands."""
     per_class: Counter[str] = Counter()
@@ -445,8 +442,9 @@ def prepare_imagenet_val(
     is_tar = source.is_file()
     if is_tar and options.mode == "link":
         raise UsageError(f"--link: {str(source)!r} is an archive; linking needs a folder of extracted JPEGs as SOURCE")
-    if not is_tar and source.resolve() == output.resolve():
-        raise UsageError(f"--output: {str(output)!r} is the SOURCE folder; choose another directory")
+    if not is_tar and source.resolve().is_relative_to(output.resolve()):
+        # The output's misplaced ILSVRC files are removed at the end: never the source's own.
+        raise UsageError(f"--output: {str(output)!r} holds the SOURCE folder {str(source)!r}; choose a directory outside it")
     truth = load_ground_truth(options.labels_file)
     output.mkdir(parents=True, exist_ok=True)
 
@@ -455,7 +453,7 @@ def prepare_imagenet_val(
         _place_from_tar(source, output, truth, tally, progress)
     else:
         _place_from_folder(source, output, truth, options.mode, tally, progress)
-    per_class, removed = _tidy_output(output, truth, tally)
+    per_class, removed = _tidy_output(output, truth)
     for item in tally.unplaced:
         log.info("not placed: %s: %s", item.name, item.reason)
     report = ImagenetValReport(

@@ -271,7 +271,8 @@ def _render_to_file(output: Path, options: SyntheticOptions, job: ImageJob) -> t
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    width, height = Image.open(io.BytesIO(data)).size
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
     return job.relpath, len(data), width, height
 
 
@@ -447,7 +448,7 @@ def _measure(path: Path) -> tuple[int, int, int] | None:
 
 def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], progress: Callable[[int], None]):
     """Renders in worker processes (spawned: safe beside a loaded TensorFlow) when worth it."""
-    workers = min(options.workers or os.cpu_count() or 1, max(1, len(jobs) // 8))
+    workers = min(options.workers or len(os.sched_getaffinity(0)), max(1, len(jobs) // 8))
     if workers <= 1:
         for job in jobs:
             yield _render_to_file(output, options, job)
