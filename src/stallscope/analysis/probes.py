@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 CACHE_STATES = ("warm", "cold")
 WARM_BYTES_LIMIT = 2 * 1024**3   # read the files into the page cache up front only below this size
 MINCORE_FILES_LIMIT = 20_000     # mincore one file at a time: skip the check for huge file lists
-_MONITOR_INTERVAL_S = 0.1
+_MONITOR_INTERVAL_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)

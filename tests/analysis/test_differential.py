@@ -1,0 +1,181 @@
+"""Differential diagnosis on tiny generated workloads against an emulated accelerator.
+
+Each workload has a known cause built in through the builder's hooks: a source stage that sleeps per
+element (slow storage, no CPU), a decode followed by heavy CPU work, or a pipeline far faster than
+the device. The diagnosis must name it from its probes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stallscope.analysis import differential
+from stallscope.analysis.differential import DiagnoseOptions, PipelineBreakdown, attribute, diagnose
+from stallscope.analysis.probes import LoopProbe, pipeline_threads
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.presets import get_preset
+from stallscope.tfimport import import_tensorflow
+from stallscope.workload.train import TrainOptions
+
+tf = import_tensorflow()
+
+SMALL = get_preset("seed").replace(batch_size=4, image_size=32, shuffle_buffer=0)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """48 small JPEGs in 3 classes: enough elements that one-off start-up work stays small."""
+    from stallscope.data.folders import scan_tree
+
+    root = tmp_path_factory.mktemp("diagnose_tree")
+    _write_tree(root)
+    assert len(scan_tree(root).files) == 48
+    return root
+
+
+def _write_tree(root):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        folder = root / f"class_{c}"
+        folder.mkdir()
+        for i in range(16):
+            pixels = rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"img_{i:02d}.jpg", quality=85)
+
+
+def _options(tree, config, accelerator, **kwargs) -> DiagnoseOptions:
+    train = TrainOptions(source="files", dataset_path=tree, pipeline=config, accelerator=accelerator)
+    kwargs.setdefault("probe_steps", 6)
+    kwargs.setdefault("pipeline_budget_s", 5.0)
+    return DiagnoseOptions(train=train, **kwargs)
+
+
+def slow_source(dataset):
+    """A read stage that waits 20 ms per element without using the CPU (a slow disk or network)."""
+    def wait(encoded):
+        time.sleep(0.020)
+        return encoded
+
+    def stage(encoded, label, where):
+        slow = tf.numpy_function(wait, [encoded], tf.string, stateful=True)
+        return tf.ensure_shape(slow, []), label, where
+
+    return dataset.map(stage)
+
+
+def heavy_cpu(dataset):
+    """Sequential CPU work after decoding: a 320x320 matrix product per image."""
+    def stage(image, label):
+        matrix = tf.random.uniform([320, 320])
+        busy = tf.reduce_mean(tf.linalg.matmul(matrix, matrix))
+        return image + 0.0 * busy, label
+
+    return dataset.map(stage)
+
+
+def test_slow_source_is_a_fetch_stall_in_every_phase(tree):
+    options = _options(tree, SMALL, "emulated:1ms", extra_stages={"after_read": slow_source},
+                       phases=("head", "full"))
+    result = diagnose(options)
+    assert [p.phase for p in result.phases] == ["head", "full"]
+    for phase in result.phases:
+        assert phase.verdict == "highly"
+        assert phase.cause == "fetch"
+        assert phase.fetch_stall_ms > 2 * phase.preprocessing_stall_ms
+        # 4 images x 20 ms of waiting per batch, most of it shows as input wait
+        assert phase.fetch_stall_ms > 40.0
+    parts = result.pipeline_breakdown
+    assert parts.waiting_ms > parts.cpu_ms
+    assert any(a.key == "parallel_interleave" for a in result.advice)
+    assert result.warm.io_per_image.files_opened == pytest.approx(1.0)
+    data = result.to_dict()
+    assert data["cause"] == "fetch" and 0.2 <= data["input_share"] <= 1.0
+
+
+def test_heavy_sequential_map_is_a_preprocessing_stall(tree):
+    options = _options(tree, SMALL, "emulated:1ms", extra_stages={"after_decode": heavy_cpu})
+    result = diagnose(options)
+    phase = result.phases[0]
+    assert phase.verdict == "highly"
+    assert phase.cause == "preprocessing"
+    assert phase.preprocessing_stall_ms > phase.fetch_stall_ms
+    assert result.pipeline_breakdown.cpu_ms > result.pipeline_breakdown.waiting_ms
+    keys = [a.key for a in result.advice]
+    assert "parallel_map" in keys and "prefetch" in keys
+    # more cores help a CPU-bound pipeline once its stages are parallel
+    rates = [row.pipeline_images_per_second for row in phase.cores]
+    assert rates == sorted(rates) and rates[-1] > rates[0]
+
+
+def test_healthy_pipeline_is_not_input_bound(tree):
+    config = SMALL.replace(map_parallelism=AUTOTUNE, prefetch=AUTOTUNE)
+    options = _options(tree, config, "emulated:100ms", probe_steps=8)
+    result = diagnose(options)
+    phase = result.phases[0]
+    assert phase.verdict == "not"
+    assert phase.cause == "none"
+    assert phase.input_share < 0.05
+    assert phase.compute_ms == pytest.approx(100.0, rel=0.2)
+    assert not any(a.knobs for a in result.advice)
+    # the same pipeline against much faster devices turns input-bound past its knee
+    fastest = phase.devices[-1]
+    assert fastest.device_images_per_second > phase.knee_images_per_second
+    assert fastest.prediction.input_share > 0.0
+
+
+def _loop(kind, step_ms, wait_ms, compute_ms):
+    share = wait_ms / step_ms
+    return LoopProbe(kind=kind, phase="head", steps=10, step_ms=step_ms, input_wait_ms=wait_ms,
+                     compute_ms=compute_ms, images_per_second=32000 / step_ms, input_share=share,
+                     verdict="highly" if share >= 0.2 else "not")
+
+
+def test_attribution_splits_the_measured_wait_by_cpu_and_waiting():
+    parts = PipelineBreakdown(warm_ms=40.0, cold_ms=60.0, cpu_ms=30.0, waiting_ms=10.0, storage_ms=20.0,
+                              threads=1.0, cpu_ms_per_image=30.0 / 32)
+    compute = _loop("compute", 10.0, 0.0, 10.0)
+    serial = _loop("end_to_end", 50.0, 40.0, 10.0)   # 10 + 40: no overlap
+    warm = attribute(compute=compute, end_to_end=serial, parts=parts, batch_size=32, cores=2, phase="head")
+    assert not warm.overlapped
+    assert warm.preprocessing_stall_ms == pytest.approx(30.0)
+    assert warm.fetch_stall_ms == pytest.approx(10.0)
+    assert warm.cold_fetch_stall_ms == pytest.approx(30.0)   # + 20 ms of storage reads per batch
+    assert warm.cause == "preprocessing" and warm.verdict == "highly"
+    cold = attribute(compute=compute, end_to_end=serial, parts=parts, batch_size=32, cores=2, phase="head",
+                     steady_cache="cold")
+    assert cold.fetch_stall_ms == pytest.approx(30.0)
+    assert cold.step_ms == pytest.approx(70.0)
+    assert cold.input_share == pytest.approx(60.0 / 70.0)
+    assert cold.cause == "fetch" or cold.preprocessing_stall_ms >= cold.fetch_stall_ms
+    overlapped = _loop("end_to_end", 41.0, 31.0, 10.0)   # max(10, 40): overlapped
+    assert attribute(compute=compute, end_to_end=overlapped, parts=parts, batch_size=32, cores=2,
+                     phase="head").overlapped
+
+
+def test_pipeline_threads_follow_the_parallel_stages():
+    assert pipeline_threads(SMALL, 8) == 1.0
+    assert pipeline_threads(SMALL.replace(map_parallelism=AUTOTUNE), 8) == 8.0
+    assert pipeline_threads(SMALL.replace(map_parallelism=3), 8) == 3.0
+    assert pipeline_threads(SMALL.replace(read_parallelism=16), 2) == 2.0
+    assert pipeline_threads(SMALL.replace(map_parallelism=AUTOTUNE, private_threadpool_size=2), 8) == 2.0
+
+
+def test_probe_windows_hold_whole_epochs_on_small_data(tree):
+    options = _options(tree, SMALL, "emulated:1ms", probe_steps=20)
+    assert differential.measured_steps(options, 48) == 24   # 12 steps per epoch, 2 epochs
+    assert differential.measured_steps(options, 10_000) == 20
+
+
+def test_options_are_validated_by_name(tree):
+    with pytest.raises(UsageError, match="probe-steps"):
+        _options(tree, SMALL, "emulated:1ms", probe_steps=1)
+    with pytest.raises(UsageError, match="fine-tune"):
+        _options(tree, SMALL, "emulated:1ms", phases=("half",))
+    with pytest.raises(UsageError, match="steady_cache"):
+        _options(tree, SMALL, "emulated:1ms", steady_cache="lukewarm")
