@@ -7,8 +7,10 @@ give their own file in the same format.
 
 The source is the original tar, read as a stream (no extraction first), or a folder of the
 extracted files. Each image is written under a temporary name and renamed, so a killed run leaves
-no half file, and a finished file is not written again: running twice gives the same tree. Files
-that cannot be placed are reported with their reason, and `prepare.json` records the outcome.
+no half file, and a finished file is not written again: running twice gives the same tree. An
+ILSVRC file the output holds in a folder the ground truth contradicts (left by a run with another
+labels file) is removed, so the tree is what a fresh run would make. Files that cannot be placed
+are reported with their reason, and `prepare.json` records the outcome.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def _tfds_resource(relative: str):
 
 def _check_synset_name(name: str, where: str) -> None:
     """A synset becomes a folder name: refuse anything that is not a plain name."""
-    if name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0") or name != name.strip():
+    if name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0"):
         raise UsageError(f"{where}: {name!r} cannot be a class folder name; expected a synset such as n01751748")
 
 
