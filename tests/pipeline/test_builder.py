@@ -1,0 +1,166 @@
+"""build_dataset: every preset over every source yields correct, correctly labelled batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.builder import build_dataset, build_decode_limit_dataset
+from stallscope.pipeline.presets import PRESETS
+from stallscope.pipeline.sources import open_source
+
+SIZE = 32
+
+
+def small(config, **changes):
+    return config.replace(image_size=SIZE, batch_size=4, **changes)
+
+
+def collect(dataset):
+    images, labels = [], []
+    for x, y in dataset:
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def assert_labelled(images, labels, num_classes, pixel_class, normalize="minus_one_one"):
+    assert images.dtype == np.float32 and images.shape[1:] == (SIZE, SIZE, 3)
+    assert labels.dtype == np.float32 and labels.shape == (len(images), num_classes)
+    assert np.all(labels.sum(axis=1) == 1.0), "every row one-hot, none all-zero"
+    if normalize == "minus_one_one":
+        assert images.min() >= -1.0 and images.max() <= 1.0
+    for image, label in zip(images, labels):
+        assert pixel_class(float(image.mean()), normalize) == int(label.argmax())
+
+
+@pytest.fixture(params=["files", "seed_records", "standard_records"])
+def source(request, coloured_tree):
+    if request.param == "files":
+        return open_source("files", coloured_tree)
+    return open_source("records", request.getfixturevalue(request.param))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_each_preset_and_source_yields_labelled_batches(preset, source, pixel_class):
+    images, labels = collect(build_dataset(small(PRESETS[preset]), source))
+    expected = 12 if preset == "seed" else 12 // 4 * 4  # seed keeps the partial batch; 12 divides anyway
+    assert len(images) == expected
+    assert_labelled(images, labels, 3, pixel_class)
+    assert sorted(labels.argmax(axis=1).tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_seed_keeps_the_last_partial_batch_and_tuned_drops_it(coloured_tree):
+    source = open_source("files", coloured_tree)
+    seed = [int(x.shape[0]) for x, _ in build_dataset(PRESETS["seed"].replace(image_size=SIZE, batch_size=5), source)]
+    tuned = [int(x.shape[0]) for x, _ in build_dataset(PRESETS["tuned"].replace(image_size=SIZE, batch_size=5), source)]
+    assert seed == [5, 5, 2] and tuned == [5, 5]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"decode": "crop"},
+        {"decode": "scaled"},
+        {"cache": "memory", "cache_at": "encoded"},
+        {"cache": "memory", "cache_at": "decoded"},
+        {"shuffle_at": "encoded", "shuffle_files": True},
+        {"read_parallelism": 2, "map_parallelism": 2, "deterministic": False},
+        {"shuffle_buffer": 0, "prefetch": 2, "private_threadpool_size": 2, "max_intra_op_parallelism": 1},
+        {"autotune": False, "read_parallelism": 2, "interleave_cycle_length": 3},
+    ],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_knobs_keep_batches_correct(changes, source, pixel_class):
+    images, labels = collect(build_dataset(small(PRESETS["tuned"], **changes), source))
+    assert len(images) == 12
+    assert_labelled(images, labels, 3, pixel_class)
+
+
+def test_zero_one_normalisation_and_integer_labels(coloured_tree, pixel_class):
+    source = open_source("files", coloured_tree)
+    config = small(PRESETS["tuned"], normalize="zero_one")
+    images, labels = collect(build_dataset(config, source, one_hot=False))
+    assert images.min() >= 0.0 and images.max() <= 1.0
+    assert labels.dtype == np.int32 and labels.shape == (12,)
+    for image, label in zip(images, labels):
+        assert pixel_class(float(image.mean()) * 255.0, "none") == int(label)
+
+
+def test_file_cache_is_written_and_reused(coloured_tree, tmp_path, pixel_class):
+    source = open_source("files", coloured_tree)
+    config = small(PRESETS["tuned"], cache="file", cache_path=str(tmp_path / "cache"), cache_at="decoded")
+    dataset = build_dataset(config, source)
+    first = collect(dataset)
+    assert list(tmp_path.glob("cache*")), "the file cache exists after one epoch"
+    second = collect(dataset)
+    assert len(first[0]) == len(second[0]) == 12
+    assert_labelled(*second, 3, pixel_class)
+
+
+def test_repeat_runs_past_one_epoch(coloured_tree):
+    source = open_source("files", coloured_tree)
+    batches = list(build_dataset(small(PRESETS["tuned"]), source, repeat=True).take(7))
+    assert len(batches) == 7  # 12 images make 3 batches per epoch
+
+
+def test_scaled_decode_keeps_enough_pixels_and_matches_full_decode(tmp_path):
+    """A 400x300 image scaled-decoded for 64 px uses ratio 4 (short side 75 >= 64)."""
+    from PIL import Image
+
+    from stallscope.pipeline import stages
+
+    y, x = np.mgrid[0:300, 0:400]
+    pixels = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
+    path = tmp_path / "gradient.jpg"
+    Image.fromarray(pixels).save(path, quality=95)
+    encoded = tf.constant(path.read_bytes())
+    scaled = stages.decode_scaled(64)(encoded)
+    assert scaled.shape == (75, 100, 3)
+    assert stages.decode_scaled(300)(encoded).shape == (300, 400, 3)  # no ratio fits: full size
+    full = stages.resize(stages.decode_full(encoded), 64)
+    small_image = stages.resize(scaled, 64)
+    assert float(tf.reduce_mean(tf.abs(full - small_image))) < 12.0  # same picture, different filter
+    assert stages.decode_central_crop(encoded).shape == (300, 300, 3)
+
+
+def test_out_of_range_label_fails_loudly_naming_the_record(tmp_path, record_writer):
+    from stallscope.records.schema import SEED
+
+    write_shards, solid_image = record_writer
+    directory = tmp_path / "records"
+    write_shards(directory, SEED, [(solid_image(20), 0), (solid_image(128), 1), (solid_image(235), 7)], shards=1)
+    (directory / "labels.txt").write_text("a\nb\nc\n")  # 3 labels, but a record says 7
+    source = open_source("records", directory)
+    dataset = build_dataset(small(PRESETS["seed"], shuffle_buffer=0), source)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"label out of range \[0, 3\)(.|\n)*7(.|\n)*img_2.jpg"):
+        collect(dataset)
+
+
+def test_num_classes_smaller_than_the_labels_fails_loudly(coloured_tree):
+    source = open_source("files", coloured_tree)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"label out of range \[0, 2\)(.|\n)*class_2"):
+        collect(build_dataset(small(PRESETS["tuned"]), source, num_classes=2))
+
+
+def test_hooks_run_at_their_points_and_unknown_points_are_rejected(coloured_tree):
+    source = open_source("files", coloured_tree)
+    seen = []
+
+    def count_reads(dataset):
+        return dataset.map(lambda *element: (tf.py_function(lambda: seen.append(1) or 0, [], tf.int32), element)[1])
+
+    images, _ = collect(build_dataset(small(PRESETS["seed"]), source, extra_stages={"after_read": count_reads}))
+    assert len(images) == 12 and len(seen) == 12
+    with pytest.raises(UsageError, match="unknown hook point.*before_lunch"):
+        build_dataset(small(PRESETS["seed"]), source, extra_stages={"before_lunch": count_reads})
+
+
+def test_decode_limit_dataset_yields_resized_batches(coloured_tree):
+    source = open_source("files", coloured_tree)
+    encoded = [p.read_bytes() for p in source.files]
+    batch = next(iter(build_decode_limit_dataset(encoded, image_size=SIZE, batch_size=8, parallelism=AUTOTUNE)))
+    assert batch.shape == (8, SIZE, SIZE, 3) and batch.dtype == tf.float32

@@ -1,0 +1,85 @@
+"""Presets, overrides, validation of knob values, and the config's JSON round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+from stallscope.pipeline.presets import OFF, PRESETS, get_preset, overridden_fields, resolve_pipeline
+
+
+def test_seed_preset_is_what_the_seeds_wrote():
+    seed = get_preset("seed")
+    assert (seed.batch_size, seed.image_size, seed.shuffle_buffer, seed.shuffle_at) == (32, 224, 10240, "decoded")
+    assert seed.map_parallelism is None and seed.prefetch is None and seed.read_parallelism is None
+    assert seed.normalize == "minus_one_one" and seed.drop_remainder is False
+    assert all(getattr(seed, name) is False for name in STATIC_OPTIMIZATIONS)
+
+
+def test_autotune_and_tuned_presets():
+    autotune, tuned = get_preset("autotune"), get_preset("tuned")
+    assert autotune.map_parallelism == autotune.prefetch == autotune.read_parallelism == AUTOTUNE
+    assert tuned.deterministic is False and tuned.shuffle_at == "encoded" and tuned.decode == "full"
+    assert tuned.max_intra_op_parallelism == 1 and tuned.prefetch == AUTOTUNE
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(UsageError) as error:
+        get_preset("fast")
+    message = str(error.value)
+    assert "\n" not in message and "'fast'" in message and "seed, autotune, tuned" in message
+
+
+def test_single_knobs_override_a_preset():
+    config = resolve_pipeline("seed", {"map_parallelism": 4, "prefetch": AUTOTUNE, "batch_size": None})
+    assert config.preset == "seed" and config.map_parallelism == 4 and config.prefetch == AUTOTUNE
+    assert config.batch_size == 32  # None means "flag not given"
+    assert overridden_fields(config) == {"map_parallelism": 4, "prefetch": AUTOTUNE}
+    assert resolve_pipeline("tuned", {"prefetch": OFF}).prefetch is None
+
+
+def test_unknown_override_is_named():
+    with pytest.raises(UsageError, match="unknown knob.*map_paralelism"):
+        resolve_pipeline("seed", {"map_paralelism": 4})
+
+
+@pytest.mark.parametrize(
+    ("changes", "names"),
+    [
+        ({"map_parallelism": 0}, "map_parallelism: expected a positive integer or 'autotune' or none, got 0"),
+        ({"batch_size": -3}, "batch_size: expected a positive integer, got -3"),
+        ({"cache": "disk"}, "cache: expected one of none, memory, file, got 'disk'"),
+        ({"cache": "file"}, "cache_path"),
+        ({"shuffle_at": "later"}, "shuffle_at: expected one of decoded, encoded, got 'later'"),
+        ({"decode": "fast"}, "decode: expected one of full, crop, scaled"),
+        ({"deterministic": "yes"}, "deterministic: expected true or false, got 'yes'"),
+        ({"shuffle_buffer": 1.5}, "shuffle_buffer: expected an integer, got 1.5"),
+        ({"map_parallelization": "on"}, "map_parallelization: expected true, false or none"),
+    ],
+)
+def test_bad_knob_values_are_one_line_usage_errors(changes, names):
+    with pytest.raises(UsageError) as error:
+        resolve_pipeline("tuned", changes)
+    assert names in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_config_save_load_round_trip(tmp_path, name):
+    config = PRESETS[name].replace(cache="file", cache_path=str(tmp_path / "c"), map_parallelism=3)
+    path = tmp_path / "pipeline.json"
+    config.save(path)
+    assert PipelineConfig.load(path) == config
+    wrapped = tmp_path / "fixed.json"
+    wrapped.write_text(json.dumps({"pipeline": config.to_dict(), "note": "from diagnose --fix"}))
+    assert PipelineConfig.load(wrapped) == config
+
+
+def test_loading_a_config_with_an_unknown_key_names_it(tmp_path):
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps({"batch_size": 8, "turbo": True}))
+    with pytest.raises(UsageError, match="unknown key.*turbo"):
+        PipelineConfig.load(path)

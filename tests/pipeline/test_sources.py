@@ -1,0 +1,113 @@
+"""open_source: image trees and record directories resolved to sorted files, labels and sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.errors import DataError, UsageError
+from stallscope.pipeline.sources import count_records, open_source
+
+
+def test_files_source_lists_images_with_folder_labels(coloured_tree):
+    source = open_source("files", coloured_tree)
+    assert source.kind == "files" and source.split == "train"
+    assert source.labels == ("class_0", "class_1", "class_2")
+    assert source.num_examples == 12 == len(source.files) == len(source.file_labels)
+    assert list(source.files) == sorted(source.files)
+    assert all(source.labels[label] == path.parent.name for path, label in zip(source.files, source.file_labels))
+    assert source.total_bytes == sum(p.stat().st_size for p in source.files)
+    assert {p.suffix for p in source.files} == {".jpg", ".png"}
+
+
+def test_files_source_picks_the_split_and_names_missing_ones(image_tree_factory):
+    root = image_tree_factory(classes=2, per_class=2, splits=("train", "validation"))
+    validation = open_source("files", root, split="validation")
+    assert validation.num_examples == 4
+    assert all(p.parts[-3] == "validation" for p in validation.files)
+    with pytest.raises(UsageError, match=r"no split 'test'.*train, validation"):
+        open_source("files", root, split="test")
+
+
+def test_label_tree_is_the_train_split_only(tiny_tree):
+    with pytest.raises(UsageError, match="train split"):
+        open_source("files", tiny_tree, split="validation")
+
+
+def test_non_images_are_ignored_and_reported(image_tree_factory, caplog):
+    root = image_tree_factory(classes=2, per_class=2)
+    (root / "class_00" / "notes.txt").write_text("not an image")
+    (root / "class_00" / ".DS_Store").write_bytes(b"\0")
+    source = open_source("files", root)
+    assert source.num_examples == 4
+    assert {p.name for p in source.ignored} == {"notes.txt", ".DS_Store"}
+    assert "ignoring 2 file(s)" in caplog.text
+
+
+def test_labels_file_fixes_the_order(image_tree_factory, tmp_path):
+    root = image_tree_factory(classes=2, per_class=1)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("class_01\nclass_00\nextra\n")
+    source = open_source("files", root, labels_file=labels)
+    assert source.labels == ("class_01", "class_00", "extra")
+    assert [source.labels[i] for i in source.file_labels] == [p.parent.name for p in source.files]
+
+
+@pytest.mark.parametrize("kind", ["files", "records"])
+def test_missing_path_is_a_usage_error(tmp_path, kind):
+    with pytest.raises(UsageError, match="--dataset-path.*does not exist"):
+        open_source(kind, tmp_path / "nope")
+
+
+def test_unknown_kind_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="--source: expected one of files, records, got 'tar'"):
+        open_source("tar", tmp_path)
+
+
+def test_tree_without_images_is_a_data_error(tmp_path):
+    (tmp_path / "cats").mkdir()
+    (tmp_path / "cats" / "readme.md").write_text("x")
+    with pytest.raises(DataError, match="no image files"):
+        open_source("files", tmp_path)
+
+
+def test_records_with_manifest(standard_records):
+    source = open_source("records", standard_records)
+    assert source.kind == "records" and source.schema == "standard"
+    assert source.labels == ("class_0", "class_1", "class_2")
+    assert source.num_examples == 12 and len(source.files) == 3 and source.file_labels == ()
+    assert source.total_bytes == sum(p.stat().st_size for p in source.files)
+    with pytest.raises(UsageError, match="no split 'validation'"):
+        open_source("records", standard_records, split="validation")
+
+
+def test_seed_converted_records_without_manifest(seed_records, caplog):
+    source = open_source("records", seed_records)
+    assert source.schema == "seed"
+    assert source.num_examples == 12
+    assert source.labels == ("0", "1", "2")  # the category values found
+    assert [p.name for p in source.files] == ["out_0.tfrecord", "out_1.tfrecord"]
+    assert "labels are the category values" in caplog.text
+
+
+def test_labels_txt_beside_bare_records_is_used(tmp_path, seed_records):
+    import shutil
+
+    copy = tmp_path / "records"
+    shutil.copytree(seed_records, copy)
+    (copy / "labels.txt").write_text("a\nb\nc\nd\n")
+    source = open_source("records", copy)
+    assert source.labels == ("a", "b", "c", "d") and source.num_examples == 12
+
+
+def test_directory_without_records_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="neither manifest.json nor"):
+        open_source("records", tmp_path)
+
+
+def test_count_records_reads_framing_and_names_truncation(seed_records, tmp_path):
+    shard = seed_records / "out_0.tfrecord"
+    assert count_records(shard) == 6
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(shard.read_bytes()[:-7])
+    with pytest.raises(DataError, match="cut.tfrecord: truncated"):
+        count_records(cut)
