@@ -63,7 +63,7 @@ class CheckpointStore:
     def restore_latest(self) -> int:
         """Restores the newest checkpoint if there is one; returns the step it resumes from (0: fresh)."""
         self.check_spec_matches()
-        latest = self.manager.latest_checkpoint
+        latest = self.latest
         if latest is None:
             return 0
         try:
@@ -83,6 +83,11 @@ class CheckpointStore:
 
     @property
     def latest(self) -> str | None:
+        """The newest complete checkpoint. A run killed after writing a checkpoint but before
+        updating the `checkpoint` state file still resumes from it, so it is found by its files."""
+        complete = list_checkpoints(self.directory)
+        if complete:
+            return complete[-1][1]
         return self.manager.latest_checkpoint
 
 

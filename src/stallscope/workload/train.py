@@ -112,6 +112,8 @@ class TrainOptions:
         require_positive("max_checkpoints", self.max_checkpoints)
         require_non_negative("warmup_steps", self.warmup_steps)
         require_positive("log_every", self.log_every)
+        if not self.accelerator.emulated:
+            self.model_spec(("class",))  # model, alpha and image size checked before any data is read
         if self.validation_path is not None and self.accelerator.emulated:
             raise UsageError("--validation-path: an emulated accelerator has no model to validate; "
                              "use --accelerator real")
