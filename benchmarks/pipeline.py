@@ -8,18 +8,22 @@ In one run over the same built-in data set (photo-like JPEGs of about 500x375), 
   decode      the decode limit: decode + resize alone over in-memory bytes, on all cores
 and prints a table with ratios against `seed` and against the decode limit.
 
-Every measurement runs one untimed epoch first (traces functions, fills the page cache equally for
-all: the whole data set fits in memory) and then times whole epochs, so the seed pipeline's shuffle
-buffer fill counts as it does in training. Timings on a shared machine are noisy; compare the ratios.
+Every measurement reads every file once (the page cache is warm for all; the data set fits in
+memory), runs one untimed epoch (traces functions) and then times whole epochs, so the seed
+pipeline's shuffle buffer fill counts as it does in training. The pipelines take turns over several
+rounds and the best round counts. CPU ms per image (all threads) is printed beside images/s: it
+hardly moves when other processes share the cores, while images/s does.
 
-    python benchmarks/pipeline.py [--out DIR] [--images-per-class 50] [--epochs 2] [--explore]
+    python benchmarks/pipeline.py [--out DIR] [--images-per-class 50] [--epochs 2] [--rounds 3] [--explore]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -54,8 +58,8 @@ def write_records(source: DataSource, out: Path, max_side: int | None) -> Path:
         from stallscope.records.convert import ConvertOptions, convert_tree
     except ImportError:
         return _write_records_here(source, out, max_side)
-    options = ConvertOptions(size_per_record=SHARD_BYTES, max_side=max_side)
-    convert_tree(source.path, out, options)
+    convert_tree(ConvertOptions(dataset_path=source.path, output_path=out, size_per_record=SHARD_BYTES,
+                                max_side=max_side))
     return out
 
 
@@ -102,40 +106,59 @@ def warm_page_cache(source: DataSource) -> None:
         path.read_bytes()
 
 
-def images_per_second(dataset_factory, epochs: int) -> float:
-    """One untimed epoch, then `epochs` timed ones; images/s over the timed ones."""
-    for _ in dataset_factory():
+@dataclasses.dataclass
+class Measurement:
+    """Best wall-clock rate over the rounds, and the CPU time per image (all threads of the process).
+
+    CPU time per image barely moves when other processes share the cores; images/s does.
+    """
+
+    rates: list[float] = dataclasses.field(default_factory=list)
+    cpu_ms: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def images_per_second(self) -> float:
+        return max(self.rates)
+
+    @property
+    def cpu_ms_per_image(self) -> float:
+        return statistics.median(self.cpu_ms)
+
+    @property
+    def cores_busy(self) -> float:
+        return self.images_per_second * self.cpu_ms_per_image / 1000.0
+
+
+def time_epochs(epoch, epochs: int) -> tuple[float, float]:
+    """One untimed epoch, then `epochs` timed ones: (images/s, CPU ms per image)."""
+    for _ in epoch():
         pass
     images = 0
-    started = time.perf_counter()
+    cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(epochs):
-        for images_batch, _labels in dataset_factory():
-            images += int(images_batch.shape[0])
-    return images / (time.perf_counter() - started)
+        for batch in epoch():
+            images += int(tf.nest.flatten(batch)[0].shape[0])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return images / wall, 1000.0 * cpu / images
 
 
-def measure_pipeline(config, source: DataSource, epochs: int) -> tuple[float, list[str]]:
+def measure_pipeline(config, source: DataSource, epochs: int, into: Measurement | None = None) -> Measurement:
+    into = into or Measurement()
     warm_page_cache(source)
     dataset = build_dataset(config, source)
-    return images_per_second(lambda: dataset, epochs), pipeline_as_run(dataset)
+    rate, cpu_ms = time_epochs(lambda: dataset, epochs)
+    into.rates.append(rate)
+    into.cpu_ms.append(cpu_ms)
+    return into
 
 
-def measure_decode_limit(source: DataSource, epochs: int) -> float:
-    encoded = [p.read_bytes() for p in source.files]
-    batches = len(encoded) // BATCH_SIZE
+def measure_decode_limit(encoded: list[bytes], epochs: int, into: Measurement) -> Measurement:
     dataset = build_decode_limit_dataset(encoded, image_size=IMAGE_SIZE, batch_size=BATCH_SIZE)
-
-    def one_epoch():
-        return dataset.take(batches)
-
-    per_epoch = batches * BATCH_SIZE
-    for _ in one_epoch():
-        pass
-    started = time.perf_counter()
-    for _ in range(epochs):
-        for _ in one_epoch():
-            pass
-    return per_epoch * epochs / (time.perf_counter() - started)
+    batches = len(encoded) // BATCH_SIZE
+    rate, cpu_ms = time_epochs(lambda: dataset.take(batches), epochs)
+    into.rates.append(rate)
+    into.cpu_ms.append(cpu_ms)
+    return into
 
 
 def explore_tuned(files: DataSource, records: DataSource, epochs: int) -> list[tuple[str, str, float]]:
@@ -157,9 +180,10 @@ def explore_tuned(files: DataSource, records: DataSource, epochs: int) -> list[t
     rows = []
     for source in (files, records):
         for label, changes in variants.items():
-            rate, _ = measure_pipeline(tuned.replace(**changes), source, epochs)
-            rows.append((source.kind, label, rate))
-            print(f"  {source.kind:8s} {label:42s} {rate:8.1f} images/s", flush=True)
+            m = measure_pipeline(tuned.replace(**changes), source, epochs)
+            rows.append((source.kind, label, m.images_per_second))
+            print(f"  {source.kind:8s} {label:42s} {m.images_per_second:8.1f} images/s "
+                  f"{m.cpu_ms_per_image:6.2f} CPU ms/image", flush=True)
     return rows
 
 
@@ -168,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--images-per-class", type=int, default=50, help="10 classes of this many images")
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all pipelines; the best counts")
     parser.add_argument("--explore", action="store_true", help="also measure variants of the tuned preset")
     args = parser.parse_args(argv)
 
@@ -192,21 +217,29 @@ def main(argv: list[str] | None = None) -> int:
             ("tuned (records)", preset("tuned"), records),
             ("tuned (records, max side 256)", preset("tuned"), small),
         ]
-        results: dict[str, float] = {}
-        chains: dict[str, list[str]] = {}
-        for label, config, source in runs:
-            results[label], chains[label] = measure_pipeline(config, source, args.epochs)
-            print(f"  measured {label}: {results[label]:.1f} images/s", flush=True)
-        results["decode limit (in memory, all cores)"] = decode = measure_decode_limit(files, args.epochs)
-        print(f"  measured decode limit: {decode:.1f} images/s\n", flush=True)
+        encoded = [p.read_bytes() for p in files.files]
+        decode_label = "decode limit (in memory, all cores)"
+        results: dict[str, Measurement] = {label: Measurement() for label, _, _ in runs}
+        results[decode_label] = Measurement()
+        for round_index in range(args.rounds):  # rounds interleave the pipelines, so load spikes hit all
+            for label, config, source in runs:
+                measure_pipeline(config, source, args.epochs, into=results[label])
+            measure_decode_limit(encoded, args.epochs, results[decode_label])
+            print(f"  round {round_index + 1}/{args.rounds}: " + ", ".join(
+                f"{label.split(' (')[0]} {m.rates[-1]:.0f}" for label, m in results.items()), flush=True)
+        chains = {label: pipeline_as_run(build_dataset(config, source)) for label, config, source in runs}
 
-        seed = results["seed (files)"]
-        print(f"{'pipeline':38s} {'images/s':>9s} {'x seed':>7s} {'x decode':>9s}")
-        for label, rate in results.items():
-            print(f"{label:38s} {rate:9.1f} {rate / seed:7.2f} {rate / decode:9.2f}")
-        print()
+        seed = results["seed (files)"].images_per_second
+        decode = results[decode_label].images_per_second
+        print(f"\n{'pipeline':38s} {'images/s':>9s} {'x seed':>7s} {'x decode':>9s} {'CPU ms/img':>11s} {'cores busy':>11s}")
+        for label, m in results.items():
+            rate = m.images_per_second
+            print(f"{label:38s} {rate:9.1f} {rate / seed:7.2f} {rate / decode:9.2f} "
+                  f"{m.cpu_ms_per_image:11.2f} {m.cores_busy:11.2f}")
+        print(f"(images/s: best of {args.rounds} rounds; CPU ms/image: median)\n")
         for label, chain in chains.items():
             print(f"{label:38s} runs: {' <- '.join(chain)}")
+        results = {label: m.images_per_second for label, m in results.items()}
         tuned_files = results["tuned (files)"]
         best_tuned = max(tuned_files, results["tuned (records)"])
         print("\ntargets (2 cores):")
