@@ -164,3 +164,9 @@ def test_decode_limit_dataset_yields_resized_batches(coloured_tree):
     encoded = [p.read_bytes() for p in source.files]
     batch = next(iter(build_decode_limit_dataset(encoded, image_size=SIZE, batch_size=8, parallelism=AUTOTUNE)))
     assert batch.shape == (8, SIZE, SIZE, 3) and batch.dtype == tf.float32
+
+
+def test_cycle_length_on_a_files_source_is_reported_not_silently_dropped(coloured_tree, caplog):
+    source = open_source("files", coloured_tree)
+    build_dataset(small(PRESETS["tuned"], interleave_cycle_length=4), source)
+    assert "interleave_cycle_length=4 does not apply to a files source" in caplog.text

@@ -111,3 +111,17 @@ def test_count_records_reads_framing_and_names_truncation(seed_records, tmp_path
     cut.write_bytes(shard.read_bytes()[:-7])
     with pytest.raises(DataError, match="cut.tfrecord: truncated"):
         count_records(cut)
+
+
+def test_bare_records_with_split_prefixes_pick_the_split(tmp_path, record_writer):
+    from stallscope.records.schema import STANDARD
+
+    write_shards, solid_image = record_writer
+    write_shards(tmp_path, STANDARD, [(solid_image(20), 0)] * 3, shards=1, prefix="train-")
+    write_shards(tmp_path, STANDARD, [(solid_image(20), 1)] * 2, shards=1, prefix="validation-")
+    train = open_source("records", tmp_path, split="train")
+    validation = open_source("records", tmp_path, split="validation")
+    assert (train.num_examples, validation.num_examples) == (3, 2)
+    assert train.schema == "standard" and [p.name for p in validation.files] == ["validation-0.tfrecord"]
+    with pytest.raises(UsageError, match="no shards named test-"):
+        open_source("records", tmp_path, split="test")
