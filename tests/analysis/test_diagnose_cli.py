@@ -1,0 +1,99 @@
+"""`stallscope diagnose` end to end: the report, --json, --fix closing the loop, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.cli.main import main
+from stallscope.pipeline.config import PipelineConfig
+
+
+def _tree(root):
+    """72 photo-like JPEGs of 640x480, so decoding is real work next to a 30 ms emulated step."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    y, x = np.mgrid[0:480, 0:640]
+    for c in range(3):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True)
+        for i in range(24):
+            base = rng.uniform(0, 255, 3)
+            pixels = base + x[..., None] * rng.uniform(-0.5, 0.5, 3) + rng.normal(0, 20, (480, 640, 3))
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(folder / f"{i:02d}.jpg", quality=90)
+    return root
+
+
+def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, capsys):
+    data = _tree(tmp_path / "data")
+    fixed = tmp_path / "out" / "fixed.json"
+    code = main(["diagnose", "--dataset_path", str(data), "--pipeline", "seed", "--batch-size", "4",
+                 "--image-size", "64", "--accelerator", "emulated:30ms", "--probe-steps", "18",
+                 "--fix", "--fixed-config", str(fixed), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["verdict"] in ("highly", "moderately")
+    assert report["cause"] == "preprocessing"
+    assert 0.0 <= report["input_share"] <= 1.0
+    phase = report["phases"][0]
+    assert phase["what_if"]["devices"] and phase["what_if"]["cores"]
+    assert report["probes"]["cold"]["io_per_image"]["storage_bytes"] > 0
+    fix = report["fix"]
+    applied = {a["key"] for a in fix["applied"]}
+    assert {"parallel_map", "prefetch", "shuffle_encoded"} <= applied
+    before, after = fix["phases"][0]["before"], fix["phases"][0]["after"]
+    assert after["input_share"] < before["input_share"]
+    assert fix["held"] is True
+    # the saved file is what `train --pipeline-config FILE` loads
+    config = PipelineConfig.load(fixed)
+    assert config.map_parallelism == -1 and config.prefetch == -1 and config.shuffle_at == "encoded"
+    assert config.batch_size == 4 and config.image_size == 64
+    assert fix["config_path"] == str(fixed)
+    run_dir = tmp_path / "run"
+    assert main(["train", "--dataset-path", str(data), "--pipeline-config", str(fixed), "--steps", "3",
+                 "--accelerator", "emulated:1000", "--log-path", str(run_dir)]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pipeline"]["requested"] == config.to_dict()
+
+
+def test_terminal_report_names_the_split_and_io(tmp_path, capsys):
+    data = _tree(tmp_path / "data")
+    code = main(["diagnose", "--dataset-path", str(data), "--pipeline", "tuned", "--batch-size", "4",
+                 "--image-size", "64", "--accelerator", "emulated:40ms", "--probe-steps", "9", "--no-cold-cache"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for text in ("pipeline alone", "compute", "preprocessing", "fetch", "I/O per image, warm cache",
+                 "what if the device ran at", "knee"):
+        assert text in out, text
+    assert "cold cache" not in out.split("phase")[0]
+
+
+def _exit_code(argv) -> int:
+    """main's return value, or the exit code argparse ends with."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--probe-steps", "0"], "--probe-steps"),
+    (["--probe-steps", "1", "--accelerator", "emulated:1000"], "--probe-steps"),
+    (["--accelerator", "emulated:fast"], "--accelerator"),
+    (["--json", "--markdown"], "--markdown"),
+])
+def test_bad_flags_end_in_one_line(tmp_path, capsys, argv, message):
+    code = _exit_code(["diagnose", "--dataset-path", str(tmp_path)] + argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_missing_dataset_is_one_line(tmp_path, capsys):
+    code = main(["diagnose", "--dataset-path", str(tmp_path / "nope"), "--accelerator", "emulated:1000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "nope" in err
