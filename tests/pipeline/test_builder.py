@@ -170,3 +170,12 @@ def test_cycle_length_on_a_files_source_is_reported_not_silently_dropped(coloure
     source = open_source("files", coloured_tree)
     build_dataset(small(PRESETS["tuned"], interleave_cycle_length=4), source)
     assert "interleave_cycle_length=4 does not apply to a files source" in caplog.text
+
+
+def test_a_decoded_cache_does_not_freeze_the_shuffle_order(coloured_tree, caplog):
+    source = open_source("files", coloured_tree)
+    config = small(PRESETS["tuned"], cache="memory", cache_at="decoded", shuffle_files=False).replace(batch_size=12)
+    dataset = build_dataset(config, source)
+    assert "shuffling the cached decoded images instead" in caplog.text
+    epochs = [collect(dataset)[1].argmax(axis=1).tolist() for _ in range(4)]
+    assert len({tuple(e) for e in epochs}) > 1, "each epoch is shuffled anew"

@@ -85,6 +85,7 @@ def build_dataset(
             config.batch_size, source.num_examples, source.path,
         )
     file_seed = config.seed if shuffle_files_seed is None else shuffle_files_seed
+    config = _shuffle_after_decoded_cache(config)
     cache_encoded = config.cache != "none" and config.cache_at == "encoded"
     # A separate read stage only where something sits between read and decode; otherwise the read
     # (files) or parse (records) runs inside the decode map, as the seeds wrote it.
@@ -120,6 +121,20 @@ def build_dataset(
     if config.prefetch is not None:
         dataset = dataset.prefetch(config.prefetch)
     return dataset.with_options(dataset_options(config))
+
+
+def _shuffle_after_decoded_cache(config: PipelineConfig) -> PipelineConfig:
+    """A cache replays its first epoch in the same order, so a shuffle before a cache of decoded
+    images would shuffle only once; the shuffle moves after the cache (and says so)."""
+    if config.cache == "none" or config.cache_at != "decoded" or not config.shuffle_buffer:
+        return config
+    if config.shuffle_at == "encoded":
+        logger.warning(
+            "shuffle_at='encoded' with cache_at='decoded': the cache would replay one order every epoch; "
+            "shuffling the cached decoded images instead (buffer %d)", config.shuffle_buffer,
+        )
+        return config.replace(shuffle_at="decoded")
+    return config
 
 
 def _same(dataset):
