@@ -217,7 +217,7 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
         "",
         "## Per step",
         "",
-        "| phase | step | compute | preprocessing stall | fetch stall (cold) | input share | verdict | cause |",
+        "| phase | step | compute | preprocessing stall | fetch stall | input share | verdict | cause |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in diagnosis.phases:
