@@ -31,6 +31,7 @@ def test_fine_tune_full_and_last_n():
     assert 2 < len(last.trainable_variables) < len(full.trainable_variables)
 
 
+@pytest.mark.filterwarnings("ignore:Skipping nested container:UserWarning")  # Keras' note on functional bases
 def test_weights_from_a_local_file(tmp_path):
     _, source_base = build_model(tiny_spec())
     path = tmp_path / "base.weights.h5"

@@ -257,6 +257,9 @@ def run(args: argparse.Namespace) -> int:
             print(progress.log_line, flush=True)
 
     result = run_training(options, on_step=on_step)
+    if not result.steps:
+        print(f"nothing to do: the checkpoint is already at step {result.summary['last_step']}")
+        return 0
     for line in format_summary(result.summary):
         print(line)
     print(f"summary         {result.run_dir / 'summary.json'}")

@@ -387,7 +387,8 @@ def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[Step
     summary = _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir, started_at,
                        start_step, epochs_started, profiler, store, validation, spec, model)
     summary["interrupted"] = interrupted
-    _write_run_dir(run_dir, options, steps, ran, monitor, summary)
+    if steps or not (run_dir / rundir.SUMMARY_NAME).exists():  # a no-op resume keeps the last run's figures
+        _write_run_dir(run_dir, options, steps, ran, monitor, summary)
     if interrupted:
         raise KeyboardInterrupt
     return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=model)
