@@ -179,3 +179,8 @@ def test_options_are_validated_by_name(tree):
         _options(tree, SMALL, "emulated:1ms", phases=("half",))
     with pytest.raises(UsageError, match="steady_cache"):
         _options(tree, SMALL, "emulated:1ms", steady_cache="lukewarm")
+
+
+def test_json_never_holds_infinity():
+    assert differential.finite({"a": float("inf"), "b": [1.0, float("nan")], "c": "x"}) == \
+        {"a": None, "b": [1.0, None], "c": "x"}

@@ -189,7 +189,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         worst = self.worst
-        return json_ready({
+        return finite(json_ready({
             "input_share": worst.input_share,
             "verdict": worst.verdict,
             "cause": worst.cause,
@@ -202,7 +202,18 @@ class Diagnosis:
             "phases": [_phase_dict(p) for p in self.phases],
             "advice": [a.to_dict() for a in self.advice],
             "seconds": self.seconds,
-        })
+        }))
+
+
+def finite(value: Any) -> Any:
+    """JSON has no infinity or NaN: a figure that is not finite (e.g. a rate of a zero time) is None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
@@ -494,14 +505,14 @@ class FixResult:
         return all(p.after.input_share <= p.before.input_share for p in self.phases)
 
     def to_dict(self) -> dict[str, Any]:
-        return json_ready({
+        return finite(json_ready({
             "applied": [a.to_dict() for a in self.applied],
             "pipeline": self.config.to_dict(),
             "config_path": str(self.config_path) if self.config_path else None,
             "held": self.held,
             "phases": [{"phase": p.phase, "before": p.before.to_dict(), "predicted": p.predicted.to_dict(),
                         "after": p.after.to_dict()} for p in self.phases],
-        })
+        }))
 
 
 def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None = None,
