@@ -427,7 +427,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     started = time.perf_counter()
     train = options.train
     source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
-    with _work_dir(options) as work_dir:
+    with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
         config = options.pipeline
         max_images = source.num_examples
@@ -461,7 +461,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     )
 
 
-class _work_dir:
+class _ProbeRunDirs:
     """The probes' run directories: the user's work_dir (kept) or a temporary one (removed)."""
 
     def __init__(self, options: DiagnoseOptions) -> None:
@@ -533,7 +533,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
     source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
     cores = max(1.0, diagnosis.warm.cores - diagnosis.warm.other_cores_busy)
     phases = []
-    with _work_dir(options) as work_dir:
+    with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
         prober.counter = 50
         for phase in diagnosis.phases:
