@@ -79,3 +79,16 @@ def test_spec_round_trips_through_model_json(tmp_path):
     spec = tiny_spec(labels=("a", "b", "c"), fine_tune="last:4")
     spec.save(tmp_path)
     assert ModelSpec.load(tmp_path) == spec
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "inception_v3", "resnet50", "efficientnet_b0"])
+def test_every_family_builds_and_predicts_at_its_smallest_size(name):
+    from stallscope.workload.models import MODELS
+
+    size = MODELS[name].min_image_size
+    alpha = 0.35 if name == "mobilenet_v2" else 1.0
+    model, base = build_model(ModelSpec(model=name, alpha=alpha, image_size=size, num_classes=4))
+    probabilities = model(np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)).numpy()
+    assert probabilities.shape == (2, 4)
+    assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
+    assert not base.trainable
