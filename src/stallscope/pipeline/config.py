@@ -50,9 +50,9 @@ class PipelineConfig:
         -> batch; a buffer of 10240 images at 224 holds ~6 GB of float32), "encoded" shuffles file
         paths (files) or serialized records (records) before decode: same randomness, far less memory.
     shuffle_files: shuffle the order of image files / record shards each epoch (seeded) before reading.
-    read_parallelism: records: shards read at once by a parallel `interleave`; files: image files
-        read at once by a separate read map. None: records read shard after shard, files are read
-        inside the decode map (so in parallel exactly when the map is).
+    read_parallelism: records: shards read at once by a parallel `interleave` (None: shard after
+        shard). files: files read at once; when None or equal to map_parallelism the read runs
+        inside the decode map (as parallel as it), otherwise in a separate read map.
     interleave_cycle_length: records: shards open at once (defaults to read_parallelism when None).
     map_parallelism: `num_parallel_calls` of the decode map; None is a sequential map.
     prefetch: `prefetch` buffer at the end (batches); None means no prefetch.
