@@ -26,7 +26,9 @@ test: venv
 bench: venv
 	$(BIN)/python benchmarks/convert.py
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/analysis.py
+	$(BIN)/python benchmarks/diagnose.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

@@ -31,3 +31,29 @@ def test_serve_cli_rejects_worker_without_dispatcher():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith("--dispatcher: role worker needs the dispatcher's HOST:PORT")
+
+
+def test_pipeline_with_data_service_yields_every_example_once(tiny_tree):
+    import numpy as np
+
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.config import PipelineConfig
+    from stallscope.pipeline.sources import open_source
+
+    source = open_source("files", tiny_tree)
+    with servers.local_service(servers.ServiceOptions(workers=1)) as target:
+        config = PipelineConfig(batch_size=4, image_size=32, shuffle_buffer=0, data_service=target)
+        batches = list(build_dataset(config, source))
+    labels = np.concatenate([b[1].numpy().argmax(axis=1) for b in batches])
+    assert sorted(labels.tolist()) == sorted(source.file_labels)
+    images = np.concatenate([b[0].numpy() for b in batches])
+    assert images.shape == (source.num_examples, 32, 32, 3)
+    assert images.min() >= -1.0 and images.max() <= 1.0
+
+
+def test_data_service_address_is_validated():
+    from stallscope.pipeline.config import PipelineConfig
+
+    assert PipelineConfig(data_service="localhost:5050").data_service == "grpc://localhost:5050"
+    with pytest.raises(UsageError, match="--data-service"):
+        PipelineConfig(data_service="nowhere")

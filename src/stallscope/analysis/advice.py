@@ -107,9 +107,11 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None) -> lis
         advice.append(Advice(
             "data_service", "Move preprocessing to more machines (tf.data service)", {},
             "dataset = dataset.apply(tf.data.experimental.service.distribute(\n"
-            "    processing_mode='parallel_epochs', service='grpc://DISPATCHER:5000'))",
+            "    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,\n"
+            "    service='grpc://DISPATCHER:5050'))  # before the final prefetch",
             "every core here is busy; more CPUs are the remaining fix", checks["cpu_saturated"].evidence,
-            command="stallscope serve"))
+            command="stallscope serve worker --dispatcher DISPATCHER:5050  # on each extra host, then "
+                    "train --data-service DISPATCHER:5050"))
     if config is not None:
         advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
     return sorted(advice, key=lambda a: ORDER.index(a.key))

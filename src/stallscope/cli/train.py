@@ -75,6 +75,9 @@ def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
     if name in STATIC_OPTIMIZATIONS:
         return {"type": rewrite_switch, "metavar": "true|false|default",
                 "help": f"TF's {name} rewrite on, off, or TF's default"}
+    if name == "data_service":
+        return {"metavar": "HOST:PORT",
+                "help": "run the pipeline up to the batch on a tf.data service (see `stallscope serve`)"}
     choices = getattr(pipeline_config, f"{name.upper()}_CHOICES", None)
     if choices is not None:
         return {"choices": choices}

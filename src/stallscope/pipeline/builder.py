@@ -6,7 +6,8 @@ The chain, with every stage optional except read, decode and batch:
              from map_parallelism; otherwise the read runs inside the decode map]
     records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
     then:    [cache encoded] -> [shuffle encoded] -> decode map (parse, decode, resize, normalise,
-             label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [prefetch]
+             label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [tf.data service]
+             -> [prefetch]
 
 Elements are (images float32 [B, S, S, 3], labels) with one-hot float32 [B, num_classes] labels (or
 int32 [B]); a label outside [0, num_classes) fails the iterator with the file or record named.
@@ -118,6 +119,10 @@ def build_dataset(
         dataset = dataset.repeat()
     dataset = dataset.batch(config.batch_size, drop_remainder=config.drop_remainder)
     dataset = hooks.get("after_batch", _same)(dataset)
+    if config.data_service:
+        from stallscope.service.servers import distribute
+
+        dataset = distribute(dataset.with_options(dataset_options(config)), config.data_service)
     if config.prefetch is not None:
         dataset = dataset.prefetch(config.prefetch)
     return dataset.with_options(dataset_options(config))

@@ -69,6 +69,8 @@ class PipelineConfig:
         None keeps TF's default (most are on in TF 2.21 and silently parallelise a seed pipeline).
     drop_remainder: drop the last partial batch so every batch has the same shape.
     seed: shuffle seed, so runs repeat.
+    data_service: a tf.data service dispatcher (HOST:PORT, see `stallscope serve`); when set, the
+        pipeline up to the batch runs on the service's workers and this host only receives batches.
     """
 
     preset: str = "custom"
@@ -99,6 +101,7 @@ class PipelineConfig:
     shuffle_and_repeat_fusion: bool | None = None
     drop_remainder: bool = True
     seed: int = 0
+    data_service: str = ""
 
     def __post_init__(self) -> None:
         require_positive("batch_size", self.batch_size)
@@ -123,6 +126,10 @@ class PipelineConfig:
         require_non_negative("max_intra_op_parallelism", self.max_intra_op_parallelism)
         require_choice("decode", self.decode, DECODE_CHOICES)
         require_choice("normalize", self.normalize, NORMALIZE_CHOICES)
+        if self.data_service:
+            from stallscope.service.servers import normalize_address
+
+            object.__setattr__(self, "data_service", normalize_address(self.data_service))
         for name in STATIC_OPTIMIZATIONS:
             value = getattr(self, name)
             if value not in (None, True, False):
