@@ -9,8 +9,9 @@ In one run over the same built-in data set (photo-like JPEGs of about 500x375), 
 and prints a table with ratios against `seed` and against the decode limit.
 
 Every measurement reads every file once (the page cache is warm for all; the data set fits in
-memory), runs one untimed epoch (traces functions) and then times whole epochs, so the seed
-pipeline's shuffle buffer fill counts as it does in training. The pipelines take turns over several
+memory) and consumes the pipeline as the training loop does: one iterator over a repeating
+dataset, one untimed epoch (tracing, first fills), then whole epochs' worth of batches timed, so the
+seed pipeline's shuffle-buffer refill at each epoch counts as it does in training. The pipelines take turns over several
 rounds and the best round counts. CPU ms per image (all threads) is printed beside images/s: it
 hardly moves when other processes share the cores, while images/s does.
 
@@ -129,15 +130,18 @@ class Measurement:
         return self.images_per_second * self.cpu_ms_per_image / 1000.0
 
 
-def time_epochs(epoch, epochs: int) -> tuple[float, float]:
-    """One untimed epoch, then `epochs` timed ones: (images/s, CPU ms per image)."""
-    for _ in epoch():
-        pass
+def time_epochs(dataset, batches_per_epoch: int, epochs: int) -> tuple[float, float]:
+    """As the training loop consumes a pipeline: one iterator over a repeating dataset. One untimed
+    epoch (tracing, first buffer fills, the autotuner's ramp), then `epochs` epochs' worth of
+    batches timed: (images/s, CPU ms per image). Each epoch boundary, e.g. the seed pipeline's
+    shuffle-buffer refill, still counts, as it does in training."""
+    iterator = iter(dataset)
+    for _ in range(batches_per_epoch):
+        next(iterator)
     images = 0
     cpu, wall = time.process_time(), time.perf_counter()
-    for _ in range(epochs):
-        for batch in epoch():
-            images += int(tf.nest.flatten(batch)[0].shape[0])
+    for _ in range(batches_per_epoch * epochs):
+        images += int(tf.nest.flatten(next(iterator))[0].shape[0])
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return images / wall, 1000.0 * cpu / images
 
@@ -145,8 +149,8 @@ def time_epochs(epoch, epochs: int) -> tuple[float, float]:
 def measure_pipeline(config, source: DataSource, epochs: int, into: Measurement | None = None) -> Measurement:
     into = into or Measurement()
     warm_page_cache(source)
-    dataset = build_dataset(config, source)
-    rate, cpu_ms = time_epochs(lambda: dataset, epochs)
+    dataset = build_dataset(config, source, repeat=True)
+    rate, cpu_ms = time_epochs(dataset, max(1, source.num_examples // config.batch_size), epochs)
     into.rates.append(rate)
     into.cpu_ms.append(cpu_ms)
     return into
@@ -154,8 +158,7 @@ def measure_pipeline(config, source: DataSource, epochs: int, into: Measurement 
 
 def measure_decode_limit(encoded: list[bytes], epochs: int, into: Measurement) -> Measurement:
     dataset = build_decode_limit_dataset(encoded, image_size=IMAGE_SIZE, batch_size=BATCH_SIZE)
-    batches = len(encoded) // BATCH_SIZE
-    rate, cpu_ms = time_epochs(lambda: dataset.take(batches), epochs)
+    rate, cpu_ms = time_epochs(dataset, max(1, len(encoded) // BATCH_SIZE), epochs)
     into.rates.append(rate)
     into.cpu_ms.append(cpu_ms)
     return into
