@@ -23,22 +23,29 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+INPUT_COLOR = "#d62728"
+COMPUTE_COLOR = "#1f77b4"
+
+
 def step_bars_png(analysis: Analysis) -> bytes:
     """Per-step stacked bars: input wait under compute; uncounted (first/last) steps faded."""
     plt = _figure()
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Patch
+
     steps = analysis.steps.steps
     fig, ax = plt.subplots(figsize=(8, 3.2))
     x = [s.step for s in steps]
-    alpha = [1.0 if s.counted else 0.35 for s in steps]
-    for xi, s, a in zip(x, steps, alpha):
-        ax.bar(xi, s.input_ms, color="#d62728", alpha=a)
-        ax.bar(xi, s.compute_ms, bottom=s.input_ms, color="#1f77b4", alpha=a)
-    ax.bar([], [], color="#d62728", label="input wait")
-    ax.bar([], [], color="#1f77b4", label="compute")
+    input_ms = [s.input_ms for s in steps]
+    faded = [1.0 if s.counted else 0.35 for s in steps]
+    ax.bar(x, input_ms, color=[to_rgba(INPUT_COLOR, a) for a in faded])
+    ax.bar(x, [s.compute_ms for s in steps], bottom=input_ms, color=[to_rgba(COMPUTE_COLOR, a) for a in faded])
+    ax.legend(handles=[Patch(color=INPUT_COLOR, label="input wait"), Patch(color=COMPUTE_COLOR, label="compute"),
+                       Patch(color=to_rgba(COMPUTE_COLOR, 0.35), label="not counted (first/last)")],
+              loc="upper right")
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.set_title(f"Step time: input share {analysis.input_share * 100:.1f}% ({analysis.verdict} input-bound)")
-    ax.legend(loc="upper right")
     return _png(fig)
 
 
