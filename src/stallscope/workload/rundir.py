@@ -4,7 +4,8 @@ RUN_DIR/
   summary.json        headline figures of the run (written by `workload/train.py`), see below
   steps.csv           one row per step of this session: StepRecord fields (a resumed run starts at
                       the step after its checkpoint; `step` is the global step)
-  pipeline.json       {"requested": PipelineConfig dict, "ran": [stage names, outermost first],
+  pipeline.json       {"requested": PipelineConfig dict, "written": [stages as built, outermost
+                       first], "ran": [stages after TF's static rewrites, outermost first],
                        "preset": name, "overrides": {knob: value changed from the preset}}
   resources.json      {"interval_s", "duration_s", "cores", "cpu": summary below,
                        "io": /proc/self/io deltas (rchar, wchar, syscr, syscw, read_bytes, write_bytes) or null,
@@ -20,7 +21,7 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
   steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
   total_steps, epochs, epochs_started, batch_size, image_size, final_loss, mean_loss_last_10,
-  pipeline {preset, requested, overrides, ran}, model {model, alpha, weights, fine_tune, ...} or
+  pipeline {preset, requested, overrides, written, ran}, model {model, alpha, weights, fine_tune, ...} or
   null (emulated), source {kind, path, split, examples, files, bytes, schema, classes},
   accelerator {kind, spec, images_per_second, ms_per_step}, dataset_path, dataset_size,
   learning_rate, cpu {cores, samples, process_mean_percent, process_max_percent,

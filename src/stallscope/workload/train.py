@@ -245,7 +245,7 @@ def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[Step
     import keras
 
     from stallscope.pipeline.builder import build_dataset
-    from stallscope.pipeline.describe import pipeline_as_run
+    from stallscope.pipeline.describe import pipeline_as_built, pipeline_as_run
     from stallscope.pipeline.sources import open_source
     from stallscope.workload.checkpoints import CheckpointStore
 
@@ -282,10 +282,10 @@ def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[Step
         if options.dataset_size and options.steps is None:
             dataset = dataset.take(plan.steps_per_epoch)
     try:
-        ran = pipeline_as_run(dataset)
+        chains = {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
     except (ValueError, tf.errors.OpError) as exc:  # a hand-made dataset the describer cannot read
         log.warning("could not describe the pipeline as run: %s", exc)
-        ran = []
+        chains = {"written": [], "ran": []}
 
     profiler = StepProfiler(options.profile_steps, run_dir)
     writer = tf.summary.create_file_writer(str(run_dir / "train"))
@@ -384,11 +384,11 @@ def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[Step
         writer.flush()
 
     stats = summarize_steps(steps)
-    summary = _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir, started_at,
+    summary = _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at,
                        start_step, epochs_started, profiler, store, validation, spec, model)
     summary["interrupted"] = interrupted
     if steps or not (run_dir / rundir.SUMMARY_NAME).exists():  # a no-op resume keeps the last run's figures
-        _write_run_dir(run_dir, options, steps, ran, monitor, summary)
+        _write_run_dir(run_dir, options, steps, chains, monitor, summary)
     if interrupted:
         raise KeyboardInterrupt
     return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=model)
@@ -415,7 +415,7 @@ def _model_summary(spec: ModelSpec | None, model) -> dict[str, Any] | None:
     return data
 
 
-def _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir, started_at, start_step,
+def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at, start_step,
              epochs_started, profiler, store, validation, spec, model) -> dict[str, Any]:
     import tensorflow as tf
 
@@ -447,7 +447,7 @@ def _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir,
             "preset": options.pipeline.preset,
             "requested": options.pipeline.to_dict(),
             "overrides": json_ready(overridden_fields(options.pipeline)),
-            "ran": ran,
+            **chains,
         },
         "model": _model_summary(spec, model),
         "source": {"kind": source.kind, "path": str(source.path), "split": source.split,
@@ -474,10 +474,10 @@ def _summary(options, source, plan, stats, steps, losses, ran, monitor, run_dir,
     return json_ready(summary)
 
 
-def _write_run_dir(run_dir: Path, options: TrainOptions, steps, ran, monitor, summary) -> None:
+def _write_run_dir(run_dir: Path, options: TrainOptions, steps, chains, monitor, summary) -> None:
     rundir.write_steps(run_dir, steps)
     rundir.write_json(run_dir, rundir.PIPELINE_NAME, {
-        "requested": options.pipeline.to_dict(), "ran": ran, "preset": options.pipeline.preset,
+        "requested": options.pipeline.to_dict(), **chains, "preset": options.pipeline.preset,
         "overrides": summary["pipeline"]["overrides"],
     })
     rundir.write_json(run_dir, rundir.RESOURCES_NAME, monitor.report.to_dict() if monitor.report else {})
