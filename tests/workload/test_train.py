@@ -68,6 +68,17 @@ def test_seed_preset_runs_sequentially(seed_run):
     assert not {"ParallelMap", "MapAndBatch", "ParallelBatch", "Prefetch", "ParallelInterleave"} & set(ran)
 
 
+def test_chain_as_written_and_as_run_show_tf_rewrites(tiny_tree, make_pipeline, tmp_path):
+    """With TF's map_parallelization back on, the chain as run differs from the chain as written."""
+    config = make_pipeline("seed").replace(map_parallelization=True)
+    result = run_training(TrainOptions(source="files", dataset_path=tiny_tree, pipeline=config, steps=3,
+                                       accelerator="emulated:5ms", log_path=tmp_path / "run"))
+    pipeline = rundir.read_json(result.run_dir, rundir.PIPELINE_NAME)
+    assert "Map" in pipeline["written"] and "ParallelMap" not in pipeline["written"]
+    assert "ParallelMap" in pipeline["ran"] and "Map" not in pipeline["ran"]
+    assert result.summary["pipeline"]["written"] == pipeline["written"]
+
+
 def test_profile_is_read_by_xprof_with_step_time(seed_run):
     from xprof.convert import raw_to_tool_data
 
