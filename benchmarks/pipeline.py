@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from stallscope.tfimport import import_tensorflow  # noqa: E402
 
-import tensorflow as tf  # noqa: E402
+tf = import_tensorflow()  # quietly, also in the converter's spawned workers that re-import this file
 from PIL import Image  # noqa: E402
 
 from stallscope.pipeline.builder import build_dataset, build_decode_limit_dataset  # noqa: E402
