@@ -159,3 +159,14 @@ def test_sniffing_and_jpeg_frames():
 def test_options_are_validated(kwargs):
     with pytest.raises(UsageError):
         ImageOptions(**kwargs)
+
+
+def test_max_pixels_above_pillows_own_limit_applies():
+    # 15000 x 15000 is above Pillow's hard limit (2 x 89,478,485): a higher max_pixels must let it
+    # through to the decode (this header-only PNG then fails there as corrupt, not as too large).
+    with pytest.raises(UnusableImage) as exc:
+        prepare_image(_png_claiming(15000, 15000), ImageOptions(max_pixels=300_000_000))
+    assert exc.value.reason == images.CORRUPT
+    from PIL import Image
+
+    assert Image.MAX_IMAGE_PIXELS == images.DEFAULT_MAX_PIXELS  # restored afterwards

@@ -10,6 +10,7 @@ baseline or progressive 8-bit, 3-channel JPEG with no EXIF rotation. Everything 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import warnings
@@ -130,6 +131,24 @@ def _tf_keeps_jpeg(data: bytes) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _pillow_pixel_limit(max_pixels: int):
+    """Pillow refuses a picture above twice its global `MAX_IMAGE_PIXELS` before our own check runs, so
+    a `max_pixels` above that would never apply: lift Pillow's limit to ours while we open and decode
+    (never lower it: our check, with its clearer message, comes first)."""
+    from PIL import Image
+
+    saved = Image.MAX_IMAGE_PIXELS
+    if saved is None or max_pixels <= saved:
+        yield
+        return
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
     """Checks and, where needed, repairs one image. Raises UnusableImage when it cannot be used."""
     from PIL import Image, ImageOps
@@ -139,32 +158,32 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     fmt = sniff_format(data)
     if fmt is None:
         raise UnusableImage(NOT_AN_IMAGE, f"content starts with {data[:8].hex()}")
-    pillow_format = "WEBP" if fmt == "WEBP" else fmt
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=[pillow_format])
-    except Image.DecompressionBombError as exc:
-        raise UnusableImage(TOO_LARGE, str(exc)) from None
-    except (ValueError, KeyError) as exc:  # Pillow has no plugin for this format
-        raise UnusableImage(UNSUPPORTED, f"{fmt} ({exc})") from None
-    except Exception as exc:  # Pillow raises a variety of errors for a broken header
-        if fmt in ("HEIF", "AVIF"):
-            raise UnusableImage(UNSUPPORTED, f"{fmt} is not readable here ({exc})") from None
-        raise UnusableImage(CORRUPT, f"{fmt} header: {exc}") from None
+    with _pillow_pixel_limit(options.max_pixels):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data), formats=[fmt])
+        except Image.DecompressionBombError as exc:
+            raise UnusableImage(TOO_LARGE, str(exc)) from None
+        except (ValueError, KeyError) as exc:  # Pillow has no plugin for this format
+            raise UnusableImage(UNSUPPORTED, f"{fmt} ({exc})") from None
+        except Exception as exc:  # Pillow raises a variety of errors for a broken header
+            if fmt in ("HEIF", "AVIF"):
+                raise UnusableImage(UNSUPPORTED, f"{fmt} is not readable here ({exc})") from None
+            raise UnusableImage(CORRUPT, f"{fmt} header: {exc}") from None
 
-    width, height = image.size
-    if width * height > options.max_pixels:
-        raise UnusableImage(TOO_LARGE, f"{width}x{height} = {width * height} pixels > limit {options.max_pixels}")
-    if width == 0 or height == 0:
-        raise UnusableImage(CORRUPT, f"{width}x{height} pixels")
-    frames = getattr(image, "n_frames", 1)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            image.load()  # the one full decode; a truncated file raises here
-    except Exception as exc:
-        raise UnusableImage(CORRUPT, f"{fmt}: {exc}") from None
+        width, height = image.size
+        if width * height > options.max_pixels:
+            raise UnusableImage(TOO_LARGE, f"{width}x{height} = {width * height} pixels > limit {options.max_pixels}")
+        if width == 0 or height == 0:
+            raise UnusableImage(CORRUPT, f"{width}x{height} pixels")
+        frames = getattr(image, "n_frames", 1)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                image.load()  # the one full decode; a truncated file raises here
+        except Exception as exc:
+            raise UnusableImage(CORRUPT, f"{fmt}: {exc}") from None
 
     actions: list[str] = []
     if fmt != "JPEG":
