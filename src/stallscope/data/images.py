@@ -121,14 +121,12 @@ def _tf_keeps_jpeg(data: bytes) -> str | None:
     frame = jpeg_frame(data)
     if frame is None:
         return "JPEG without a readable frame header"
-    marker, precision, components = frame
+    marker, precision, _ = frame
     if marker not in _TF_JPEG_FRAMES:
         return f"JPEG frame type 0x{marker:02X} (lossless, arithmetic or hierarchical) TensorFlow cannot decode"
     if precision != 8:
         return f"{precision}-bit JPEG"
-    if components != 3:
-        return None  # reported by the mode check (grayscale, CMYK)
-    return None
+    return None  # other channel counts (grayscale, CMYK) are reported by the mode check
 
 
 @contextlib.contextmanager
