@@ -74,6 +74,7 @@ def test_base_model_accepts_the_seed_meanings():
     (["train", "--dataset_path", "{tree}", "--split", "validation"], "--split"),
     (["train", "--dataset_path", "{tree}", "--accelerator", "emulated:5ms", "--validation_path", "{tree}"],
      "--validation-path"),
+    (["train", "--dataset_path", "{tree}", "--validation_path", "{missing}"], "--validation-path"),
     (["train", "--dataset_path", "{tree}", "--model", "inception_v3", "--image_size", "32"], "at least 75"),
     (["evaluate", "--checkpoint_path", "{tree}", "--dataset_path", "{tree}", "--split", "train"], "no checkpoint"),
     (["evaluate", "--checkpoint_path", "{missing}", "--dataset_path", "{tree}"], "does not exist"),

@@ -195,6 +195,9 @@ def _open_validation(options: TrainOptions, labels: tuple[str, ...]):
     from stallscope.pipeline.sources import open_source
 
     path = options.validation_path
+    if not path.is_dir():  # open_source would name --dataset-path, the training data's flag
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise UsageError(f"--validation-path: {str(path)!r} {problem}")
     try:
         source = open_source(options.source, path, options.validation_split, options.labels_file)
     except UsageError:
