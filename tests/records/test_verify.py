@@ -127,3 +127,15 @@ def test_cli_verify_errors_are_one_line_exit_2(tmp_path, capsys):
     assert main(["verify", str(empty)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "nope" in err[0] and "no manifest.json and no *.tfrecord" in err[1]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"[]\n", "a JSON list; expected an object"),
+    (b"\xff\xfe", "not valid JSON"),
+    (b'{"format": "stallscope-records", "schema": "standard", "labels": [], "splits": []}', "malformed manifest"),
+])
+def test_unreadable_manifest_is_one_line_exit_2(tmp_path, capsys, content, needle):
+    (tmp_path / "manifest.json").write_bytes(content)
+    assert main(["verify", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

@@ -66,7 +66,9 @@ class Manifest:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], *, where: str) -> "Manifest":
+    def from_json(cls, data: Any, *, where: str) -> "Manifest":
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: not a stallscope manifest (a JSON {type(data).__name__}; expected an object)")
         if data.get("format") != FORMAT:
             raise DataError(f"{where}: not a stallscope manifest (format {data.get('format')!r})")
         try:
@@ -79,7 +81,7 @@ class Manifest:
                 options=data.get("options", {}), skipped=tuple(data.get("skipped", ())),
                 repaired=tuple(data.get("repaired", ())), source=data.get("source", ""),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc})") from None
 
 
@@ -89,7 +91,7 @@ def load_manifest(records_dir: Path | str) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(f"{path}: missing; is {str(records_dir)!r} a directory written by `stallscope convert`?") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
         raise DataError(f"{path}: not valid JSON ({exc})") from None
     return Manifest.from_json(data, where=str(path))
 
