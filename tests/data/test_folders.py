@@ -46,6 +46,17 @@ def test_bad_labels_files(tmp_path, text, match):
         read_labels_file(tmp_path / "missing.txt")
 
 
+def test_unreadable_labels_files_are_usage_errors(tmp_path):
+    path = tmp_path / "labels.txt"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(UsageError, match="not a UTF-8 text file"):
+        read_labels_file(path)
+    with pytest.raises(UsageError, match="is a directory"):
+        read_labels_file(tmp_path)
+    with pytest.raises(UsageError, match="cannot read .*Not a directory"):  # a path through a file
+        read_labels_file(path / "labels.txt")
+
+
 def test_every_unplaceable_file_has_a_reason(tmp_path):
     root = tmp_path / "tree"
     _touch(root / "cat" / "a.jpg")

@@ -144,6 +144,14 @@ def test_bad_labels_file_is_one_clear_error(tmp_path, val_images, text, message)
     assert "labels.txt" in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_labels_path_through_a_file_is_one_clear_error(tmp_path, val_images):
+    source = _write_folder(tmp_path / "src", val_images)
+    not_a_folder = tmp_path / "labels.txt"
+    not_a_folder.write_text("n01\n")
+    with pytest.raises(UsageError, match="--labels: cannot read"):
+        prepare_imagenet_val(source, tmp_path / "out", ImagenetValOptions(labels_file=not_a_folder / "x"))
+
+
 def test_every_unplaceable_file_is_reported_with_its_reason(tmp_path, val_images):
     source = _write_folder(tmp_path / "src", val_images)
     (source / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n")

@@ -51,14 +51,24 @@ def _split_order(name: str) -> tuple[int, str]:
     return (SPLIT_NAMES.index(name) if name in SPLIT_NAMES else len(SPLIT_NAMES), name)
 
 
+def read_text_file(path: Path, flag: str, expected: str) -> str:
+    """The text of a UTF-8 file the user named with `flag`; any reason it cannot be read is one line
+    naming the flag, the path and `expected` (what the file should hold)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag}: {str(path)!r} is a directory; expected a text file with {expected}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag}: {str(path)!r} is not a UTF-8 text file; expected {expected}") from None
+    except OSError as exc:  # permission denied, a path through a file, ...
+        raise UsageError(f"{flag}: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+
+
 def read_labels_file(path: Path) -> tuple[str, ...]:
     """One label per line (blank lines and `#` comments ignored); the line order is the index."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"--labels: file {str(path)!r} does not exist") from None
-    except (UnicodeDecodeError, IsADirectoryError) as exc:
-        raise UsageError(f"--labels: {str(path)!r} is not a UTF-8 text file ({exc.__class__.__name__})") from None
+    lines = read_text_file(path, "--labels", "one label per line").splitlines()
     labels = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not labels:
         raise UsageError(f"--labels: {str(path)!r} holds no labels; expected one label per line")

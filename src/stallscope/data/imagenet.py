@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from stallscope.config import require_choice
+from stallscope.data.folders import read_text_file
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
 
@@ -179,14 +180,7 @@ def load_ground_truth(labels_file: Path | None = None) -> GroundTruth:
     """The user's labels file, or the validation ground truth tensorflow-datasets ships."""
     if labels_file is not None:
         path = Path(labels_file)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UsageError(f"--labels: file {str(path)!r} does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(f"--labels: {str(path)!r} is a directory; expected a text file with one synset per line") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"--labels: {str(path)!r} is not a UTF-8 text file; expected one synset per line") from None
+        text = read_text_file(path, "--labels", "one synset per line")
         return parse_ground_truth(text, repr(str(path)))
     resource = _tfds_resource(GROUND_TRUTH_RESOURCE)
     try:
