@@ -17,19 +17,16 @@ import dataclasses
 import hashlib
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
-from stallscope.records.schema import SCHEMAS, Schema
-from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES, masked_crc32c
+from stallscope.records.schema import SCHEMAS, Schema, detect_schema
+from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 
 log = logging.getLogger(__name__)
 
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
 # Larger than any sane record; a bigger length means the header itself is garbage.
 MAX_RECORD_BYTES = 1 << 31
 
@@ -117,8 +114,8 @@ def read_frames(data: bytes) -> Iterator[Frame]:
         if end - offset < HEADER_BYTES:
             raise FrameError("truncated", f"shard ends inside a record header ({end - offset} of {HEADER_BYTES} bytes)", index, offset)
         length_bytes = data[offset:offset + 8]
-        (length,) = _LENGTH.unpack(length_bytes)
-        (length_crc,) = _CRC.unpack_from(data, offset + 8)
+        (length,) = LENGTH.unpack(length_bytes)
+        (length_crc,) = CRC.unpack_from(data, offset + 8)
         if masked_crc32c(length_bytes) != length_crc:
             raise FrameError("length checksum", f"length field checksum mismatch; the remaining {end - offset} bytes cannot be read", index, offset)
         if length > MAX_RECORD_BYTES:
@@ -131,7 +128,7 @@ def read_frames(data: bytes) -> Iterator[Frame]:
                 f"{end - offset} remain", index, offset,
             )
         payload = data[start:stop]
-        (data_crc,) = _CRC.unpack_from(data, stop)
+        (data_crc,) = CRC.unpack_from(data, stop)
         yield Frame(index, offset, payload, masked_crc32c(payload) == data_crc)
         offset = stop + FOOTER_BYTES
         index += 1
@@ -146,16 +143,10 @@ def _shard_files(records_dir: Path) -> list[str]:
 
 
 def _detect(payload: bytes) -> Schema | None:
-    import tensorflow as tf
-
     try:
-        keys = set(tf.train.Example.FromString(payload).features.feature)
-    except Exception:
+        return detect_schema(payload)
+    except Exception:  # not an Example at all, or neither schema's keys
         return None
-    for schema in SCHEMAS.values():
-        if schema.image_key in keys and schema.label_key in keys:
-            return schema
-    return None
 
 
 def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:

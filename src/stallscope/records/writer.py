@@ -18,10 +18,10 @@ from stallscope.records.manifest import ShardInfo
 from stallscope.records.schema import Schema
 
 _MASK_DELTA = 0xA282EAD8
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-HEADER_BYTES = _LENGTH.size + _CRC.size
-FOOTER_BYTES = _CRC.size
+LENGTH = struct.Struct("<Q")  # a frame's length field
+CRC = struct.Struct("<I")  # a frame's masked checksums
+HEADER_BYTES = LENGTH.size + CRC.size
+FOOTER_BYTES = CRC.size
 
 
 def _crc32c_table() -> list[int]:
@@ -58,8 +58,8 @@ def masked_crc32c(data: bytes) -> int:
 
 def frame_record(payload: bytes) -> bytes:
     """One TFRecord frame around `payload`."""
-    length = _LENGTH.pack(len(payload))
-    return b"".join((length, _CRC.pack(masked_crc32c(length)), payload, _CRC.pack(masked_crc32c(payload))))
+    length = LENGTH.pack(len(payload))
+    return b"".join((length, CRC.pack(masked_crc32c(length)), payload, CRC.pack(masked_crc32c(payload))))
 
 
 def _varint(value: int) -> bytes:
