@@ -403,7 +403,7 @@ class _Prober:
         dataset = self._dataset(config).take(COMPUTE_CACHED_BATCHES).cache().repeat()
         options = dataclasses.replace(self._train_options(config, phase, warmup + self.options.probe_steps,
                                                           "compute"), warmup_steps=warmup)
-        result = run_training(options, dataset=dataset)
+        result = run_training(options, dataset=dataset, source=self.source)
         return LoopProbe.from_steps("compute", phase, result.steps)
 
     def end_to_end(self, config: PipelineConfig, phase: str) -> LoopProbe:
@@ -412,7 +412,7 @@ class _Prober:
         warmup = self.options.train.warmup_steps
         steps = warmup + measured_steps(self.options, self.source.num_examples)
         options = dataclasses.replace(self._train_options(config, phase, steps, "end_to_end"), warmup_steps=warmup)
-        result = run_training(options, dataset=self._dataset(config))
+        result = run_training(options, dataset=self._dataset(config), source=self.source)
         return LoopProbe.from_steps("end_to_end", phase, result.steps)
 
 

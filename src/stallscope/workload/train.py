@@ -13,6 +13,8 @@ Library use (the diagnosis calls this for short probes):
 
 `dataset=` feeds a prebuilt `tf.data.Dataset` of (images, one-hot labels) instead of building one
 (e.g. batches cached in memory for a compute-only probe); the source still names the classes.
+`source=` passes the `DataSource` of the options when the caller has opened it already, so a series
+of short runs (the diagnosis' probes) does not scan the data set again for each.
 """
 
 from __future__ import annotations
@@ -239,8 +241,8 @@ class _RealDevice:
         return int(images.shape[0]), loss
 
 
-def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[StepProgress], None] | None = None
-                 ) -> TrainResult:
+def run_training(options: TrainOptions, *, dataset=None, source=None,
+                 on_step: Callable[[StepProgress], None] | None = None) -> TrainResult:
     """Trains (or emulates training) as `options` say; writes the run directory; returns the figures."""
     from stallscope.tfimport import import_tensorflow
 
@@ -252,7 +254,8 @@ def run_training(options: TrainOptions, *, dataset=None, on_step: Callable[[Step
     from stallscope.pipeline.sources import open_source
     from stallscope.workload.checkpoints import CheckpointStore
 
-    source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
+    if source is None:
+        source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
     validation_source = _open_validation(options, source.labels) if options.validation_path else None
     plan = _plan(options, source, dataset is not None)
     run_dir = _make_run_dir(options)
