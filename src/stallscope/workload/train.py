@@ -33,6 +33,7 @@ from stallscope import __version__
 from stallscope.config import json_ready, require_choice, require_non_negative, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.sources import SOURCE_KINDS
 from stallscope.workload import rundir
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
 from stallscope.workload.models import MODELS, ModelSpec, parse_fine_tune, parse_weights
@@ -42,7 +43,6 @@ from stallscope.workload.timing import StepClock, StepStats, format_step_line, s
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("files", "records")
 DEFAULT_RUNS_DIR = Path("runs")
 
 
