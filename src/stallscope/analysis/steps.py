@@ -30,6 +30,7 @@ from stallscope.analysis.xplane import Event, Profile, ps_to_ms
 from stallscope.errors import DataError
 from stallscope.verdict import verdict_for
 from stallscope.workload.rundir import StepRecord
+from stallscope.workload.timing import measured_steps, percentile
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Spread:
         ordered = sorted(values)
         mean = sum(ordered) / len(ordered)
         std = math.sqrt(sum((v - mean) ** 2 for v in ordered) / len(ordered))
-        return cls(mean=mean, p50=_percentile(ordered, 0.5), p90=_percentile(ordered, 0.9), std=std)
+        return cls(mean=mean, p50=percentile(ordered, 50), p90=percentile(ordered, 90), std=std)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +151,7 @@ def step_breakdown(profile: Profile) -> StepBreakdown:
 
 def run_timing(records: Sequence[StepRecord]) -> RunTiming | None:
     """Summary of steps.csv without warm-up steps; None when the run has no measured step."""
-    measured = [r for r in records if not r.warmup] or list(records)
+    measured = measured_steps(records)
     if not measured:
         return None
     total_step = sum(r.step_ms for r in measured)
@@ -232,12 +233,3 @@ def _union_ps(events: Sequence[Event], start_ps: int, end_ps: int) -> int:
             total += end - begin
             reach = end
     return total
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    if len(ordered) == 1:
-        return ordered[0]
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
