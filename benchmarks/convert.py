@@ -33,6 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from stallscope.config import usable_cores  # noqa: E402  (after the log level, which the package also sets)
+
 VARIANTS = ("stallscope", "seed-002", "copy", "decode-only")
 
 
@@ -185,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--images-per-class", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workers", type=int, default=usable_cores())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold")
     parser.add_argument("--work", default="bench-output/convert", help="scratch directory")
@@ -203,7 +205,7 @@ def main() -> None:
     files = input_files(src)
     n_images, n_bytes = len(files), sum(p.stat().st_size for p in files)
     print(f"data set: {n_images} JPEGs, {n_bytes / 1e6:.1f} MB (mean {n_bytes / n_images / 1e3:.0f} KB), "
-          f"{args.workers} worker(s), {os.cpu_count()} core(s), page cache {args.cache}, median of {args.repeats}")
+          f"{args.workers} worker(s), {usable_cores()} core(s), page cache {args.cache}, median of {args.repeats}")
     variants = [v for v in args.variants.split(",") if v]
     medians = {}
     for variant in variants:

@@ -209,6 +209,12 @@ def test_options_reject_bad_values(kwargs, match, tmp_path):
         ConvertOptions(tmp_path, tmp_path / "out", **kwargs)
 
 
+def test_default_workers_are_the_cores_this_process_may_use(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert ConvertOptions(tmp_path, tmp_path / "out").resolved_workers == 3  # not os.cpu_count()
+    assert ConvertOptions(tmp_path, tmp_path / "out", workers=5).resolved_workers == 5
+
+
 def test_cli_convert_seed_flags_and_summary(tiny_tree, tmp_path, capsys):
     out = tmp_path / "tfrecords"
     rc = main(["convert", f"--dataset_path={tiny_tree}", "--size_per_record", "1M", f"--output_path={out}", "--workers", "1"])

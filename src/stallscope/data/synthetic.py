@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.config import require_positive, to_dict
+from stallscope.config import require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
 
@@ -448,7 +448,7 @@ def _measure(path: Path) -> tuple[int, int, int] | None:
 
 def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], progress: Callable[[int], None]):
     """Renders in worker processes (spawned: safe beside a loaded TensorFlow) when worth it."""
-    workers = min(options.workers or len(os.sched_getaffinity(0)), max(1, len(jobs) // 8))
+    workers = min(options.workers or usable_cores(), max(1, len(jobs) // 8))
     if workers <= 1:
         for job in jobs:
             yield _render_to_file(output, options, job)

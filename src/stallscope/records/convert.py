@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from stallscope.config import require_choice, require_positive, to_dict
+from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
 from stallscope.data.folders import ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
@@ -93,7 +93,7 @@ class ConvertOptions:
 
     @property
     def resolved_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or usable_cores()
 
 
 @dataclasses.dataclass(frozen=True)

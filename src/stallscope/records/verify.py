@@ -16,10 +16,10 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from stallscope.config import usable_cores
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
@@ -197,7 +197,7 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
     num_labels = len(manifest.labels) if manifest is not None else None
     decode_one = _decoder(jpeg_only=manifest is not None) if decode else None
     checks: list[ShardCheck] = []
-    with concurrent.futures.ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(threads or usable_cores()) as pool:
         for name in order:
             path = records_dir / name
             if not path.is_file():
