@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import os
 import statistics
 import sys
@@ -33,12 +32,13 @@ from pathlib import Path
 from stallscope.tfimport import import_tensorflow  # noqa: E402
 
 tf = import_tensorflow()  # quietly, also in the converter's spawned workers that re-import this file
-from PIL import Image  # noqa: E402
 
+from stallscope.analysis.iostats import warm_page_cache  # noqa: E402
 from stallscope.pipeline.builder import build_dataset, build_decode_limit_dataset  # noqa: E402
 from stallscope.pipeline.describe import pipeline_as_run  # noqa: E402
 from stallscope.pipeline.presets import get_preset  # noqa: E402
 from stallscope.pipeline.sources import DataSource, open_source  # noqa: E402
+from stallscope.records.convert import ConvertOptions, convert_tree  # noqa: E402
 
 IMAGE_SIZE = 224
 BATCH_SIZE = 32
@@ -54,57 +54,10 @@ def make_images(root: Path, images_per_class: int) -> Path:
 
 
 def write_records(source: DataSource, out: Path, max_side: int | None) -> Path:
-    """TFRecords of the source's images, via `stallscope convert` when available."""
-    try:
-        from stallscope.records.convert import ConvertOptions, convert_tree
-    except ImportError:
-        return _write_records_here(source, out, max_side)
+    """TFRecords of the source's images, as `stallscope convert` writes them."""
     convert_tree(ConvertOptions(dataset_path=source.path, output_path=out, size_per_record=SHARD_BYTES,
                                 max_side=max_side))
     return out
-
-
-def _write_records_here(source: DataSource, out: Path, max_side: int | None) -> Path:
-    """Fallback: standard-schema shards of ~8 MB with a manifest, same layout as `convert`."""
-    from stallscope.records.manifest import Manifest, ShardInfo, SplitInfo, save_manifest
-    from stallscope.records.schema import STANDARD, encode_example
-    from stallscope.records.writer import file_sha256
-
-    out.mkdir(parents=True, exist_ok=True)
-    payloads = []
-    for path, label in zip(source.files, source.file_labels):
-        data = path.read_bytes()
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if max_side and max(width, height) > max_side:
-                image = image.convert("RGB")
-                image.thumbnail((max_side, max_side), Image.BILINEAR)
-                buffer = io.BytesIO()
-                image.save(buffer, "JPEG", quality=90)
-                data, (width, height) = buffer.getvalue(), image.size
-        payloads.append(encode_example(
-            STANDARD, image=data, label=label, filename=path.name.encode(),
-            label_text=source.labels[label].encode(), height=height, width=width,
-        ))
-    total = sum(len(p) for p in payloads)
-    count = max(1, round(total / SHARD_BYTES))
-    shards = []
-    for index in range(count):
-        name = f"train-{index:05d}-of-{count:05d}.tfrecord"
-        with tf.io.TFRecordWriter(str(out / name)) as writer:
-            records = payloads[index::count]  # synthetic files are class-sorted: stripe them
-            for payload in records:
-                writer.write(payload)
-        shards.append(ShardInfo(name, len(records), (out / name).stat().st_size, file_sha256(out / name)))
-    split = SplitInfo(len(payloads), tuple(shards))
-    save_manifest(out, Manifest(schema="standard", labels=source.labels, splits={"train": split},
-                                options={"max_side": max_side}))
-    return out
-
-
-def warm_page_cache(source: DataSource) -> None:
-    for path in source.files:
-        path.read_bytes()
 
 
 @dataclasses.dataclass
@@ -148,7 +101,7 @@ def time_epochs(dataset, batches_per_epoch: int, epochs: int) -> tuple[float, fl
 
 def measure_pipeline(config, source: DataSource, epochs: int, into: Measurement | None = None) -> Measurement:
     into = into or Measurement()
-    warm_page_cache(source)
+    warm_page_cache(source.files)
     dataset = build_dataset(config, source, repeat=True)
     rate, cpu_ms = time_epochs(dataset, max(1, source.num_examples // config.batch_size), epochs)
     into.rates.append(rate)
