@@ -1,6 +1,7 @@
 """Benchmark: what the training loop's own measuring costs, through `run_training` itself.
 
-In one run, over the same generated JPEGs (ImageNet-like 500x375) and an emulated device:
+In one run, over the built-in synthetic data set (photo-like JPEGs of about 500x375) and an
+emulated device:
 - profiling overhead: mean step time of a run profiled over all its measured steps vs the same run
   unprofiled (target: under 5% slower), in alternating rounds so machine noise hits both alike;
 - emulated accuracy: the emulated compute per step vs the speed asked for (the wait's overshoot);
@@ -11,28 +12,9 @@ Prints ratios against the baselines measured here.
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import tempfile
 from pathlib import Path
-
-import numpy as np
-from PIL import Image
-
-
-def make_tree(root: Path, classes: int, per_class: int) -> Path:
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        folder = root / f"class_{c:02d}"
-        folder.mkdir(parents=True)
-        for i in range(per_class):
-            y, x = np.mgrid[0:375, 0:500]
-            pixels = rng.uniform(0, 255, 3) + x[..., None] * rng.uniform(-0.4, 0.4, 3) \
-                + y[..., None] * rng.uniform(-0.4, 0.4, 3) + rng.normal(0, 20, (375, 500, 3))
-            buffer = io.BytesIO()
-            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-            (folder / f"img_{i:03d}.jpg").write_bytes(buffer.getvalue())
-    return root
 
 
 def main() -> None:
@@ -42,11 +24,13 @@ def main() -> None:
     parser.add_argument("--device-ms", type=float, default=40.0, help="emulated step time (ms)")
     args = parser.parse_args()
 
+    from stallscope.data.synthetic import SyntheticOptions, make_synthetic
     from stallscope.pipeline.presets import get_preset
     from stallscope.workload.train import TrainOptions, run_training
 
     with tempfile.TemporaryDirectory() as tmp:
-        tree = make_tree(Path(tmp) / "data", classes=4, per_class=40)
+        tree = Path(tmp) / "data"
+        make_synthetic(tree, SyntheticOptions(classes=4, images_per_class=40, validation_fraction=0.0))
         pipeline = get_preset("tuned").replace(batch_size=16, shuffle_buffer=64)
         warmup = 5
 
