@@ -25,6 +25,13 @@ def add_flag(parser: argparse._ActionsContainer, name: str, *extra: str, **kwarg
     return parser.add_argument(*spellings, **kwargs)
 
 
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    """--debug and -v on a subcommand (or a subcommand's kind). Their default is left unset, so a flag
+    given before the subcommand is not reset by the subcommand's parser."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress details")
+
+
 def _type_error(expected: str, text: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
 

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from stallscope import __version__
+from stallscope.cli.flags import add_common_flags
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
 
@@ -42,21 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for name, module_name, help_text in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # a subcommand not built yet in this checkout
+        module = importlib.import_module(module_name)
         command = sub.add_parser(
             name, help=help_text, description=(module.__doc__ or help_text).strip(),
-            parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        add_common_flags(command)
         module.add_parser(command)
         command.set_defaults(handler=module.run)
     return parser

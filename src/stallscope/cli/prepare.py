@@ -29,11 +29,6 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     _add_synthetic(kinds)
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
-    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress details")
-
-
 def _add_imagenet_val(kinds) -> None:
     parser = kinds.add_parser(
         "imagenet-val",
@@ -56,7 +51,7 @@ def _add_imagenet_val(kinds) -> None:
     how.add_argument("--link", dest="mode", action="store_const", const="link",
                      help="hard-link the files of a SOURCE folder (symbolic link across file systems); saves the space")
     parser.set_defaults(mode="copy", kind_run=_run_imagenet_val)
-    _add_common(parser)
+    flags.add_common_flags(parser)
 
 
 def _add_synthetic(kinds) -> None:
@@ -87,7 +82,7 @@ def _add_synthetic(kinds) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a synthetic data set made with other parameters in DIR")
     parser.set_defaults(kind_run=_run_synthetic)
-    _add_common(parser)
+    flags.add_common_flags(parser)
 
 
 def _fraction(text: str) -> float:
