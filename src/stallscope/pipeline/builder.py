@@ -200,11 +200,10 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
 
 
 def _cycle_length(config: PipelineConfig) -> int:
+    """The interleave's cycle length; only called when one of the two knobs is set."""
     if config.interleave_cycle_length is not None:
         return int(config.interleave_cycle_length)
-    if config.read_parallelism is not None:
-        return int(config.read_parallelism)
-    return tf.data.AUTOTUNE
+    return int(config.read_parallelism)
 
 
 def _cache(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:

@@ -16,6 +16,7 @@ from stallscope.config import require_choice
 from stallscope.data.folders import DEFAULT_SPLIT, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
+from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -184,13 +185,14 @@ def count_records(shard: Path) -> int:
     with open(shard, "rb") as handle:
         offset = 0
         while offset < size:
+            start = offset
             header = handle.read(8)
             if len(header) < 8:
-                raise DataError(f"{shard}: truncated record header at byte {offset}")
+                raise DataError(f"{shard}: truncated record header at byte {start}")
             (length,) = struct.unpack("<Q", header)
-            offset += 12 + length + 4
+            offset += HEADER_BYTES + length + FOOTER_BYTES
             if offset > size:
-                raise DataError(f"{shard}: truncated record at byte {offset - 16 - length}")
+                raise DataError(f"{shard}: truncated record at byte {start}")
             handle.seek(offset)
             count += 1
     return count
