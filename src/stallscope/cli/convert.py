@@ -15,9 +15,9 @@ examples:
 from __future__ import annotations
 
 import argparse
-import sys
 
 from stallscope.cli.flags import add_flag, byte_size, existing_file, non_negative_int, positive_int
+from stallscope.cli.progress import ProgressBar
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -66,31 +66,7 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         seed=args.seed,
     )
-    bar = _ProgressBar(enabled=not args.no_progress and sys.stderr.isatty())
-    try:
-        report = convert_tree(options, progress=bar.update)
-    finally:
-        bar.close()
+    with ProgressBar("convert", enabled=not args.no_progress) as bar:
+        report = convert_tree(options, progress=bar.to)
     print("\n".join(format_summary(report)))
     return 0
-
-
-class _ProgressBar:
-    """A tqdm bar created on the first update, when the total is known; nothing when not a terminal."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._bar = None
-
-    def update(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
-        self._bar.update(done - self._bar.n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()

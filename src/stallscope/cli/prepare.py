@@ -14,10 +14,10 @@ examples:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from stallscope.cli import flags
+from stallscope.cli.progress import ProgressBar
 from stallscope.errors import DataError
 
 _MAX_LISTED = 10  # unplaced files listed on screen; prepare.json lists every one
@@ -111,39 +111,12 @@ def run(args: argparse.Namespace) -> int:
     return args.kind_run(args)
 
 
-class _ProgressBar:
-    """A tqdm bar on stderr, only when stderr is a terminal; created on the first report."""
-
-    def __init__(self, description: str):
-        self._description = description
-        self._bar = None
-        self._enabled = sys.stderr.isatty()
-
-    def __call__(self, amount: int, total: int | None, unit: str) -> None:
-        if not self._enabled:
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-
-            scale = unit == "B"
-            self._bar = tqdm(total=total, desc=self._description, unit=unit, unit_scale=scale,
-                             unit_divisor=1024 if scale else 1000, leave=False, file=sys.stderr)
-        self._bar.update(amount)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _run_imagenet_val(args: argparse.Namespace) -> int:
     from stallscope.data.imagenet import ImagenetValOptions, REPORT_NAME, prepare_imagenet_val
 
     options = ImagenetValOptions(labels_file=args.labels, mode=args.mode)
-    bar = _ProgressBar("sorting")
-    try:
+    with ProgressBar("sorting") as bar:
         report = prepare_imagenet_val(args.source, args.output, options, progress=bar)
-    finally:
-        bar.close()
     rate = (report.placed + report.in_place) / report.seconds if report.seconds > 0 else 0.0
     how = {"extract": "tar stream", "copy": "folder, copied", "link": "folder, linked"}[report.mode]
     print(f"ILSVRC2012 validation images sorted into {report.output}/{{synset}}/")
@@ -177,11 +150,8 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         validation_fraction=args.validation_fraction, seed=args.seed, quality=args.quality,
         long_side=args.long_side, workers=args.workers,
     )
-    bar = _ProgressBar("rendering")
-    try:
+    with ProgressBar("rendering") as bar:
         report = make_synthetic(args.output, options, overwrite=args.overwrite, progress=bar)
-    finally:
-        bar.close()
     splits = ", ".join(f"{split} {count}" for split, count in report.images_per_split.items())
     smallest, mean, largest = report.file_bytes
     print(f"synthetic data set in {report.output}/{{split}}/{{label}}/")
