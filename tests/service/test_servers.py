@@ -57,3 +57,19 @@ def test_data_service_address_is_validated():
     assert PipelineConfig(data_service="localhost:5050").data_service == "grpc://localhost:5050"
     with pytest.raises(UsageError, match="--data-service"):
         PipelineConfig(data_service="nowhere")
+
+
+def test_ports_out_of_range_are_refused_not_wrapped():
+    with pytest.raises(UsageError, match="port: expected a port in 0..65535"):
+        servers.ServiceOptions(port=70000)
+    with pytest.raises(UsageError, match="port: expected a port in 0..65535"):
+        servers.start_dispatcher(70000)  # gRPC would listen on 70000 - 65536 = 4464
+    with pytest.raises(UsageError, match="--data-service"):
+        servers.normalize_address("localhost:70000")
+
+
+def test_serve_worker_names_the_dispatcher_flag_in_its_error():
+    result = subprocess.run([sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", "localhost"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--dispatcher: expected HOST:PORT" in result.stderr.strip().splitlines()[-1]

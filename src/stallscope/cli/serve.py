@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.dispatcher:
             raise UsageError("--dispatcher: role worker needs the dispatcher's HOST:PORT")
         server = servers.start_worker(args.dispatcher, args.port)
-        print(f"tf.data service worker registered with {servers.normalize_address(args.dispatcher)}", flush=True)
+        print(f"tf.data service worker registered with {servers.normalize_address(args.dispatcher, '--dispatcher')}", flush=True)
         _wait_for_signal()
         server.stop()
     else:

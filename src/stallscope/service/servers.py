@@ -17,10 +17,18 @@ import sys
 import time
 from collections.abc import Iterator
 
-from stallscope.config import require_non_negative, require_positive
+from stallscope.config import require_positive
 from stallscope.errors import UsageError
 
 log = logging.getLogger(__name__)
+
+MAX_PORT = 65535
+
+
+def require_port(name: str, value: object) -> None:
+    """A TCP port to listen on: 0 (a free one) to 65535. gRPC would wrap a larger number silently."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PORT:
+        raise UsageError(f"{name}: expected a port in 0..{MAX_PORT} (0 picks a free one), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,19 +40,20 @@ class ServiceOptions:
     worker_port: int = 0
 
     def __post_init__(self) -> None:
-        require_non_negative("port", self.port)
+        require_port("port", self.port)
         require_positive("workers", self.workers)
-        require_non_negative("worker_port", self.worker_port)
+        require_port("worker_port", self.worker_port)
 
 
-def normalize_address(address: str) -> str:
-    """'host:port' or 'grpc://host:port' -> 'grpc://host:port'; anything else is a one-line error."""
+def normalize_address(address: str, flag: str = "--data-service") -> str:
+    """'host:port' or 'grpc://host:port' -> 'grpc://host:port'; anything else is a one-line error
+    naming `flag`, the option the address came from."""
     text = address.strip()
     if not text.startswith("grpc://"):
         text = "grpc://" + text
     host, _, port = text[len("grpc://"):].rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--data-service: expected HOST:PORT or grpc://HOST:PORT, got {address!r}")
+    if not host or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
+        raise UsageError(f"{flag}: expected HOST:PORT or grpc://HOST:PORT (port 1..{MAX_PORT}), got {address!r}")
     return text
 
 
@@ -52,6 +61,7 @@ def start_dispatcher(port: int = 0):
     """An in-process dispatcher; its `.target` is the grpc:// address workers and jobs use."""
     import tensorflow as tf
 
+    require_port("port", port)
     config = tf.data.experimental.service.DispatcherConfig(port=port)
     return tf.data.experimental.service.DispatchServer(config)
 
@@ -60,7 +70,8 @@ def start_worker(dispatcher_address: str, port: int = 0):
     """An in-process worker registered with the dispatcher (address without grpc://)."""
     import tensorflow as tf
 
-    address = normalize_address(dispatcher_address)[len("grpc://"):]
+    require_port("port", port)
+    address = normalize_address(dispatcher_address, "--dispatcher")[len("grpc://"):]
     config = tf.data.experimental.service.WorkerConfig(dispatcher_address=address, port=port)
     return tf.data.experimental.service.WorkerServer(config)
 
