@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
@@ -72,7 +73,7 @@ def read_labels_file(path: Path) -> tuple[str, ...]:
     labels = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not labels:
         raise UsageError(f"--labels: {str(path)!r} holds no labels; expected one label per line")
-    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    duplicates = sorted(label for label, n in Counter(labels).items() if n > 1)
     if duplicates:
         raise UsageError(f"--labels: {str(path)!r} lists {duplicates[0]!r} more than once")
     return tuple(labels)
