@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.config import require_positive, to_dict, usable_cores
+from stallscope.config import from_dict, require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
 
@@ -294,9 +294,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _options_from(data: dict[str, Any], where: Path) -> SyntheticOptions:
     try:
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()}
-        return SyntheticOptions(**values)
-    except (KeyError, TypeError, AttributeError, UsageError) as exc:
+        return from_dict(SyntheticOptions, data.get("options"), source="options")
+    except (TypeError, UsageError) as exc:
         raise DataError(f"{where}: unreadable options ({exc})") from None
 
 
