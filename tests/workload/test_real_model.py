@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from stallscope.errors import UsageError
 from stallscope.workload.checkpoints import CheckpointStore, list_checkpoints
 from stallscope.workload.evaluate import EvaluateOptions, evaluate_latest, watch
 from stallscope.workload.models import ModelSpec
@@ -111,3 +112,13 @@ def test_resume_after_sigkill_continues_the_step_and_optimizer(split_tree, tmp_p
     store = CheckpointStore(ckpt, model=model, optimizer=device.optimizer)
     assert store.restore_latest() == 120
     assert int(device.optimizer.iterations.numpy()) == 120  # Adam's state came back, not restarted at 0
+
+
+def test_validation_path_without_a_validation_split_is_refused(image_tree_factory, make_pipeline, tmp_path):
+    """A tree with train/test splits must not silently validate on its training images."""
+    train_tree = image_tree_factory(classes=2, per_class=2)
+    other = image_tree_factory(classes=2, per_class=2, splits=("train", "test"))
+    options = TrainOptions(source="files", dataset_path=train_tree, validation_path=other, steps=1,
+                           pipeline=make_pipeline("seed"), model="mobilenet", alpha=0.25, log_path=tmp_path / "run")
+    with pytest.raises(UsageError, match=r"--validation-path: .* has no 'validation' split; it has train, test"):
+        run_training(options)

@@ -72,6 +72,19 @@ def open_source(kind: str, path, split: str = DEFAULT_SPLIT, labels_file=None) -
     return _open_records(path, split, labels)
 
 
+def available_splits(kind: str, path) -> tuple[str, ...]:
+    """The splits a tree or records directory holds; a plain {label}/* tree is one split, "train"."""
+    require_choice("source", kind, SOURCE_KINDS)
+    path = Path(path)
+    if kind == "files":
+        tree = scan_tree(path)
+        return tree.splits if tree.has_splits else (DEFAULT_SPLIT,)
+    if (path / MANIFEST_NAME).exists():
+        return tuple(load_manifest(path).splits)
+    prefixed = sorted({p.name.split("-", 1)[0] for p in path.glob(f"*-*{RECORD_SUFFIX}")})
+    return tuple(prefixed) or (DEFAULT_SPLIT,)
+
+
 def _open_files(root: Path, split: str, labels: tuple[str, ...] | None) -> DataSource:
     tree = scan_tree(root, labels)
     available = tree.splits if tree.has_splits else (DEFAULT_SPLIT,)

@@ -194,18 +194,22 @@ def _plan(options: TrainOptions, source, given_dataset: bool) -> _Plan:
 
 
 def _open_validation(options: TrainOptions, labels: tuple[str, ...]):
-    from stallscope.pipeline.sources import open_source
+    from stallscope.data.folders import DEFAULT_SPLIT
+    from stallscope.pipeline.sources import available_splits, open_source
 
     path = options.validation_path
     if not path.is_dir():  # open_source would name --dataset-path, the training data's flag
         problem = "is not a directory" if path.exists() else "does not exist"
         raise UsageError(f"--validation-path: {str(path)!r} {problem}")
-    try:
-        source = open_source(options.source, path, options.validation_split, options.labels_file)
-    except UsageError:
-        if path.resolve() == options.dataset_path.resolve():
-            raise
-        source = open_source(options.source, path, "train", options.labels_file)  # a plain {label}/* tree
+    splits = available_splits(options.source, path)
+    if options.validation_split in splits:
+        split = options.validation_split
+    elif splits == (DEFAULT_SPLIT,) and path.resolve() != options.dataset_path.resolve():
+        split = DEFAULT_SPLIT  # a plain {label}/* tree given as --validation-path: all of it validates
+    else:
+        raise UsageError(f"--validation-path: {str(path)!r} has no {options.validation_split!r} split; it has "
+                         f"{', '.join(splits)} (training images must not validate the model)")
+    source = open_source(options.source, path, split, options.labels_file)
     if tuple(source.labels) != tuple(labels):
         raise DataError(f"--validation-path: {path} has labels {list(source.labels)[:5]}... that differ from the "
                         f"training split's {list(labels)[:5]}...; give both the same --labels-file")
