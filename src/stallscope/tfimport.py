@@ -13,7 +13,8 @@ import sys
 
 
 @contextlib.contextmanager
-def _stderr_fd_silenced():
+def stderr_fd_silenced():
+    """Hides what C++ code writes straight to file descriptor 2 (Python's sys.stderr too) meanwhile."""
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -30,7 +31,7 @@ def import_tensorflow():
     """Returns the tensorflow module, imported with its C++ start-up notices hidden."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    with _stderr_fd_silenced():
+    with stderr_fd_silenced():
         import tensorflow
         # Keras and the first device query print more notices; trigger them here too.
         tensorflow.config.list_physical_devices()

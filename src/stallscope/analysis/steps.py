@@ -15,19 +15,17 @@ Definition, aligned with XProf's Input Pipeline Analyzer (TensorBoard's Profile 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import json
 import logging
 import math
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from stallscope.analysis.xplane import Event, Profile, ps_to_ms
 from stallscope.errors import DataError
+from stallscope.tfimport import stderr_fd_silenced
 from stallscope.verdict import verdict_for
 from stallscope.workload.rundir import StepRecord
 from stallscope.workload.timing import measured_steps, percentile
@@ -178,27 +176,13 @@ def xprof_figure(profile_path: Path) -> XprofFigure:
     except ImportError as exc:
         return XprofFigure(None, 0, None, "", error=f"xprof is not installed ({exc})")
     try:
-        with _quiet_stderr():
+        with stderr_fd_silenced():  # xprof's C++ converter logs a dozen INFO lines to fd 2 per call
             raw = raw_to_tool_data.xspace_to_tool_data([str(profile_path)], "input_pipeline_analyzer", {})
         data = json.loads(raw[0] if isinstance(raw, tuple) else raw)
         return _read_xprof_tables(data)
     except Exception as exc:  # xprof's converter raises anything from C++; keep the analysis going
         log.warning("xprof could not analyse %s: %s", profile_path, exc)
         return XprofFigure(None, 0, None, "", error=f"xprof failed: {exc}")
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """xprof's C++ converter logs a dozen INFO lines to fd 2 per call; keep the report readable."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _read_xprof_tables(data: Any) -> XprofFigure:
