@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from stallscope.errors import UsageError
+from stallscope.errors import DataError, UsageError
 from stallscope.service import servers
 
 
@@ -73,3 +73,19 @@ def test_serve_worker_names_the_dispatcher_flag_in_its_error():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "--dispatcher: expected HOST:PORT" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_worker_process_that_dies_before_registering_is_an_error_not_a_hang(tmp_path):
+    import tempfile
+
+    dispatcher = servers.start_dispatcher()
+    log_file = tempfile.TemporaryFile()
+    dying = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('cannot start\\n'); sys.exit(3)"],
+                             stderr=log_file)
+    try:
+        with pytest.raises(DataError, match="exited with code 3 before registering: cannot start"):
+            servers._wait_for_workers(dispatcher, [dying], [log_file], timeout_s=60)
+    finally:
+        dying.wait()
+        log_file.close()
+        dispatcher.stop()

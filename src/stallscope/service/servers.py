@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
 from stallscope.config import require_positive
-from stallscope.errors import UsageError
+from stallscope.errors import DataError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,16 @@ def require_port(name: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ServiceOptions:
-    """port: dispatcher port (0 picks a free one); workers: worker processes to start beside it."""
+    """port: dispatcher port (0 picks a free one); workers: worker processes to start beside it;
+    startup_timeout_s: how long the workers may take to register (TensorFlow import included)."""
 
     port: int = 0
     workers: int = 1
-    worker_port: int = 0
+    startup_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         require_port("port", self.port)
         require_positive("workers", self.workers)
-        require_port("worker_port", self.worker_port)
 
 
 def normalize_address(address: str, flag: str = "--data-service") -> str:
@@ -89,13 +90,15 @@ def local_service(options: ServiceOptions = ServiceOptions()) -> Iterator[str]:
     """
     dispatcher = start_dispatcher(options.port)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    logs = [tempfile.TemporaryFile() for _ in range(options.workers)]
     children = [
         subprocess.Popen(worker_command(dispatcher.target), env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(options.workers)
+                         stdout=subprocess.DEVNULL, stderr=log_file)
+        for log_file in logs
     ]
     log.info("tf.data service at %s with %d worker process(es)", dispatcher.target, len(children))
     try:
+        _wait_for_workers(dispatcher, children, logs, options.startup_timeout_s)
         yield dispatcher.target
     finally:
         for child in children:
@@ -107,7 +110,27 @@ def local_service(options: ServiceOptions = ServiceOptions()) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        for log_file in logs:
+            log_file.close()
         dispatcher.stop()
+
+
+def _wait_for_workers(dispatcher, children, logs, timeout_s: float) -> None:
+    """Returns once every worker process has registered; a worker that dies first is an error, not
+    a job that waits forever for a worker that will never come."""
+    count = getattr(dispatcher, "_num_workers", None)
+    deadline = time.monotonic() + timeout_s
+    while count is not None and count() < len(children):
+        for child, log_file in zip(children, logs):
+            if child.poll() is not None:
+                log_file.seek(0)
+                lines = log_file.read().decode("utf-8", "replace").strip().splitlines()
+                raise DataError(f"tf.data service worker process exited with code {child.returncode} before "
+                                f"registering: {lines[-1] if lines else 'no output'}")
+        if time.monotonic() > deadline:
+            raise DataError(f"tf.data service: {count()} of {len(children)} worker process(es) registered "
+                            f"within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def distribute(dataset, target: str, *, job_name: str | None = None):
