@@ -91,3 +91,22 @@ def test_missing_or_empty_roots(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no class folders"):
         scan_tree(tmp_path / "empty")
+
+
+def test_an_unreadable_class_folder_is_reported_not_lost(image_tree_factory, monkeypatch):
+    """Root reads every folder here, so the kernel's EACCES is injected at os.scandir for one folder."""
+    import os
+
+    root = image_tree_factory(classes=2, per_class=2)
+    locked = root / "class_01"
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == os.fspath(locked):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    tree = scan_tree(root)
+    assert {f.label_text for f in tree.files} == {"class_00"}
+    assert [(s.path, s.reason) for s in tree.skipped] == [(locked, "unreadable folder (Permission denied)")]

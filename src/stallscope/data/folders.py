@@ -83,9 +83,17 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def _walk_files(folder: Path):
-    """Every non-directory entry below `folder`, sorted, following no directory links twice."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+UNREADABLE_FOLDER = "unreadable folder"
+
+
+def _walk_files(folder: Path, unreadable: list[SkippedFile]):
+    """Every non-directory entry below `folder`, sorted, following no directory links twice. A
+    folder that cannot be listed goes to `unreadable`, so its files are reported, not lost."""
+
+    def report(error: OSError) -> None:
+        unreadable.append(SkippedFile(Path(error.filename or folder), f"{UNREADABLE_FOLDER} ({error.strerror or error})"))
+
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False, onerror=report):
         dirnames.sort()
         for name in sorted(filenames):
             yield Path(dirpath) / name
@@ -105,23 +113,31 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
         raise UsageError(f"dataset path {str(root)!r} does not exist")
     if not root.is_dir():
         raise UsageError(f"dataset path {str(root)!r} is not a directory; expected a {{label}}/* or {{split}}/{{label}}/* tree")
-    entries = sorted(root.iterdir())
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        raise UsageError(f"dataset path {str(root)!r} cannot be listed ({exc.strerror or exc})") from None
     subdirs = [e for e in entries if e.is_dir() and not e.is_symlink() and not _is_hidden(e.name)]
     skipped: list[SkippedFile] = []
     has_splits = _is_split_layout(root, subdirs)
     class_dirs: list[tuple[str, Path]] = []  # (split, class folder)
     if has_splits:
         for split_dir in subdirs:
-            for entry in sorted(split_dir.iterdir()):
+            try:
+                split_entries = sorted(split_dir.iterdir())
+            except OSError as exc:
+                skipped.append(SkippedFile(split_dir, f"{UNREADABLE_FOLDER} ({exc.strerror or exc})"))
+                continue
+            for entry in split_entries:
                 if entry.is_dir() and not entry.is_symlink() and not _is_hidden(entry.name):
                     class_dirs.append((split_dir.name, entry))
                 else:
-                    skipped.extend(_unplaceable(entry, "not inside a class folder"))
+                    skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
     else:
         class_dirs = [(DEFAULT_SPLIT, d) for d in subdirs]
     for entry in entries:
         if entry not in subdirs:
-            skipped.extend(_unplaceable(entry, "not inside a class folder"))
+            skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
 
     folder_labels = sorted({d.name for _, d in class_dirs})
     if labels is None:
@@ -137,7 +153,7 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
 
     files: list[ImageFile] = []
     for split, class_dir in class_dirs:
-        for path in _walk_files(class_dir):
+        for path in _walk_files(class_dir, skipped):
             reason = _unusable_reason(path, class_dir)
             if reason:
                 skipped.append(SkippedFile(path, reason))
@@ -148,10 +164,10 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
     return FolderTree(root, tuple(labels), tuple(files), tuple(skipped), has_splits)
 
 
-def _unplaceable(entry: Path, reason: str) -> list[SkippedFile]:
+def _unplaceable(entry: Path, reason: str, unreadable: list[SkippedFile]) -> list[SkippedFile]:
     if entry.is_dir() and not entry.is_symlink():
         # files of a hidden folder (.git, .Trash) are "hidden file", the rest keep the given reason
-        return [SkippedFile(p, _unusable_reason(p, entry.parent) or reason) for p in _walk_files(entry)]
+        return [SkippedFile(p, _unusable_reason(p, entry.parent) or reason) for p in _walk_files(entry, unreadable)]
     return [SkippedFile(entry, _unusable_reason(entry, entry.parent) or reason)]
 
 
