@@ -36,9 +36,9 @@ from stallscope.cli import flags
 from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_preset
 from stallscope.workload.models import MODELS
 
-OFF = "off"  # a knob value that switches the stage off (None in PipelineConfig)
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "0"}
 _DEFAULT_PRESET = "tuned"
@@ -92,7 +92,6 @@ def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
 
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
     """--pipeline PRESET, --pipeline-config FILE and one flag per PipelineConfig knob."""
-    from stallscope.pipeline.presets import PRESETS
 
     group = parser.add_argument_group("input pipeline (a preset, then single knobs override it)")
     flags.add_flag(group, "pipeline", choices=sorted(PRESETS), default=None,
@@ -110,18 +109,12 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineConfig:
     """The preset (or --pipeline-config file) with the knob flags the user gave applied."""
-    from stallscope.pipeline.presets import get_preset
-
     if args.pipeline is not None and args.pipeline_config is not None:
         raise UsageError("--pipeline-config: give either --pipeline PRESET or --pipeline-config FILE, not both")
     base = PipelineConfig.load(args.pipeline_config) if args.pipeline_config is not None \
         else get_preset(args.pipeline or _DEFAULT_PRESET)
-    changes = {}
-    for field in dataclasses.fields(PipelineConfig):
-        value = getattr(args, f"knob_{field.name}", None)
-        if value is not None:
-            changes[field.name] = None if value == OFF else value
-    return base.replace(**changes)
+    return apply_overrides(base, {field.name: getattr(args, f"knob_{field.name}", None)
+                                  for field in dataclasses.fields(PipelineConfig)})
 
 
 def resolve_model_flags(model: str | None, base_model: str | None, weights: str | None) -> tuple[str, str]:

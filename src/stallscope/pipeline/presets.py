@@ -89,7 +89,11 @@ def resolve_pipeline(preset: str, overrides: dict[str, Any] | None = None) -> Pi
     The result keeps the preset's name, so reports say `seed` (with overrides listed by
     `overridden_fields`) rather than a bare custom config.
     """
-    base = get_preset(preset)
+    return apply_overrides(get_preset(preset), overrides)
+
+
+def apply_overrides(base: PipelineConfig, overrides: dict[str, Any] | None) -> PipelineConfig:
+    """`base` (a preset or a saved config) with single knobs replaced, as `resolve_pipeline` says."""
     changes = {k: (None if v == OFF else v) for k, v in (overrides or {}).items() if v is not None}
     known = {f.name for f in dataclasses.fields(PipelineConfig)}
     unknown = sorted(set(changes) - known)
