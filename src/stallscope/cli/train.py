@@ -92,7 +92,6 @@ def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
 
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
     """--pipeline PRESET, --pipeline-config FILE and one flag per PipelineConfig knob."""
-
     group = parser.add_argument_group("input pipeline (a preset, then single knobs override it)")
     flags.add_flag(group, "pipeline", choices=sorted(PRESETS), default=None,
                    help=f"named pipeline: seed (what the seeds wrote, TF's rewrites off), autotune, tuned "
