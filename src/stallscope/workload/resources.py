@@ -163,3 +163,39 @@ def files_opened(source_kind: str, *, images: int, files_in_source: int, passes:
     if source_kind == "files":
         return images
     return max(1, math.ceil(files_in_source * max(passes, 0.0) - 1e-9))
+
+
+@dataclasses.dataclass(frozen=True)
+class IoPerImage:
+    """I/O figures of one pass of a pipeline, per image it produced.
+
+    From the `/proc/self/io` deltas (`read_proc_io`): bytes_read is `rchar` (everything read,
+    cached or not), storage_bytes is `read_bytes` (what really came from the device: ~0 with a warm
+    cache, which is the evidence for or against a fetch stall), read_calls is `syscr`.
+    files_opened comes from the source's file list (the kernel keeps no count of opens).
+    """
+
+    images: int
+    bytes_read: float
+    storage_bytes: float
+    read_calls: float
+    files_opened: float
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def per_image(io: dict[str, int] | None, images: int, *, source_kind: str, files_in_source: int,
+              examples: int) -> IoPerImage | None:
+    """Divides an I/O counter delta over the images produced; None when no counters or no images."""
+    if io is None or images <= 0:
+        return None
+    passes = images / examples if examples > 0 else 0.0
+    opened = files_opened(source_kind, images=images, files_in_source=max(1, files_in_source), passes=passes)
+    return IoPerImage(
+        images=images,
+        bytes_read=io.get("rchar", 0) / images,
+        storage_bytes=io.get("read_bytes", 0) / images,
+        read_calls=io.get("syscr", 0) / images,
+        files_opened=opened / images,
+    )

@@ -38,7 +38,7 @@ from stallscope.workload import rundir
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
 from stallscope.workload.models import MODELS, ModelSpec, parse_fine_tune, parse_weights
 from stallscope.workload.profiling import ProfileWindow, StepProfiler, parse_profile_steps
-from stallscope.workload.resources import ResourceMonitor, files_opened
+from stallscope.workload.resources import ResourceMonitor, per_image
 from stallscope.workload.timing import StepClock, StepStats, format_step_line, summarize_steps
 
 log = logging.getLogger(__name__)
@@ -431,13 +431,12 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
 
     report = monitor.report
     images = sum(s.images for s in steps)
-    passes = images / source.num_examples if source.num_examples else 0.0
     io = dict(report.io) if report and report.io is not None else None
-    if io is not None and images:
-        io["files_opened"] = files_opened(source.kind, images=images, files_in_source=max(1, len(source.files)),
-                                          passes=passes)
-        io["per_image"] = {"bytes_read": io["rchar"] / images, "storage_bytes": io["read_bytes"] / images,
-                           "read_calls": io["syscr"] / images, "files_opened": io["files_opened"] / images}
+    per = per_image(io, images, source_kind=source.kind, files_in_source=len(source.files),
+                    examples=source.num_examples)
+    if per is not None:
+        io["files_opened"] = round(per.files_opened * per.images)
+        io["per_image"] = per.to_dict()
     from stallscope.pipeline.presets import overridden_fields
 
     summary = {
