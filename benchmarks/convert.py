@@ -6,11 +6,15 @@ another), `--repeats` times, and prints the median images/s and MB/s (of input J
 ratios against the seed's way and against the raw copy.
 
 Variants:
-  stallscope   convert_tree: every image sniffed and fully decoded once, parallel workers
-  seed-002     the blog's loop: one thread, tf.io.read_file per image, tf.train.Example, no checks
-  copy         shutil.copyfile of every file: the I/O limit
-  decode-only  Pillow's full decode of every file in the same worker count, nothing written:
-               the ceiling for any converter that decodes every image on this machine
+  stallscope       convert_tree as `stallscope convert` runs it: every image sniffed, every JPEG's
+                   whole compressed stream decoded (pixels rebuilt at 1/8 scale), parallel workers
+  stallscope-full  the same with `--check full`: every pixel of every image decoded
+  seed-002         the blog's loop: one thread, tf.io.read_file per image, tf.train.Example, no checks
+  copy             shutil.copyfile of every file: the I/O limit
+  stream-only      Pillow decoding every file's compressed stream at 1/8 scale in the same worker
+                   count, nothing written: the ceiling for a converter that checks every stream
+  decode-only      Pillow's full decode of every file, likewise: the ceiling for a converter that
+                   decodes every pixel
 
 Page cache: `--cache cold` (default) evicts every input file with posix_fadvise(DONTNEED) before
 each timed run; `--cache warm` reads every file once before each timed run instead.
@@ -35,7 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from stallscope.config import usable_cores  # noqa: E402  (after the log level, which the package also sets)
 
-VARIANTS = ("stallscope", "seed-002", "copy", "decode-only")
+VARIANTS = ("stallscope", "stallscope-full", "seed-002", "copy", "stream-only", "decode-only")
 
 
 def input_files(src: Path) -> list[Path]:
@@ -59,10 +63,14 @@ def warm(files: list[Path]) -> None:
 # --- the variants, each run in its own child process ---------------------------------------------
 
 
-def run_stallscope(src: Path, out: Path, workers: int) -> None:
+def run_stallscope(src: Path, out: Path, workers: int, check: str = "stream") -> None:
     from stallscope.records.convert import ConvertOptions, convert_tree
 
-    convert_tree(ConvertOptions(src, out, workers=workers))
+    convert_tree(ConvertOptions(src, out, workers=workers, check=check))
+
+
+def run_stallscope_full(src: Path, out: Path, workers: int) -> None:
+    run_stallscope(src, out, workers, check="full")
 
 
 def run_seed(src: Path, out: Path, workers: int) -> None:
@@ -117,26 +125,41 @@ def run_copy(src: Path, out: Path, workers: int) -> None:
         shutil.copyfile(path, target)
 
 
-def _decode_files(paths: list[str]) -> int:
+def _decode_files(paths: list[str], scaled: bool = False) -> int:
     from PIL import Image
 
     for path in paths:
         with open(path, "rb") as handle:
             image = Image.open(io.BytesIO(handle.read()))
+            if scaled:
+                image.draft("RGB", (1, 1))
             image.load()
     return len(paths)
 
 
-def run_decode_only(src: Path, out: Path, workers: int) -> None:
+def _stream_files(paths: list[str]) -> int:
+    return _decode_files(paths, scaled=True)
+
+
+def _decode_in_workers(src: Path, workers: int, decode) -> None:
     import concurrent.futures
 
     paths = [str(p) for p in input_files(src)]
     chunks = [paths[i:i + 8] for i in range(0, len(paths), 8)]
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-        sum(pool.map(_decode_files, chunks))
+        sum(pool.map(decode, chunks))
 
 
-RUNNERS = {"stallscope": run_stallscope, "seed-002": run_seed, "copy": run_copy, "decode-only": run_decode_only}
+def run_decode_only(src: Path, out: Path, workers: int) -> None:
+    _decode_in_workers(src, workers, _decode_files)
+
+
+def run_stream_only(src: Path, out: Path, workers: int) -> None:
+    _decode_in_workers(src, workers, _stream_files)
+
+
+RUNNERS = {"stallscope": run_stallscope, "stallscope-full": run_stallscope_full, "seed-002": run_seed,
+           "copy": run_copy, "stream-only": run_stream_only, "decode-only": run_decode_only}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -144,7 +167,7 @@ def child(args: argparse.Namespace) -> None:
     src, out = Path(args.src), Path(args.out)
     if args.variant == "seed-002":
         import tensorflow  # noqa: F401  (start-up is not the seed's per-image cost)
-    elif args.variant == "stallscope":
+    elif args.variant.startswith("stallscope"):
         import stallscope.records.convert  # noqa: F401
     files = input_files(src)
     if args.cache == "cold":
@@ -211,12 +234,15 @@ def main() -> None:
     for variant in variants:
         times = [time_variant(variant, src, work, args.workers, args.cache) for _ in range(args.repeats)]
         medians[variant] = statistics.median(times)
-    print(f"{'variant':<12} {'images/s':>10} {'MB/s':>8} {'vs seed-002':>12} {'vs copy':>8}")
+    print(f"{'variant':<16} {'images/s':>10} {'MB/s':>8} {'vs seed-002':>12} {'vs copy':>8}")
     for variant in variants:
         seconds = medians[variant]
         vs_seed = medians["seed-002"] / seconds if "seed-002" in medians else float("nan")
         vs_copy = medians["copy"] / seconds if "copy" in medians else float("nan")
-        print(f"{variant:<12} {n_images / seconds:>10.0f} {n_bytes / 1e6 / seconds:>8.1f} {vs_seed:>11.2f}x {vs_copy:>7.2f}x")
+        print(f"{variant:<16} {n_images / seconds:>10.0f} {n_bytes / 1e6 / seconds:>8.1f} {vs_seed:>11.2f}x {vs_copy:>7.2f}x")
+    for ours, ceiling in (("stallscope", "stream-only"), ("stallscope-full", "decode-only")):
+        if ours in medians and ceiling in medians:
+            print(f"{ours} / {ceiling} (its decode ceiling): {medians[ceiling] / medians[ours]:.2f}x")
     if "stallscope" in medians and "seed-002" in medians:
         ratio = medians["seed-002"] / medians["stallscope"]
         print(f"stallscope / seed-002 throughput: {ratio:.2f}x (target >= 1.5x)")

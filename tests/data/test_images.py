@@ -170,3 +170,65 @@ def test_max_pixels_above_pillows_own_limit_applies():
     from PIL import Image
 
     assert Image.MAX_IMAGE_PIXELS == images.DEFAULT_MAX_PIXELS  # restored afterwards
+
+
+def _damaged_variants(data: bytes, count: int, seed: int = 0):
+    """Truncations, flipped bits and zeroed runs anywhere past the first bytes of a JPEG."""
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        damaged = bytearray(data)
+        kind = index % 3
+        if kind == 0:
+            damaged = damaged[: int(rng.integers(20, len(data)))]
+        elif kind == 1:
+            for _ in range(int(rng.integers(1, 20))):
+                position = int(rng.integers(20, len(data)))
+                damaged[position] ^= 1 << int(rng.integers(0, 8))
+        else:
+            start = int(rng.integers(20, len(data) - 8))
+            end = start + int(rng.integers(1, 64))
+            damaged[start:end] = bytes(len(damaged[start:end]))
+        yield bytes(damaged)
+
+
+def _verdict(data: bytes, check: str) -> str:
+    try:
+        prepare_image(data, ImageOptions(check=check))
+    except UnusableImage as exc:
+        return exc.reason
+    return "kept"
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_stream_check_gives_the_full_decodes_verdict_on_damaged_jpegs(progressive):
+    data = _encode(_photo((160, 120), seed=3), "JPEG", quality=90, progressive=progressive)
+    verdicts = [(_verdict(d, "stream"), _verdict(d, "full")) for d in _damaged_variants(data, 150)]
+    assert all(stream == full for stream, full in verdicts), [v for v in verdicts if v[0] != v[1]]
+    kinds = {full for _, full in verdicts}
+    assert kinds == {"kept", images.CORRUPT}  # the sample holds both outcomes, so the comparison means something
+
+
+def test_stream_check_keeps_the_original_bytes_and_header_size():
+    data = _encode(_photo((160, 120)), "JPEG")
+    prepared = prepare_image(data, ImageOptions(check="stream"))
+    assert prepared.data is data and (prepared.width, prepared.height) == (160, 120)
+
+
+def test_repaired_jpeg_keeps_the_source_quality_unless_told():
+    source = _encode(_photo((400, 300)), "JPEG", quality=70)
+    source_tables = Image.open(io.BytesIO(source)).quantization
+    kept = prepare_image(source, ImageOptions(max_side=200))
+    assert Image.open(io.BytesIO(kept.data)).quantization == source_tables
+    at_95 = prepare_image(source, ImageOptions(max_side=200, jpeg_quality=95))
+    assert Image.open(io.BytesIO(at_95.data)).quantization != source_tables
+    assert len(kept.data) < len(at_95.data)
+    # Not a JPEG source: no tables to keep, written at the default quality.
+    png = prepare_image(_encode(_photo((400, 300)), "PNG"))
+    reference = _encode(_photo((400, 300)), "JPEG", quality=images.DEFAULT_JPEG_QUALITY)
+    assert Image.open(io.BytesIO(png.data)).quantization == Image.open(io.BytesIO(reference)).quantization
+
+
+@pytest.mark.parametrize("kwargs", [{"jpeg_quality": "best"}, {"check": "pixels"}])
+def test_quality_and_check_choices_are_validated(kwargs):
+    with pytest.raises(UsageError):
+        ImageOptions(**kwargs)

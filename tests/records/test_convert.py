@@ -225,6 +225,18 @@ def test_cli_convert_seed_flags_and_summary(tiny_tree, tmp_path, capsys):
     assert len(frames) == 24
 
 
+def test_cli_check_and_quality_reach_the_manifest(tiny_tree, tmp_path):
+    out = tmp_path / "tfrecords"
+    assert main(["convert", str(tiny_tree), "--output_path", str(out), "--workers", "1", "--check", "full",
+                 "--jpeg-quality", "80", "--no-progress"]) == 0
+    options = json.loads((out / "manifest.json").read_text())["options"]
+    assert (options["check"], options["jpeg_quality"]) == ("full", 80)
+    out = tmp_path / "default"
+    assert main(["convert", str(tiny_tree), "--output_path", str(out), "--workers", "1", "--no-progress"]) == 0
+    options = json.loads((out / "manifest.json").read_text())["options"]
+    assert (options["check"], options["jpeg_quality"]) == ("stream", "keep")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["convert", "/no/such/dir", "--output_path", "{tmp}/o"], "/no/such/dir"),
     (["convert", "{tree}", "--shards", "0"], "--shards"),
@@ -232,6 +244,8 @@ def test_cli_convert_seed_flags_and_summary(tiny_tree, tmp_path, capsys):
     (["convert", "{tree}", "--schema", "tfds"], "--schema"),
     (["convert", "{tree}", "--labels", "/no/labels.txt"], "--labels"),
     (["convert", "{tree}", "--size_per_record", "lots"], "--size_per_record"),
+    (["convert", "{tree}", "--jpeg-quality", "best"], "--jpeg_quality"),
+    (["convert", "{tree}", "--check", "pixels"], "--check"),
 ])
 def test_cli_errors_are_one_line_exit_2(argv, needle, tiny_tree, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path, tree=tiny_tree) for a in argv] + ["--output_path", str(tmp_path / "out")]

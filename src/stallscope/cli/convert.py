@@ -1,8 +1,9 @@
 """Convert an image folder tree to verified, sharded TFRecords.
 
 Input: a `{label}/*` or `{split}/{label}/*` tree (train/validation as in seed-003). Every image is
-checked by its content and fully decoded once; JPEGs TensorFlow reads are kept byte for byte, other
-formats, CMYK, grayscale and rotated images are re-encoded as RGB JPEG, unusable files are skipped
+checked by its content and decoded once (a JPEG kept as is: its whole compressed stream, `--check`);
+JPEGs TensorFlow reads are kept byte for byte, other formats, CMYK, grayscale and rotated images are
+re-encoded as RGB JPEG (a JPEG source keeps its quality), unusable files are skipped
 with their reason in manifest.json. Shards are named `{split}-00000-of-00016.tfrecord`; a killed
 conversion run again finishes with the same result.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from stallscope.cli.flags import add_flag, byte_size, existing_file, non_negative_int, positive_int
+from stallscope.cli.flags import add_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int
 from stallscope.cli.progress import ProgressBar
 
 
@@ -37,7 +38,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
              help="feature keys: standard image/* keys, or seed-002's name/category/data (default: standard)")
     add_flag(parser, "max_side", type=positive_int, default=None, metavar="PIXELS",
              help="downscale images whose longer side exceeds this (default: keep sizes)")
-    add_flag(parser, "jpeg_quality", type=positive_int, default=95, metavar="Q", help="quality of re-encoded JPEGs, 1..100 (default: 95)")
+    add_flag(parser, "jpeg_quality", type=jpeg_quality, default="keep", metavar="Q",
+             help="quality of re-encoded images, 1..100, or 'keep': a JPEG source keeps its own quantisation "
+                  "tables, other formats get 95 (default: keep)")
+    add_flag(parser, "check", choices=("stream", "full"), default="stream",
+             help="how a JPEG kept byte for byte is checked: 'stream' decodes its whole compressed stream and "
+                  "rebuilds pixels at 1/8 scale (same verdict, faster), 'full' decodes every pixel (default: stream)")
     add_flag(parser, "max_pixels", type=positive_int, default=None, metavar="N",
              help="skip images with more pixels than this as too large to decode (default: 89478485, Pillow's limit)")
     add_flag(parser, "seed", type=non_negative_int, default=0, help="seed of the shuffle across shards (default: 0)")
@@ -63,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         schema=args.schema,
         max_side=args.max_side,
         jpeg_quality=args.jpeg_quality,
+        check=args.check,
         max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         seed=args.seed,
     )

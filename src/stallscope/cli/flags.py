@@ -46,6 +46,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def jpeg_quality(text: str) -> int | str:
+    """'keep' (a JPEG source's own quality) or an integer quality in 1..100."""
+    if text.strip().lower() == "keep":
+        return "keep"
+    try:
+        value = int(text)
+    except ValueError:
+        raise _type_error("'keep' or a JPEG quality in 1..100", text) from None
+    if not 1 <= value <= 100:
+        raise _type_error("'keep' or a JPEG quality in 1..100", text)
+    return value
+
+
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)

@@ -63,8 +63,9 @@ class ConvertOptions:
     workers: int | None = None  # None: every core
     schema: str = "standard"
     max_side: int | None = None
-    jpeg_quality: int = images.DEFAULT_JPEG_QUALITY
+    jpeg_quality: int | str = images.KEEP_QUALITY
     max_pixels: int = images.DEFAULT_MAX_PIXELS
+    check: str = "stream"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -85,11 +86,12 @@ class ConvertOptions:
             require_positive(f"--{split}-shards", count)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise UsageError(f"seed: expected an integer, got {self.seed!r}")
-        self.image_options  # validates max_side, jpeg_quality, max_pixels
+        self.image_options  # validates max_side, jpeg_quality, max_pixels, check
 
     @property
     def image_options(self) -> images.ImageOptions:
-        return images.ImageOptions(max_side=self.max_side, jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels)
+        return images.ImageOptions(max_side=self.max_side, jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels,
+                                   check=self.check)
 
     @property
     def resolved_workers(self) -> int:
@@ -206,7 +208,7 @@ def plan_shards(options: ConvertOptions, candidates: list[Candidate], labels: tu
 def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate, ...]) -> str:
     data = {
         "filename": filename, "schema": options.schema, "max_side": options.max_side,
-        "jpeg_quality": options.jpeg_quality, "max_pixels": options.max_pixels,
+        "jpeg_quality": options.jpeg_quality, "max_pixels": options.max_pixels, "check": options.check,
         "items": [[c.name.hex(), c.label, c.label_text, c.size, c.mtime_ns] for c in items],
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
