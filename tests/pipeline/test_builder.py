@@ -31,8 +31,10 @@ def assert_labelled(images, labels, num_classes, pixel_class, normalize="minus_o
     assert images.dtype == np.float32 and images.shape[1:] == (SIZE, SIZE, 3)
     assert labels.dtype == np.float32 and labels.shape == (len(images), num_classes)
     assert np.all(labels.sum(axis=1) == 1.0), "every row one-hot, none all-zero"
-    if normalize == "minus_one_one":
-        assert images.min() >= -1.0 and images.max() <= 1.0
+    low, high = {"minus_one_one": (-1.0, 1.0), "zero_one": (0.0, 1.0), "none": (0.0, 255.0)}[normalize]
+    assert images.min() >= low and images.max() <= high
+    if normalize == "none":
+        assert images.max() > 1.0, "0..255 pixels, not a normalised range"
     for image, label in zip(images, labels):
         assert pixel_class(float(image.mean()), normalize) == int(label.argmax())
 
@@ -49,8 +51,19 @@ def test_each_preset_and_source_yields_labelled_batches(preset, source, pixel_cl
     images, labels = collect(build_dataset(small(PRESETS[preset]), source))
     expected = 12 if preset == "seed" else 12 // 4 * 4  # seed keeps the partial batch; 12 divides anyway
     assert len(images) == expected
-    assert_labelled(images, labels, 3, pixel_class)
+    assert_labelled(images, labels, 3, pixel_class, PRESETS[preset].normalize)
     assert sorted(labels.argmax(axis=1).tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_resize_casting_small_images_first_gives_identical_pixels():
+    from stallscope.pipeline import stages
+
+    rng = np.random.default_rng(0)
+    for shape in ((24, 40, 3), (64, 80, 3)):  # below and above the float-first threshold at 32
+        image = tf.constant(rng.integers(0, 256, shape, dtype=np.uint8))
+        expected = tf.image.resize(image, [SIZE, SIZE]).numpy()
+        np.testing.assert_array_equal(stages.resize(image, SIZE).numpy(), expected)
+        np.testing.assert_array_equal(stages.resize(tf.cast(image, tf.float32), SIZE).numpy(), expected)
 
 
 def test_seed_keeps_the_last_partial_batch_and_tuned_drops_it(coloured_tree):
@@ -77,7 +90,7 @@ def test_seed_keeps_the_last_partial_batch_and_tuned_drops_it(coloured_tree):
 def test_knobs_keep_batches_correct(changes, source, pixel_class):
     images, labels = collect(build_dataset(small(PRESETS["tuned"], **changes), source))
     assert len(images) == 12
-    assert_labelled(images, labels, 3, pixel_class)
+    assert_labelled(images, labels, 3, pixel_class, PRESETS["tuned"].normalize)
 
 
 def test_zero_one_normalisation_and_integer_labels(coloured_tree, pixel_class):
@@ -98,7 +111,7 @@ def test_file_cache_is_written_and_reused(coloured_tree, tmp_path, pixel_class):
     assert list(tmp_path.glob("cache*")), "the file cache exists after one epoch"
     second = collect(dataset)
     assert len(first[0]) == len(second[0]) == 12
-    assert_labelled(*second, 3, pixel_class)
+    assert_labelled(*second, 3, pixel_class, PRESETS["tuned"].normalize)
 
 
 def test_repeat_runs_past_one_epoch(coloured_tree):

