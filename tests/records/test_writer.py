@@ -34,10 +34,12 @@ def test_frames_match_tensorflows_writer_and_reader(tmp_path):
 
 @pytest.mark.parametrize("schema", [STANDARD, SEED], ids=lambda s: s.name)
 @pytest.mark.parametrize("label", [0, 7, 2**40, -1])
-def test_example_encoding_equals_tensorflows(schema, label):
+@pytest.mark.parametrize("image_bytes", [16, 200, 20_000, 3_000_000])  # 1-, 2-, 3- and 4-byte lengths
+def test_example_encoding_equals_tensorflows(schema, label, image_bytes):
     import tensorflow as tf
 
-    fields = dict(image=b"\xff\xd8\xff jpeg bytes", label=label, filename="dir/ä \xff.jpg".encode("utf-8", "surrogateescape"),
+    image = (b"\xff\xd8\xff jpeg bytes" * (image_bytes // 16 + 1))[:image_bytes]
+    fields = dict(image=image, label=label, filename="dir/ä \xff.jpg".encode("utf-8", "surrogateescape"),
                   label_text=b"n01440764", height=375, width=500)
     ours = tf.train.Example.FromString(encode_example_bytes(schema, **fields))
     theirs = tf.train.Example.FromString(encode_example(schema, **fields))

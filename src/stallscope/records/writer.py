@@ -75,17 +75,23 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _header(number: int, length: int) -> bytes:
+    """The tag and length of a length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _header(number, len(payload)) + payload
 
 
-def _bytes_feature(value: bytes) -> bytes:
-    return _field(1, _field(1, value))  # Feature.bytes_list -> BytesList.value
+def _bytes_feature(value: bytes) -> list[bytes]:
+    inner = _header(1, len(value))  # BytesList.value
+    return [_header(1, len(inner) + len(value)), inner, value]  # Feature.bytes_list
 
 
-def _int64_feature(value: int) -> bytes:
-    return _field(3, _field(1, _varint(int(value))))  # Feature.int64_list -> packed Int64List.value
+def _int64_feature(value: int) -> list[bytes]:
+    return [_field(3, _field(1, _varint(int(value))))]  # Feature.int64_list -> packed Int64List.value
 
 
 def encode_example_bytes(
@@ -99,24 +105,31 @@ def encode_example_bytes(
     width: int = 0,
     image_format: bytes = b"jpeg",
 ) -> bytes:
-    """The same Example as `schema.encode_example`, serialized without TensorFlow (keys in sorted order)."""
+    """The same Example as `schema.encode_example`, serialized without TensorFlow (keys in sorted order).
+
+    Built from parts with their lengths added up and joined once, so the image bytes are copied once
+    rather than once per nesting level (five levels: a measurable share of a conversion's CPU).
+    """
     features = {
         schema.image_key: _bytes_feature(image),
         schema.label_key: _int64_feature(label),
         schema.filename_key: _bytes_feature(filename),
     }
     extras = {
-        "image/format": _bytes_feature(image_format),
-        "image/class/text": _bytes_feature(label_text),
-        "image/height": _int64_feature(height),
-        "image/width": _int64_feature(width),
+        "image/format": lambda: _bytes_feature(image_format),
+        "image/class/text": lambda: _bytes_feature(label_text),
+        "image/height": lambda: _int64_feature(height),
+        "image/width": lambda: _int64_feature(width),
     }
     for key, _ in schema.extra_keys:
-        features[key] = extras[key]
-    entries = b"".join(
-        _field(1, _field(1, key.encode("utf-8")) + _field(2, value)) for key, value in sorted(features.items())
-    )
-    return _field(1, entries)  # Example.features -> Features.feature map entries
+        features[key] = extras[key]()
+    parts: list[bytes] = []
+    for key, feature in sorted(features.items()):
+        key_field = _field(1, key.encode("utf-8"))
+        feature_length = sum(map(len, feature))
+        value_header = _header(2, feature_length)
+        parts += [_header(1, len(key_field) + len(value_header) + feature_length), key_field, value_header, *feature]
+    return b"".join([_header(1, sum(map(len, parts))), *parts])  # Example.features -> Features.feature map entries
 
 
 def temporary_name(final: Path) -> Path:
