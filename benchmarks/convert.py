@@ -19,7 +19,7 @@ Variants:
 Page cache: `--cache cold` (default) evicts every input file with posix_fadvise(DONTNEED) before
 each timed run; `--cache warm` reads every file once before each timed run instead.
 
-  python benchmarks/convert.py [--classes 10 --images-per-class 40 --workers N --cache cold|warm]
+  python benchmarks/convert.py [--classes 10 --images-per-class 100 --workers N --cache cold|warm]
 """
 
 from __future__ import annotations
@@ -209,9 +209,9 @@ def time_variant(variant: str, src: Path, work: Path, workers: int, cache: str) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--images-per-class", type=int, default=40)
+    parser.add_argument("--images-per-class", type=int, default=100)
     parser.add_argument("--workers", type=int, default=usable_cores())
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold")
     parser.add_argument("--work", default="bench-output/convert", help="scratch directory")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -224,7 +224,7 @@ def main() -> None:
         return
 
     work = Path(args.work)
-    src = build_dataset(work / "dataset", args.classes, args.images_per_class)
+    src = build_dataset(work / f"dataset-{args.classes}x{args.images_per_class}", args.classes, args.images_per_class)
     files = input_files(src)
     n_images, n_bytes = len(files), sum(p.stat().st_size for p in files)
     print(f"data set: {n_images} JPEGs, {n_bytes / 1e6:.1f} MB (mean {n_bytes / n_images / 1e3:.0f} KB), "
