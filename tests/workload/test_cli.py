@@ -24,6 +24,13 @@ def test_train_prints_step_lines_and_the_verdict(tiny_tree, tmp_path, capsys):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["pipeline"]["preset"] == "seed" and summary["pipeline"]["requested"]["batch_size"] == 4
     assert summary["pipeline"]["overrides"]["image_size"] == 32
+    assert "pixels " not in out  # seed scales to [-1, 1] in the pipeline
+
+
+def test_tuned_says_where_pixels_are_scaled(tiny_tree, tmp_path, capsys):
+    assert main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "3",
+                 "--log_path", str(tmp_path / "run"), "--pipeline", "tuned", *TINY]) == 0
+    assert "scaled by the model's first layer on the device" in capsys.readouterr().out
 
 
 def test_train_without_log_path_names_a_new_run_dir(tiny_tree, tmp_path, capsys, monkeypatch):

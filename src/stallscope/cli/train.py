@@ -216,6 +216,10 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         f"({summary['measured_steps']} measured, {summary['warmup_steps']} warm-up)",
         f"pipeline        {summary['pipeline']['preset']}: {' <- '.join(summary['pipeline']['ran']) or '?'}",
         f"accelerator     {accelerator}",
+    ]
+    if summary["pipeline"]["requested"].get("normalize") == "none":
+        lines.append("pixels          0..255 from the pipeline, scaled by the model's first layer on the device")
+    lines += [
         f"throughput      {summary['images_per_second']:.1f} images/s",
         f"step time       {summary['step_time_ms']:.1f} ms (p50 {summary['step_time_p50_ms']:.1f}, "
         f"p90 {summary['step_time_p90_ms']:.1f})",
