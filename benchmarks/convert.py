@@ -246,6 +246,10 @@ def main() -> None:
     if "stallscope" in medians and "seed-002" in medians:
         ratio = medians["seed-002"] / medians["stallscope"]
         print(f"stallscope / seed-002 throughput: {ratio:.2f}x (target >= 1.5x)")
+    for ceiling in ("stream-only", "decode-only"):
+        if ceiling in medians and "seed-002" in medians:
+            print(f"  {ceiling} alone, nothing else done, reaches {medians['seed-002'] / medians[ceiling]:.2f}x seed-002 "
+                  f"with {args.workers} worker(s): the most any converter that decodes that much can reach here")
 
 
 if __name__ == "__main__":
