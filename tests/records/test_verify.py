@@ -109,6 +109,21 @@ def test_undecodable_image_and_bad_label_with_sound_framing(tmp_path, jpeg_facto
     assert by_record == {1: "image", 2: "label", 3: "parse"}
 
 
+def test_images_are_decoded_in_windows_and_keep_their_record_numbers(tmp_path, jpeg_factory, monkeypatch):
+    monkeypatch.setattr("stallscope.records.verify.DECODE_WINDOW", 3)
+    out = tmp_path / "records"
+    out.mkdir()
+    jpeg = jpeg_factory()
+    with ShardWriter(out / "w-00000-of-00001.tfrecord") as writer:
+        for index in range(10):
+            image = jpeg[: len(jpeg) // 3] if index in (4, 9) else jpeg
+            writer.write(encode_example_bytes(SEED, image=image, label=0, filename=f"{index}.jpg".encode()))
+        writer.commit()
+    report = verify_records(out)
+    assert [(p.record, p.kind) for p in report.problems] == [(4, "image"), (9, "image")]
+    assert report.shards[0].images_decoded == 8 and report.records == 10
+
+
 def test_seed_style_directory_without_manifest(records, tmp_path):
     seed_dir = tmp_path / "seed"
     seed_dir.mkdir()

@@ -8,14 +8,19 @@ not an Example of the schema, a label outside [0, N), an image TensorFlow cannot
 
 Without a manifest (e.g. seed-style `out_0.tfrecord` files) it checks framing, parsing and images,
 with the schema detected from the first record.
+
+Memory stays bounded whatever the shard size: a shard is memory-mapped, not read into memory, and
+its images are decoded in windows of `DECODE_WINDOW` records.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import mmap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +34,7 @@ log = logging.getLogger(__name__)
 
 # Larger than any sane record; a bigger length means the header itself is garbage.
 MAX_RECORD_BYTES = 1 << 31
+DECODE_WINDOW = 256  # images held at once while decoding a shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,28 +209,52 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
             if not path.is_file():
                 problems.append(Problem(name, "missing shard", f"listed in {MANIFEST_NAME} but not found"))
                 continue
-            data = path.read_bytes()
-            shard_problems, records, decoded, schema = _check_shard(
-                name, data, schema, num_labels, decode_one, pool, tf
-            )
+            with _mapped(path) as data:
+                shard_problems, records, decoded, schema = _check_shard(
+                    name, data, schema, num_labels, decode_one, pool, tf
+                )
+                sha = hashlib.sha256(data).hexdigest()
+                size = len(data)
             info = expected.get(name)
-            sha = hashlib.sha256(data).hexdigest()
             if info is not None:
                 if records != info.records and not any(p.kind in ("truncated", "length checksum") for p in shard_problems):
                     shard_problems.append(Problem(name, "count", f"{records} records, {MANIFEST_NAME} says {info.records}"))
-                if len(data) != info.bytes:
-                    shard_problems.append(Problem(name, "size", f"{len(data)} bytes, {MANIFEST_NAME} says {info.bytes}"))
+                if size != info.bytes:
+                    shard_problems.append(Problem(name, "size", f"{size} bytes, {MANIFEST_NAME} says {info.bytes}"))
                 if sha != info.sha256:
                     shard_problems.append(Problem(name, "sha256", f"sha256 {sha[:12]}... differs from {MANIFEST_NAME}'s {info.sha256[:12]}..."))
             problems.extend(shard_problems)
-            checks.append(ShardCheck(name, records, len(data), sha, decoded, not shard_problems))
+            checks.append(ShardCheck(name, records, size, sha, decoded, not shard_problems))
     return VerifyReport(records_dir, schema.name if schema else None, has_manifest, tuple(checks), tuple(problems))
+
+
+@contextlib.contextmanager
+def _mapped(path: Path):
+    """The shard's bytes as a read-only memory map (an empty file as b"")."""
+    with open(path, "rb") as handle:
+        if handle.seek(0, 2) == 0:
+            yield b""
+            return
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data
 
 
 def _check_shard(name, data, schema, num_labels, decode_one, pool, tf):
     problems: list[Problem] = []
     images: list[tuple[int, int, bytes]] = []
     records = 0
+    decoded = 0
+
+    def decode_window():
+        nonlocal decoded
+        if decode_one is not None:
+            for (index, offset, _), error in zip(images, pool.map(decode_one, [img for _, _, img in images])):
+                if error:
+                    problems.append(Problem(name, "image", f"TensorFlow cannot decode the image: {error}", index, offset))
+                else:
+                    decoded += 1
+        images.clear()
+
     try:
         for frame in read_frames(data):
             records += 1
@@ -241,15 +271,12 @@ def _check_shard(name, data, schema, num_labels, decode_one, pool, tf):
                 problems.append(problem)
             elif image is not None:
                 images.append((frame.index, frame.offset, image))
+                if len(images) >= DECODE_WINDOW:
+                    decode_window()
     except FrameError as exc:
         problems.append(Problem(name, exc.kind, exc.message, exc.record, exc.offset))
-    decoded = 0
-    if decode_one is not None:
-        for (index, offset, _), error in zip(images, pool.map(decode_one, [img for _, _, img in images])):
-            if error:
-                problems.append(Problem(name, "image", f"TensorFlow cannot decode the image: {error}", index, offset))
-            else:
-                decoded += 1
+    decode_window()
+    problems.sort(key=lambda p: (p.record is None, p.record or 0))
     return problems, records, decoded, schema
 
 
