@@ -192,3 +192,21 @@ def test_a_decoded_cache_does_not_freeze_the_shuffle_order(coloured_tree, caplog
     assert "shuffling the cached decoded images instead" in caplog.text
     epochs = [collect(dataset)[1].argmax(axis=1).tolist() for _ in range(4)]
     assert len({tuple(e) for e in epochs}) > 1, "each epoch is shuffled anew"
+
+
+def test_training_by_steps_repeats_before_decoding_unless_decoded_images_are_shuffled(coloured_tree, standard_records):
+    from stallscope.pipeline.describe import pipeline_as_built
+
+    for source in (open_source("files", coloured_tree), open_source("records", standard_records)):
+        tuned = pipeline_as_built(build_dataset(small(PRESETS["tuned"]), source, repeat=True))
+        assert tuned.index("Repeat") > tuned.index("ParallelMap"), tuned  # the chain lists outermost first
+        seed = pipeline_as_built(build_dataset(small(PRESETS["seed"]), source, repeat=True))
+        assert seed.index("Repeat") < seed.index("Map"), seed
+
+
+def test_early_repeat_keeps_whole_epochs_of_files(coloured_tree):
+    source = open_source("files", coloured_tree)
+    dataset = build_dataset(small(PRESETS["tuned"]), source, repeat=True, one_hot=False)
+    labels = np.concatenate([y.numpy() for _, y in dataset.take(9)])  # 3 epochs of 12 images
+    for epoch in labels.reshape(3, 12):
+        assert sorted(epoch.tolist()) == [0] * 4 + [1] * 4 + [2] * 4

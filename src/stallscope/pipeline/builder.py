@@ -5,9 +5,15 @@ The chain, with every stage optional except read, decode and batch:
     files:   paths -> [shuffle files] -> [read map with read_parallelism, only when that differs
              from map_parallelism; otherwise the read runs inside the decode map]
     records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
-    then:    [cache encoded] -> [shuffle encoded] -> decode map (parse, decode, resize, normalise,
-             label) -> [cache decoded] -> [shuffle decoded] -> [repeat] -> batch -> [tf.data service]
-             -> [prefetch]
+    then:    [cache encoded] -> [repeat, early] -> [shuffle encoded] -> decode map (parse, decode,
+             resize, normalise, label) -> [cache decoded] -> [shuffle decoded] -> [repeat, late]
+             -> batch -> [tf.data service] -> [prefetch]
+
+`repeat=True` (training by steps) repeats as early as the config allows: before the decode map, so
+epoch ends cause no drain-and-refill of the parallel map and no refill of a shuffle buffer of
+encoded records (those then mix across an epoch boundary within one buffer's span, as in the tf.data
+guide's repeat-before-shuffle; a full shuffle of file names still gives whole epochs). A shuffle or
+cache of decoded images needs whole epochs after the decode, so then the repeat comes late.
 
 Elements are (images float32 [B, S, S, 3], labels) with one-hot float32 [B, num_classes] labels (or
 int32 [B]); a label outside [0, num_classes) fails the iterator with the file or record named.
@@ -100,6 +106,9 @@ def build_dataset(
 
     if cache_encoded:
         dataset = _cache(dataset, config)
+    repeat_early = repeat and not _epochs_after_decode(config)
+    if repeat_early:
+        dataset = dataset.repeat()
     if config.shuffle_buffer and config.shuffle_at == "encoded" and not _shuffled_paths(config, source):
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
 
@@ -115,7 +124,7 @@ def build_dataset(
         dataset = _cache(dataset, config)
     if config.shuffle_buffer and config.shuffle_at == "decoded":
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
-    if repeat:
+    if repeat and not repeat_early:
         dataset = dataset.repeat()
     dataset = dataset.batch(config.batch_size, drop_remainder=config.drop_remainder)
     dataset = hooks.get("after_batch", _same)(dataset)
@@ -140,6 +149,13 @@ def _shuffle_after_decoded_cache(config: PipelineConfig) -> PipelineConfig:
         )
         return config.replace(shuffle_at="decoded")
     return config
+
+
+def _epochs_after_decode(config: PipelineConfig) -> bool:
+    """A decoded-image shuffle or cache works in whole epochs, so the repeat must follow it."""
+    decoded_shuffle = bool(config.shuffle_buffer) and config.shuffle_at == "decoded"
+    decoded_cache = config.cache != "none" and config.cache_at == "decoded"
+    return decoded_shuffle or decoded_cache
 
 
 def _same(dataset):
