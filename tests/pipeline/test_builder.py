@@ -210,3 +210,19 @@ def test_early_repeat_keeps_whole_epochs_of_files(coloured_tree):
     labels = np.concatenate([y.numpy() for _, y in dataset.take(9)])  # 3 epochs of 12 images
     for epoch in labels.reshape(3, 12):
         assert sorted(epoch.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_skipping_before_decoding_lands_where_an_uninterrupted_pipeline_would_be(tiny_tree, tmp_path):
+    from stallscope.records.convert import ConvertOptions, convert_tree
+
+    convert_tree(ConvertOptions(tiny_tree, tmp_path / "records", shards=3, workers=1))
+    for source in (open_source("files", tiny_tree), open_source("records", tmp_path / "records")):
+        config = small(PRESETS["tuned"])
+        whole = np.concatenate([x.numpy() for x, _ in build_dataset(config, source, repeat=True).take(10)])
+        skipped = build_dataset(config, source, repeat=True, skip_examples=12).take(7)
+        np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in skipped]), whole[12:40])
+
+
+def test_skipping_is_refused_where_the_order_is_decided_after_decoding(tiny_tree):
+    with pytest.raises(UsageError, match="decoded images"):
+        build_dataset(small(PRESETS["seed"]), open_source("files", tiny_tree), repeat=True, skip_examples=4)

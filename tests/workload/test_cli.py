@@ -107,3 +107,14 @@ def test_evaluate_prints_accuracy_of_the_latest_checkpoint(split_tree, tmp_path,
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["step"] == 2 and result["examples"] == 6
     assert 0 <= result["top1"] <= result["top5"] <= 1
+
+
+@pytest.mark.parametrize("preset, exact", [("tuned", True), ("seed", False)])
+def test_resumed_run_says_whether_its_data_continues_where_it_stopped(preset, exact, tiny_tree, tmp_path):
+    argv = ["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--pipeline", preset,
+            "--checkpoint_path", str(tmp_path / "ckpt"), "--log_path", str(tmp_path / "run"), *TINY]
+    assert main([*argv, "--steps", "3"]) == 0
+    assert main([*argv, "--epochs", "2"]) == 0  # 24 images in batches of 4: epoch 0 has 6 steps, 3 done
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 3 and summary["first_step"] == 4 and summary["last_step"] == 12
+    assert summary["resumed_data"] == {"epoch": 0, "skipped_examples": 12 if exact else 0, "exact": exact}

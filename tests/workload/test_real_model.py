@@ -122,3 +122,23 @@ def test_validation_path_without_a_validation_split_is_refused(image_tree_factor
                            pipeline=make_pipeline("seed"), model="mobilenet", alpha=0.25, log_path=tmp_path / "run")
     with pytest.raises(UsageError, match=r"--validation-path: .* has no 'validation' split; it has train, test"):
         run_training(options)
+
+
+def _losses(options, **changes) -> dict[int, float]:
+    seen: dict[int, float] = {}
+    run_training(options.__class__(**{**options.__dict__, **changes}),
+                 on_step=lambda progress: seen.__setitem__(progress.record.step, progress.loss))
+    return seen
+
+
+def test_a_resumed_run_sees_the_batches_an_uninterrupted_one_would(split_tree, make_pipeline, tmp_path):
+    """Same seed, same steps: the resumed run's losses match the uninterrupted run's step for step,
+    because the tuned pipeline's order is settled before decoding and it skips what was trained on."""
+    options = TrainOptions(source="files", dataset_path=split_tree, pipeline=make_pipeline("tuned"), model="mobilenet",
+                           alpha=0.25, fine_tune="full", steps=8, log_path=tmp_path / "whole", learning_rate=1e-2)
+    whole = _losses(options)
+    first = _losses(options, steps=4, checkpoint_path=tmp_path / "ckpt", checkpoint_every=4, log_path=tmp_path / "first")
+    assert all(first[s] == pytest.approx(whole[s], rel=1e-4) for s in first)
+    resumed = _losses(options, checkpoint_path=tmp_path / "ckpt", log_path=tmp_path / "second")
+    assert sorted(resumed) == [5, 6, 7, 8]
+    assert all(resumed[s] == pytest.approx(whole[s], rel=1e-4) for s in resumed), (whole, resumed)

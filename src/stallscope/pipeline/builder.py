@@ -71,6 +71,7 @@ def build_dataset(
     one_hot: bool = True,
     shuffle_files_seed: int | None = None,
     extra_stages: Mapping[str, Hook] | None = None,
+    skip_examples: int = 0,
 ) -> tf.data.Dataset:
     """The input pipeline of `config` over `source` (see the module docstring for the chain).
 
@@ -78,6 +79,8 @@ def build_dataset(
     shuffle_files_seed: seed of the file/shard shuffle (default: config.seed).
     extra_stages: {hook point: function(dataset) -> dataset}, for tests and diagnosis probes
         (e.g. a stage that sleeps per element to emulate slow storage); points are HOOK_POINTS.
+    skip_examples: examples dropped just before the decode map, so a resumed run continues where it
+        stopped without decoding what it skips; only where `unresumable_reason(config)` is None.
     """
     hooks = dict(extra_stages or {})
     unknown = sorted(set(hooks) - set(HOOK_POINTS))
@@ -112,6 +115,11 @@ def build_dataset(
     if config.shuffle_buffer and config.shuffle_at == "encoded" and not _shuffled_paths(config, source):
         dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
 
+    if skip_examples:
+        why = unresumable_reason(config)
+        if why:
+            raise UsageError(f"skip_examples: this pipeline cannot skip before decoding: {why}")
+        dataset = dataset.skip(skip_examples)
     dataset = dataset.map(
         _decode_fn(config, source, element, num_classes, one_hot),
         num_parallel_calls=_calls(config.map_parallelism),
@@ -149,6 +157,19 @@ def _shuffle_after_decoded_cache(config: PipelineConfig) -> PipelineConfig:
         )
         return config.replace(shuffle_at="decoded")
     return config
+
+
+def unresumable_reason(config: PipelineConfig) -> str | None:
+    """None when the order of examples is a pure function of the config (its seed) and is settled
+    before the decode map, so a fresh pipeline can skip, cheaply, to where an earlier one stopped;
+    otherwise why not."""
+    if _epochs_after_decode(config):
+        return "a shuffle or cache of decoded images decides the order"
+    if not config.deterministic:
+        return "its order is not deterministic"
+    if config.data_service:
+        return "the tf.data service hands out the data"
+    return None
 
 
 def _epochs_after_decode(config: PipelineConfig) -> bool:

@@ -286,11 +286,20 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         start_step = store.restore_latest()
     step_counter = store.step if store is not None else None
 
-    if dataset is None:
-        dataset = build_dataset(options.pipeline, source, repeat=options.steps is not None,
-                                num_classes=source.num_classes)
+    resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
+
+    def epoch_dataset(epoch: int, skip_examples: int = 0):
+        """Epoch `epoch`'s pipeline (by steps: the one repeating pipeline); its order depends only on
+        the config's seed and the epoch, so a resumed run sees what an uninterrupted one would."""
+        config = options.pipeline.replace(seed=options.pipeline.seed + epoch) if epoch else options.pipeline
+        built = build_dataset(config, source, repeat=options.steps is not None, num_classes=source.num_classes,
+                              skip_examples=skip_examples)
         if options.dataset_size and options.steps is None:
-            dataset = dataset.take(plan.steps_per_epoch)
+            built = built.take(plan.steps_per_epoch - skip_examples // options.pipeline.batch_size)
+        return built
+
+    if dataset is None:
+        dataset = epoch_dataset(resume.epoch, resume.skip_examples)
     try:
         chains = {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
     except (ValueError, tf.errors.OpError) as exc:  # a hand-made dataset the describer cannot read
@@ -318,15 +327,15 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                 epochs_started += 1
                 yield iter(dataset), options.steps - start_step
             return
-        if plan.steps_per_epoch is None:
+        if plan.steps_per_epoch is None:  # a given dataset: iterated once per epoch
             for _ in range(options.epochs):
                 epochs_started += 1
                 yield iter(dataset), None
             return
-        done_epochs, offset = divmod(start_step, plan.steps_per_epoch)
-        for _ in range(done_epochs, options.epochs):
+        offset = start_step - resume.epoch * plan.steps_per_epoch
+        for epoch in range(resume.epoch, options.epochs):
             epochs_started += 1
-            yield iter(dataset), plan.steps_per_epoch - offset
+            yield iter(dataset if epoch == resume.epoch else epoch_dataset(epoch)), plan.steps_per_epoch - offset
             offset = 0
 
     if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
@@ -397,6 +406,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     summary = _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at,
                        start_step, epochs_started, profiler, store, validation, spec, model)
     summary["interrupted"] = interrupted
+    summary["resumed_data"] = (None if start_step == 0 else
+                               {"epoch": resume.epoch, "skipped_examples": resume.skip_examples, "exact": resume.exact})
     if steps or not (run_dir / rundir.SUMMARY_NAME).exists():  # a no-op resume keeps the last run's figures
         _write_run_dir(run_dir, options, steps, chains, monitor, summary)
     if interrupted:
@@ -423,6 +434,34 @@ def _model_summary(spec: ModelSpec | None, model) -> dict[str, Any] | None:
     data["parameters"] = int(model.count_params())
     data["trainable_parameters"] = int(sum(int(v.numpy().size) for v in model.trainable_variables))
     return data
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resume:
+    """Where a (resumed) run's data starts: the epoch, and the examples of it already trained on
+    that the pipeline skips before decoding (0 where its order cannot be reproduced that way)."""
+
+    epoch: int
+    skip_examples: int
+    exact: bool
+
+
+def _resume_position(options: TrainOptions, plan: _Plan, start_step: int, *, given_dataset: bool) -> _Resume:
+    from stallscope.pipeline.builder import unresumable_reason
+
+    if start_step == 0 or given_dataset:
+        return _Resume(0, 0, start_step == 0)
+    batch = options.pipeline.batch_size
+    if options.steps is not None:
+        epoch, offset = 0, start_step
+    else:
+        epoch, offset = divmod(start_step, plan.steps_per_epoch)
+    why = unresumable_reason(options.pipeline)
+    if why is None:
+        return _Resume(epoch, offset * batch, True)
+    log.info("resuming at step %d: the data of epoch %d starts again from its beginning, because %s",
+             start_step, epoch, why)
+    return _Resume(epoch, 0, False)
 
 
 def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at, start_step,
