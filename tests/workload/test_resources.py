@@ -15,11 +15,12 @@ def test_monitor_counts_bytes_and_calls_read(tmp_path):
     data = tmp_path / "blob.bin"
     data.write_bytes(os.urandom(256 * 1024))
     with ResourceMonitor(interval_s=0.02) as monitor:
-        with open(data, "rb") as handle:
+        with open(data, "rb", buffering=0) as handle:  # unbuffered: one read call per 4 KiB, whatever the file system
             while handle.read(4096):
                 pass
-        deadline = time.perf_counter() + 0.1
-        while time.perf_counter() < deadline:  # some CPU work for the sampler to see
+        # Some CPU work for the sampler to see, until it has sampled (bounded: a loaded machine may be slow).
+        deadline = time.perf_counter() + 5.0
+        while (len(monitor._samples) < 2 or time.perf_counter() < monitor._started + 0.1) and time.perf_counter() < deadline:
             sum(range(1000))
     report = monitor.report
     assert report.io["rchar"] >= 256 * 1024
