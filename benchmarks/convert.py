@@ -38,6 +38,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from stallscope.config import usable_cores  # noqa: E402  (after the log level, which the package also sets)
+from stallscope.records.convert import default_workers  # noqa: E402
 
 VARIANTS = ("stallscope", "stallscope-full", "seed-002", "copy", "stream-only", "decode-only")
 
@@ -210,7 +211,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--images-per-class", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=usable_cores())
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="workers of every parallel variant (default: the converter's own default, cores + 1)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold")
     parser.add_argument("--work", default="bench-output/convert", help="scratch directory")

@@ -211,7 +211,7 @@ def test_options_reject_bad_values(kwargs, match, tmp_path):
 
 def test_default_workers_are_the_cores_this_process_may_use(tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert ConvertOptions(tmp_path, tmp_path / "out").resolved_workers == 3  # not os.cpu_count()
+    assert ConvertOptions(tmp_path, tmp_path / "out").resolved_workers == 4  # cores + 1, not os.cpu_count() + 1
     assert ConvertOptions(tmp_path, tmp_path / "out", workers=5).resolved_workers == 5
 
 

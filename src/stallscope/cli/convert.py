@@ -33,7 +33,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(sharding, "shards", type=positive_int, default=None, metavar="N", help="N shards per split")
     add_flag(parser, "train_shards", type=positive_int, default=None, metavar="N", help="shards for the train split")
     add_flag(parser, "validation_shards", type=positive_int, default=None, metavar="N", help="shards for the validation split")
-    add_flag(parser, "workers", type=positive_int, default=None, metavar="N", help="worker processes (default: all cores)")
+    add_flag(parser, "workers", type=positive_int, default=None, metavar="N", help="worker processes (default: the cores + 1)")
     add_flag(parser, "schema", choices=("standard", "seed"), default="standard",
              help="feature keys: standard image/* keys, or seed-002's name/category/data (default: standard)")
     add_flag(parser, "max_side", type=positive_int, default=None, metavar="PIXELS",
