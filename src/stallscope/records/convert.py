@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
 STATE_DIR = ".stallscope-convert"  # per-shard state of an unfinished conversion
-CHUNK_IMAGES = 8  # images per worker task: small enough to balance, large enough to amortise pickling
+CHUNK_IMAGES = 16  # images per worker task: small enough to balance, large enough to amortise the hand-over (8: -4%)
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
 
