@@ -29,3 +29,13 @@ def test_another_models_checkpoints_are_refused(tmp_path):
     store = CheckpointStore(tmp_path, spec=ModelSpec(model="mobilenet", alpha=0.5, image_size=32, num_classes=3))
     with pytest.raises(UsageError, match="alpha: saved 0.25, now 0.5"):
         store.restore_latest()
+
+
+def test_a_checkpoint_resumes_with_pixels_scaled_elsewhere(tmp_path):
+    """seed scales pixels in the pipeline, tuned on the device: the weights are the same model's."""
+    ModelSpec(model="mobilenet", alpha=0.25, image_size=32, num_classes=3, input_range="minus_one_one").save(tmp_path)
+    store = CheckpointStore(tmp_path, spec=ModelSpec(model="mobilenet", alpha=0.25, image_size=32, num_classes=3,
+                                                     input_range="none"))
+    assert store.restore_latest() == 0
+    store.save()
+    assert ModelSpec.load(tmp_path).input_range == "none"  # evaluation then feeds what this run fed

@@ -54,7 +54,10 @@ class CheckpointStore:
         saved = ModelSpec.load(self.directory)
         ours = self.spec.to_dict()
         theirs = saved.to_dict()
-        differing = [k for k in ("model", "num_classes", "image_size", "alpha", "input_range") if ours[k] != theirs[k]]
+        differing = [k for k in ("model", "num_classes", "image_size", "alpha") if ours[k] != theirs[k]]
+        if ours["input_range"] != theirs["input_range"]:  # the input adapter has no weights: it just follows
+            log.info("pixels now arrive as %s (the checkpoints saw %s); the model's input adapter scales them",
+                     ours["input_range"], theirs["input_range"])
         if differing:
             details = ", ".join(f"{k}: saved {theirs[k]!r}, now {ours[k]!r}" for k in differing)
             raise UsageError(f"--checkpoint-path: {self.directory} holds checkpoints of another model ({details}); "
