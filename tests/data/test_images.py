@@ -232,3 +232,23 @@ def test_repaired_jpeg_keeps_the_source_quality_unless_told():
 def test_quality_and_check_choices_are_validated(kwargs):
     with pytest.raises(UsageError):
         ImageOptions(**kwargs)
+
+
+@pytest.mark.parametrize("orientation", [1, 6])
+def test_big_jpeg_downscaled_through_a_reduced_dct_scale_matches_a_full_decode(orientation):
+    photo = _photo((1600, 1200), seed=5)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    source = _encode(photo, "JPEG", quality=90, exif=exif.tobytes())
+    prepared = prepare_image(source, ImageOptions(max_side=200))
+    size = (200, 150) if orientation == 1 else (150, 200)
+    assert f"downscaled {1600 if orientation == 1 else 1200}x{1200 if orientation == 1 else 1600} to {size[0]}x{size[1]}" \
+        in "; ".join(prepared.actions)
+    reference = Image.open(io.BytesIO(source))
+    reference.load()
+    if orientation != 1:
+        reference = reference.transpose(Image.Transpose.ROTATE_270)
+    reference = np.asarray(reference.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0), dtype=np.float32)
+    ours = _tf_rgb(prepared.data).astype(np.float32)
+    assert ours.shape == reference.shape
+    assert np.abs(ours - reference).mean() < 3.0  # re-encoding noise; the reduced-scale decode adds about nothing

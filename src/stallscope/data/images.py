@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import math
 import warnings
 
 from stallscope.config import require_choice, require_positive
@@ -33,6 +34,7 @@ from stallscope.errors import UsageError
 DEFAULT_MAX_PIXELS = 89_478_485
 DEFAULT_JPEG_QUALITY = 95  # for sources that are not JPEG, or JPEGs whose tables cannot be reused
 KEEP_QUALITY = "keep"
+DRAFT_GAP = 2  # a JPEG downscaled by more than this is first decoded at a reduced DCT scale
 CHECK_CHOICES = ("stream", "full")
 
 # Short reasons, shared with the manifest and the convert summary.
@@ -206,6 +208,12 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
                       and not (options.max_side and max(width, height) > options.max_side))
         if kept_as_is and options.check == "stream":
             image.draft("RGB", (1, 1))  # the whole stream is decoded; pixels are rebuilt at 1/8 scale
+        elif fmt == "JPEG" and options.max_side and max(width, height) > DRAFT_GAP * options.max_side:
+            # A big JPEG that will be downscaled: libjpeg rebuilds it at 1/2, 1/4 or 1/8 scale, still at
+            # least DRAFT_GAP times the target, and the Lanczos resize below does the rest (Pillow's
+            # thumbnail() does the same); the whole stream is still decoded.
+            gap = DRAFT_GAP * options.max_side / max(width, height)
+            image.draft(None, (math.ceil(width * gap), math.ceil(height * gap)))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -226,8 +234,9 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     image, mode_action = _to_rgb(image)
     if mode_action:
         actions.append(mode_action)
-    if options.max_side and max(image.size) > options.max_side:
-        old = image.size
+    full_size = (width, height) if orientation not in (5, 6, 7, 8) else (height, width)  # after EXIF rotation
+    if options.max_side and max(full_size) > options.max_side:
+        old = full_size
         scale = options.max_side / max(old)
         new = (max(1, round(old[0] * scale)), max(1, round(old[1] * scale)))
         image = image.resize(new, Image.Resampling.LANCZOS, reducing_gap=3.0)
