@@ -226,3 +226,18 @@ def test_skipping_before_decoding_lands_where_an_uninterrupted_pipeline_would_be
 def test_skipping_is_refused_where_the_order_is_decided_after_decoding(tiny_tree):
     with pytest.raises(UsageError, match="decoded images"):
         build_dataset(small(PRESETS["seed"]), open_source("files", tiny_tree), repeat=True, skip_examples=4)
+
+
+def test_records_that_fit_the_shuffle_buffer_are_shuffled_whole_before_the_repeat(standard_records):
+    from stallscope.pipeline.describe import pipeline_as_built
+
+    source = open_source("records", standard_records)  # 12 records, 3 classes x 4
+    dataset = build_dataset(small(PRESETS["tuned"]), source, repeat=True, one_hot=False)
+    labels = np.concatenate([y.numpy() for _, y in dataset.take(9)])
+    for epoch in labels.reshape(3, 12):  # whole epochs: every record once per epoch
+        assert sorted(epoch.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+    chain = pipeline_as_built(build_dataset(small(PRESETS["tuned"]), source, repeat=True))
+    assert chain.index("Repeat") < chain.index("Shuffle")  # outermost first: the records' shuffle runs inside the repeat
+    # A buffer smaller than the data set shuffles a window over the repeated stream instead.
+    chain = pipeline_as_built(build_dataset(small(PRESETS["tuned"], shuffle_buffer=5), source, repeat=True))
+    assert chain.index("Shuffle") < chain.index("Repeat")

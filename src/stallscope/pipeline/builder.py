@@ -5,15 +5,17 @@ The chain, with every stage optional except read, decode and batch:
     files:   paths -> [shuffle files] -> [read map with read_parallelism, only when that differs
              from map_parallelism; otherwise the read runs inside the decode map]
     records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
-    then:    [cache encoded] -> [repeat, early] -> [shuffle encoded] -> decode map (parse, decode,
-             resize, normalise, label) -> [cache decoded] -> [shuffle decoded] -> [repeat, late]
-             -> batch -> [tf.data service] -> [prefetch]
+    then:    [cache encoded] -> [shuffle encoded, whole] -> [repeat, early] -> [shuffle encoded,
+             window] -> decode map (parse, decode, resize, normalise, label) -> [cache decoded]
+             -> [shuffle decoded] -> [repeat, late] -> batch -> [tf.data service] -> [prefetch]
 
 `repeat=True` (training by steps) repeats as early as the config allows: before the decode map, so
-epoch ends cause no drain-and-refill of the parallel map and no refill of a shuffle buffer of
-encoded records (those then mix across an epoch boundary within one buffer's span, as in the tf.data
-guide's repeat-before-shuffle; a full shuffle of file names still gives whole epochs). A shuffle or
-cache of decoded images needs whole epochs after the decode, so then the repeat comes late.
+epoch ends cause no drain-and-refill of the parallel map. The shuffle of encoded records is capped at
+the data set's size (a larger buffer adds memory, not randomness). When the whole data set fits, it
+shuffles each epoch in full before the repeat, so epochs stay whole (as a full shuffle of file names
+does); otherwise it is a window over the repeated stream, mixing across an epoch boundary within one
+buffer, the tf.data guide's repeat-before-shuffle, with no refill of a large buffer each epoch. A
+shuffle or cache of decoded images needs whole epochs after the decode, so then the repeat comes late.
 
 Elements are (images float32 [B, S, S, 3], labels) with one-hot float32 [B, num_classes] labels (or
 int32 [B]); a label outside [0, num_classes) fails the iterator with the file or record named.
@@ -110,10 +112,16 @@ def build_dataset(
     if cache_encoded:
         dataset = _cache(dataset, config)
     repeat_early = repeat and not _epochs_after_decode(config)
+    shuffle_encoded = bool(config.shuffle_buffer) and config.shuffle_at == "encoded" and not _shuffled_paths(config, source)
+    # A buffer beyond the data set adds no randomness, only memory (and, repeated, epochs mixed together).
+    buffer = min(config.shuffle_buffer, source.num_examples)
+    whole_epoch_shuffle = shuffle_encoded and buffer == source.num_examples
+    if shuffle_encoded and (whole_epoch_shuffle or not repeat_early):
+        dataset = dataset.shuffle(buffer, seed=config.seed)  # every epoch a full permutation
     if repeat_early:
         dataset = dataset.repeat()
-    if config.shuffle_buffer and config.shuffle_at == "encoded" and not _shuffled_paths(config, source):
-        dataset = dataset.shuffle(config.shuffle_buffer, seed=config.seed)
+    if shuffle_encoded and repeat_early and not whole_epoch_shuffle:
+        dataset = dataset.shuffle(buffer, seed=config.seed)  # a window over the stream; no refill each epoch
 
     if skip_examples:
         why = unresumable_reason(config)
