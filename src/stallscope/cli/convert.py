@@ -19,6 +19,7 @@ import argparse
 
 from stallscope.cli.flags import add_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int
 from stallscope.cli.progress import ProgressBar
+from stallscope.data.images import CHECK_CHOICES
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +42,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "jpeg_quality", type=jpeg_quality, default="keep", metavar="Q",
              help="quality of re-encoded images, 1..100, or 'keep': a JPEG source keeps its own quantisation "
                   "tables, other formats get 95 (default: keep)")
-    add_flag(parser, "check", choices=("stream", "full"), default="stream",
+    add_flag(parser, "check", choices=CHECK_CHOICES, default="stream",
              help="how a JPEG kept byte for byte is checked: 'stream' decodes its whole compressed stream and "
                   "rebuilds pixels at 1/8 scale (same verdict, faster), 'full' decodes every pixel (default: stream)")
     add_flag(parser, "max_pixels", type=positive_int, default=None, metavar="N",

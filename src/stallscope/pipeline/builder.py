@@ -115,12 +115,12 @@ def build_dataset(
     shuffle_encoded = bool(config.shuffle_buffer) and config.shuffle_at == "encoded" and not _shuffled_paths(config, source)
     # A buffer beyond the data set adds no randomness, only memory (and, repeated, epochs mixed together).
     buffer = min(config.shuffle_buffer, source.num_examples)
-    whole_epoch_shuffle = shuffle_encoded and buffer == source.num_examples
-    if shuffle_encoded and (whole_epoch_shuffle or not repeat_early):
+    shuffle_window = shuffle_encoded and repeat_early and buffer < source.num_examples
+    if shuffle_encoded and not shuffle_window:
         dataset = dataset.shuffle(buffer, seed=config.seed)  # every epoch a full permutation
     if repeat_early:
         dataset = dataset.repeat()
-    if shuffle_encoded and repeat_early and not whole_epoch_shuffle:
+    if shuffle_window:
         dataset = dataset.shuffle(buffer, seed=config.seed)  # a window over the stream; no refill each epoch
 
     if skip_examples:

@@ -97,8 +97,6 @@ def resize(image, image_size: int):
     500x375 one), which is what `convert --max-side` makes.
     """
     size = [image_size, image_size]
-    if image.dtype == tf.float32:
-        return tf.image.resize(image, size)
     shape = tf.shape(image)
     small = shape[0] * shape[1] <= FLOAT_FIRST_MAX_RATIO * image_size * image_size
     return tf.cond(small, lambda: tf.image.resize(tf.cast(image, tf.float32), size), lambda: tf.image.resize(image, size))

@@ -116,13 +116,13 @@ def encode_example_bytes(
         schema.filename_key: _bytes_feature(filename),
     }
     extras = {
-        "image/format": lambda: _bytes_feature(image_format),
-        "image/class/text": lambda: _bytes_feature(label_text),
-        "image/height": lambda: _int64_feature(height),
-        "image/width": lambda: _int64_feature(width),
+        "image/format": _bytes_feature(image_format),
+        "image/class/text": _bytes_feature(label_text),
+        "image/height": _int64_feature(height),
+        "image/width": _int64_feature(width),
     }
     for key, _ in schema.extra_keys:
-        features[key] = extras[key]()
+        features[key] = extras[key]
     parts: list[bytes] = []
     for key, feature in sorted(features.items()):
         key_field = _field(1, key.encode("utf-8"))

@@ -20,7 +20,8 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   images_per_second, step_time_ms, input_wait_ms, compute_ms, input_share (0..1), verdict,
   step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
   steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
-  resumed_data {epoch, skipped_examples, exact} or null (not resumed), total_steps, epochs, epochs_started, batch_size, image_size, final_loss, mean_loss_last_10,
+  resumed_data {epoch, skipped_examples, exact} or null (not resumed), total_steps, epochs,
+  epochs_started, batch_size, image_size, final_loss, mean_loss_last_10,
   pipeline {preset, requested, overrides, written, ran}, model {model, alpha, weights, fine_tune, ...} or
   null (emulated), source {kind, path, split, examples, files, bytes, schema, classes},
   accelerator {kind, spec, images_per_second, ms_per_step}, dataset_path, dataset_size,

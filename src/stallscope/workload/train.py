@@ -286,7 +286,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         start_step = store.restore_latest()
     step_counter = store.step if store is not None else None
 
-    resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
+    given_dataset = dataset is not None
+    resume = _resume_position(options, plan, start_step, given_dataset=given_dataset)
 
     def epoch_dataset(epoch: int, skip_examples: int = 0):
         """Epoch `epoch`'s pipeline (by steps: the one repeating pipeline); its order depends only on
@@ -335,7 +336,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         offset = start_step - resume.epoch * plan.steps_per_epoch
         for epoch in range(resume.epoch, options.epochs):
             epochs_started += 1
-            yield iter(dataset if epoch == resume.epoch else epoch_dataset(epoch)), plan.steps_per_epoch - offset
+            fresh = epoch != resume.epoch and not given_dataset
+            yield iter(epoch_dataset(epoch) if fresh else dataset), plan.steps_per_epoch - offset
             offset = 0
 
     if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
@@ -449,16 +451,15 @@ class _Resume:
 def _resume_position(options: TrainOptions, plan: _Plan, start_step: int, *, given_dataset: bool) -> _Resume:
     from stallscope.pipeline.builder import unresumable_reason
 
-    if start_step == 0 or given_dataset:
-        return _Resume(0, 0, start_step == 0)
-    batch = options.pipeline.batch_size
-    if options.steps is not None:
+    if start_step == 0:
+        return _Resume(0, 0, True)
+    if options.steps is not None or plan.steps_per_epoch is None:
         epoch, offset = 0, start_step
     else:
         epoch, offset = divmod(start_step, plan.steps_per_epoch)
-    why = unresumable_reason(options.pipeline)
+    why = "the dataset was given ready-made" if given_dataset else unresumable_reason(options.pipeline)
     if why is None:
-        return _Resume(epoch, offset * batch, True)
+        return _Resume(epoch, offset * options.pipeline.batch_size, True)
     log.info("resuming at step %d: the data of epoch %d starts again from its beginning, because %s",
              start_step, epoch, why)
     return _Resume(epoch, 0, False)
