@@ -37,6 +37,7 @@ from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
 from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_preset
+from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION_IMAGES
 from stallscope.workload.models import MODELS
 
 _TRUE = {"true", "yes", "on", "1"}
@@ -158,6 +159,15 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                    help="base weights: none, imagenet (Keras downloads them) or a weights file (default: none)")
     flags.add_flag(model, "fine_tune", default="head", metavar="head|full|last:N",
                    help="train the head only, everything, or the last N base layers too (default: head)")
+    flags.add_flag(model, "batchnorm", choices=BATCHNORM_MODES, default=None,
+                   help="BatchNorm layers of a base that trains: frozen (inference mode, their statistics kept; "
+                        "the default with pretrained weights), recalibrate (they train on batch statistics and "
+                        "their moving mean/variance are recomputed over training images before every checkpoint "
+                        "and validation; the default with --weights none), momentum (Keras' moving averages "
+                        "only, which lag behind the weights on short runs)")
+    flags.add_flag(model, "recalibration_images", type=flags.positive_int, default=DEFAULT_RECALIBRATION_IMAGES,
+                   metavar="N", help="with --batchnorm recalibrate: training images the statistics are computed "
+                                     f"over (default: {DEFAULT_RECALIBRATION_IMAGES})")
     flags.add_flag(model, "accelerator", default="real", metavar="real|emulated:IPS|emulated:MSms",
                    help="run the model, or emulate a device of that many images/s or ms per step (default: real)")
 
@@ -197,7 +207,8 @@ def train_options_from_args(args: argparse.Namespace, **overrides):
     values = dict(
         source=args.source, dataset_path=args.dataset_path, split=args.split, labels_file=args.labels_file,
         dataset_size=args.dataset_size, model=model, alpha=args.alpha, weights=weights,
-        fine_tune=args.fine_tune, accelerator=args.accelerator, pipeline=pipeline,
+        fine_tune=args.fine_tune, batchnorm=args.batchnorm, recalibration_images=args.recalibration_images,
+        accelerator=args.accelerator, pipeline=pipeline,
         seed=pipeline.seed,
     )
     for name in ("steps", "epochs", "learning_rate", "validation_path", "warmup_steps", "log_path",
@@ -231,6 +242,10 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
                      f"{summary['cpu']['cores']} cores (process {summary['cpu']['process_mean_percent']:.0f}%)")
     if summary.get("final_loss") is not None:
         lines.append(f"loss            {summary['final_loss']:.4f}")
+    if summary.get("train_top1_last_10") is not None:
+        lines.append(f"train top-1     {summary['train_top1_last_10']:.3f} (last 10 steps, training mode)")
+    if summary.get("batchnorm"):
+        lines.append(f"batchnorm       {format_batchnorm(summary['batchnorm'])}")
     validation = summary.get("validation")
     if validation:
         lines.append(f"validation      top-1 {validation['top1']:.3f}, top-{validation['k']} {validation['top5']:.3f}, "
@@ -238,6 +253,22 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     if summary.get("checkpoint"):
         lines.append(f"checkpoint      {summary['checkpoint']['latest']}")
     return lines
+
+
+def format_batchnorm(batchnorm: dict[str, Any]) -> str:
+    """What the run did with the base's BatchNorm layers, and why."""
+    mode, trained = batchnorm["mode"], batchnorm["trained_layers"]
+    why = " (default for these weights)" if batchnorm["default"] else ""
+    if mode == "frozen":
+        return f"frozen: {batchnorm['layers']} layer(s) in inference mode, statistics kept{why}"
+    if mode == "momentum":
+        return f"momentum: {trained} layer(s) trained, moving averages by momentum only{why}"
+    start = batchnorm["frozen_layers_calibrated_at_start"]
+    start = f"; {start} frozen layer(s) calibrated once at the start" if start else ""
+    if batchnorm["recalibrations"]:
+        return (f"recalibrated: moving statistics of {trained} trained layer(s) recomputed over "
+                f"{batchnorm['recalibration_images']} training images{start}{why}")
+    return f"recalibrate: no trained layer to recalibrate{why}" if not trained else f"recalibrate: not reached{why}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ wants caffe-style BGR minus the ImageNet mean; EfficientNet rescales 0..255 itse
 weights see familiar pixels whatever `--normalize` the pipeline used.
 
 Fine-tuning: "head" freezes the base, "full" trains everything, "last:N" trains the last N layers
-of the base. The base always runs with batch normalisation in inference mode, as Keras' transfer
-learning guide advises, so unfreezing does not wreck the pretrained statistics.
+of the base. How its BatchNorm layers behave while they train ("frozen", "recalibrate" or
+"momentum") is `batchnorm.py`'s business; the spec records the mode the run used.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive
 from stallscope.errors import DataError, UsageError
+from stallscope.workload.batchnorm import apply_batchnorm, resolve_batchnorm
 
 # Pixel ranges: the pipeline's `normalize` names and what each base expects.
 RANGES = {"minus_one_one": (-1.0, 1.0), "zero_one": (0.0, 1.0), "none": (0.0, 255.0)}
@@ -81,6 +82,7 @@ class ModelSpec:
     fine_tune: str = "head"
     input_range: str = "minus_one_one"  # the pipeline's normalize
     labels: tuple[str, ...] = ()
+    batchnorm: str | None = None  # None: the default for the weights (see batchnorm.py)
 
     def __post_init__(self) -> None:
         require_choice("model", self.model, MODELS)
@@ -100,6 +102,8 @@ class ModelSpec:
         if self.labels and len(self.labels) != self.num_classes:
             raise UsageError(f"labels: {len(self.labels)} labels for num_classes={self.num_classes}")
         parse_fine_tune(self.fine_tune)
+        object.__setattr__(self, "batchnorm", resolve_batchnorm(self.batchnorm, weights=self.weights,
+                                                                fine_tune=self.fine_tune))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -171,6 +175,7 @@ def build_model(spec: ModelSpec):
             raise UsageError(f"--weights: {weights!r} does not fit the {spec.model} base at "
                              f"{size}x{size} (alpha {spec.alpha}): {exc}") from None
     apply_fine_tune(base, spec.fine_tune)
+    apply_batchnorm(base, spec.batchnorm)
 
     scale, offset, caffe = _adapter_transform(spec.input_range, family.expects)
     inputs = keras.Input((size, size, 3), name="images")

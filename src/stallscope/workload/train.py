@@ -35,6 +35,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.sources import SOURCE_KINDS
 from stallscope.workload import rundir
+from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
 from stallscope.workload.models import MODELS, ModelSpec, parse_fine_tune, parse_weights
 from stallscope.workload.profiling import ProfileWindow, StepProfiler, parse_profile_steps
@@ -55,6 +56,8 @@ class TrainOptions:
     accelerator: "real", "emulated:IMAGES_PER_SECOND" or "emulated:MS_PER_STEPms" (or an Accelerator).
     weights: "none", "imagenet" (Keras downloads them) or the path of a weights file for the base.
     fine_tune: "head" (frozen base), "full", or "last:N" (the last N base layers train).
+    batchnorm: "frozen", "recalibrate" or "momentum" (see batchnorm.py); None: the default for `weights`.
+    recalibration_images: training images whose statistics "recalibrate" writes into BatchNorm layers.
     log_path: the run directory; None makes runs/<timestamp>-<model>-<source>.
     checkpoint_path: where checkpoints go (and are resumed from); None: no checkpoints.
     profile_steps: (start, stop) global steps to profile, or "START:STOP"; needs nothing else.
@@ -72,6 +75,8 @@ class TrainOptions:
     alpha: float = 1.0
     weights: str = "none"
     fine_tune: str = "head"
+    batchnorm: str | None = None
+    recalibration_images: int = DEFAULT_RECALIBRATION_IMAGES
     steps: int | None = None
     epochs: int = 1
     dataset_size: int | None = None
@@ -98,6 +103,8 @@ class TrainOptions:
         require_choice("model", self.model, MODELS)
         set_(self, "weights", parse_weights(self.weights))
         set_(self, "fine_tune", parse_fine_tune(self.fine_tune))
+        set_(self, "batchnorm", resolve_batchnorm(self.batchnorm, weights=self.weights, fine_tune=self.fine_tune))
+        require_positive("recalibration_images", self.recalibration_images)
         require_positive("steps", self.steps, allow_none=True)
         require_positive("epochs", self.epochs)
         require_positive("dataset_size", self.dataset_size, allow_none=True)
@@ -123,7 +130,7 @@ class TrainOptions:
     def model_spec(self, labels: tuple[str, ...]) -> ModelSpec:
         return ModelSpec(model=self.model, num_classes=len(labels), image_size=self.pipeline.image_size,
                          alpha=self.alpha, weights=self.weights, fine_tune=self.fine_tune,
-                         input_range=self.pipeline.normalize, labels=tuple(labels))
+                         input_range=self.pipeline.normalize, labels=tuple(labels), batchnorm=self.batchnorm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +224,8 @@ def _open_validation(options: TrainOptions, labels: tuple[str, ...]):
 
 
 class _RealDevice:
-    """The model's train step as a tf.function; reading the loss forces the step to complete."""
+    """The model's train step as a tf.function; reading the loss forces the step to complete.
+    `last_correct` counts the batch's images the step's (training-mode) predictions got right."""
 
     def __init__(self, model, learning_rate: float) -> None:
         import keras
@@ -235,14 +243,75 @@ class _RealDevice:
                 loss = loss_fn(labels, predictions)
             gradients = tape.gradient(loss, model.trainable_variables)
             self.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(predictions, axis=-1), tf.argmax(labels, axis=-1)),
+                                            tf.int32))
+            return loss, correct
 
         self._train_step = train_step
+        self.last_correct = 0
 
     def run_step(self, batch) -> tuple[int, float]:
         images, labels = batch
-        loss = float(self._train_step(images, labels))
-        return int(images.shape[0]), loss
+        loss, correct = self._train_step(images, labels)
+        self.last_correct = int(correct)
+        return int(images.shape[0]), float(loss)
+
+
+class _BatchNormKeeper:
+    """Makes the moving statistics of the BatchNorm layers that train match the weights ("recalibrate")
+    before the model is saved, validated or handed back; records what the run did with BatchNorm."""
+
+    def __init__(self, options: TrainOptions, source, model, base) -> None:
+        from stallscope.workload.batchnorm import batchnorm_layers, default_batchnorm, trained_batchnorm_layers
+
+        self.options, self.source, self.model = options, source, model
+        self.all_layers = batchnorm_layers(base) if base is not None else []
+        self.trained = trained_batchnorm_layers(base) if base is not None else []
+        self.mode = options.batchnorm
+        untrained = options.weights == "none" and self.mode == "recalibrate"
+        self.still = [layer for layer in self.all_layers if not layer.trainable] if untrained else []
+        self.prepared = 0
+        self.default = self.mode == ("frozen" if options.fine_tune == "head" else default_batchnorm(options.weights))
+        self.settled_step: int | None = None
+        self.images = 0
+        self.recalibrations = 0
+
+    def prepare(self, start_step: int) -> None:
+        """A fresh run from scratch: the frozen layers' statistics for their random weights, once."""
+        if start_step == 0 and self.still:
+            from stallscope.workload.batchnorm import recalibrate
+
+            recalibrate(self.model, self.still, self._batches())
+            self.prepared = len(self.still)
+
+    def settle(self, step: int) -> None:
+        if self.mode != "recalibrate" or not self.trained or self.settled_step == step:
+            return
+        from stallscope.workload.batchnorm import recalibrate
+
+        self.images = recalibrate(self.model, self.trained, self._batches())
+        self.recalibrations += 1
+        self.settled_step = step
+
+    def _batches(self):
+        """Up to `recalibration_images` training images, shuffled (a batch of one class would skew the
+        batch statistics the layers see), in batches of the training size, preprocessed as in training."""
+        from stallscope.pipeline.builder import build_dataset
+        from stallscope.workload.evaluate import evaluation_pipeline
+
+        batch = self.options.pipeline.batch_size
+        images = min(self.options.recalibration_images, self.source.num_examples)
+        config = evaluation_pipeline(self.options.pipeline).replace(
+            shuffle_buffer=self.source.num_examples, shuffle_at="encoded", drop_remainder=images >= batch)
+        return build_dataset(config, self.source, num_classes=self.source.num_classes).take(max(1, images // batch))
+
+    def summary(self) -> dict[str, Any] | None:
+        if self.model is None:
+            return None
+        return {"mode": self.mode, "default": self.default, "layers": len(self.all_layers),
+                "trained_layers": len(self.trained), "frozen_layers_calibrated_at_start": self.prepared,
+                "recalibrations": self.recalibrations,
+                "recalibration_images": self.images if self.recalibrations else None}
 
 
 def run_training(options: TrainOptions, *, dataset=None, source=None,
@@ -266,7 +335,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     accelerator: Accelerator = options.accelerator
     keras.utils.set_random_seed(options.seed)
 
-    model = spec = None
+    model = spec = base = None
     if accelerator.emulated:
         device = EmulatedDevice(accelerator)
         optimizer = None
@@ -274,7 +343,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         from stallscope.workload.models import build_model
 
         spec = options.model_spec(source.labels)
-        model, _ = build_model(spec)
+        model, base = build_model(spec)
         device = _RealDevice(model, options.learning_rate)
         optimizer = device.optimizer
 
@@ -313,6 +382,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     steps: list[rundir.StepRecord] = []
     window: list[rundir.StepRecord] = []
     losses: list[float] = []
+    accuracies: list[float] = []
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     clock = StepClock()
     step = start_step
@@ -339,6 +409,9 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
             fresh = epoch != resume.epoch and not given_dataset
             yield iter(epoch_dataset(epoch) if fresh else dataset), plan.steps_per_epoch - offset
             offset = 0
+
+    batchnorm = _BatchNormKeeper(options, source, model, base)
+    batchnorm.prepare(start_step)
 
     if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
         log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
@@ -373,6 +446,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                     window.append(record)
                     if loss is not None:
                         losses.append(loss)
+                        accuracies.append(device.last_correct / images if images else 0.0)
                     line = None
                     if step % options.log_every == 0:
                         line = format_step_line(step, window, loss)
@@ -382,6 +456,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                     if on_step is not None:
                         on_step(StepProgress(record, loss, plan.total_steps, line))
                     if store is not None and step % options.checkpoint_every == 0:
+                        batchnorm.settle(step)
                         store.save()
                         last_saved = step
         except KeyboardInterrupt:
@@ -389,9 +464,12 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         finally:
             profiler.stop()
             if store is not None and step != last_saved:
+                batchnorm.settle(step)
                 store.save()
             writer.flush()
 
+    if not interrupted:
+        batchnorm.settle(step)  # the model handed back (and validated) infers as it was trained
     validation = None
     if validation_source is not None and not interrupted:
         from stallscope.workload.evaluate import evaluate_model, evaluation_pipeline
@@ -407,6 +485,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     stats = summarize_steps(steps)
     summary = _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at,
                        start_step, epochs_started, profiler, store, validation, spec, model)
+    summary["batchnorm"] = batchnorm.summary()
+    summary["train_top1_last_10"] = sum(accuracies[-10:]) / len(accuracies[-10:]) if accuracies else None
     summary["interrupted"] = interrupted
     summary["resumed_data"] = (None if start_step == 0 else
                                {"epoch": resume.epoch, "skipped_examples": resume.skip_examples, "exact": resume.exact})
