@@ -57,3 +57,20 @@ def records_dir(tiny_tree, tmp_path_factory) -> Path:
 def make_pipeline():
     """`make_pipeline("seed", prefetch=2)`: a preset at test scale (see `tiny_pipeline`)."""
     return tiny_pipeline
+
+
+@pytest.fixture(scope="session")
+def colour_tree(tmp_path_factory) -> Path:
+    """A learnable two-class `{label}/*` tree: 24 reddish and 24 bluish 48x48 JPEGs with pixel noise."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("colour_tree")
+    rng = np.random.default_rng(0)
+    for label, rgb in (("blue", (40, 40, 200)), ("red", (200, 40, 40))):
+        folder = root / label
+        folder.mkdir()
+        for index in range(24):
+            pixels = np.array(rgb) + rng.normal(0, 20, (48, 48, 3))
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(folder / f"{index:03d}.jpg", quality=90)
+    return root
