@@ -39,3 +39,83 @@ def test_a_checkpoint_resumes_with_pixels_scaled_elsewhere(tmp_path):
     assert store.restore_latest() == 0
     store.save()
     assert ModelSpec.load(tmp_path).input_range == "none"  # evaluation then feeds what this run fed
+
+
+# Checkpoint directories that do not fit the run, and damaged checkpoints: one line, exit 2, no dump.
+
+TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--alpha", "0.25"]
+
+
+def _run(tree, directory, tmp_path, *extra):
+    from stallscope.cli.main import main
+
+    return main(["train", "--dataset_path", str(tree), "--checkpoint_path", str(directory),
+                 "--log_path", str(tmp_path / "run"), "--steps", "2", *TINY, *extra])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dirs(tiny_tree, tmp_path_factory):
+    """{"real": a mobilenet run's checkpoints (fine-tune head), "emulated": an emulated run's}; copy before changing."""
+    root = tmp_path_factory.mktemp("checkpoint_dirs")
+    assert _run(tiny_tree, root / "real", root) == 0
+    assert _run(tiny_tree, root / "emulated", root, "--accelerator", "emulated:1ms") == 0
+    return {"real": root / "real", "emulated": root / "emulated"}
+
+
+def _one_line_error(capsys, argv) -> str:
+    from stallscope.cli.main import main
+
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and len(err) < 400, err[:3000]
+    return err
+
+
+def _copy(source, tmp_path):
+    import shutil
+
+    return shutil.copytree(source, tmp_path / source.name)
+
+
+def _train_argv(tree, directory, tmp_path, *extra):
+    return ["train", "--dataset_path", str(tree), "--checkpoint_path", str(directory), "--log_path",
+            str(tmp_path / "run"), "--steps", "4", *TINY, *extra]
+
+
+def test_a_real_run_on_an_emulated_runs_checkpoints_says_what_differs(checkpoint_dirs, tiny_tree, tmp_path, capsys):
+    directory = _copy(checkpoint_dirs["emulated"], tmp_path)
+    err = _one_line_error(capsys, _train_argv(tiny_tree, directory, tmp_path))
+    assert f"--checkpoint-path: {directory} holds checkpoints of an emulated-accelerator run" in err
+    assert "this run trains mobilenet (alpha 0.25, 32 px, 3 classes, fine-tune head) with --accelerator real" in err
+
+
+def test_an_emulated_run_on_a_real_runs_checkpoints_is_refused(checkpoint_dirs, tiny_tree, tmp_path, capsys):
+    """Resuming would write step-only checkpoints after the model's, and evaluate would then find no model."""
+    directory = _copy(checkpoint_dirs["real"], tmp_path)
+    err = _one_line_error(capsys, _train_argv(tiny_tree, directory, tmp_path, "--accelerator", "emulated:1ms"))
+    assert "holds checkpoints of a real mobilenet (alpha 0.25, 32 px, 3 classes, fine-tune head)" in err
+    assert [step for step, _ in list_checkpoints(directory)] == [2]
+
+
+def test_another_fine_tuning_mode_says_which(checkpoint_dirs, tiny_tree, tmp_path, capsys):
+    directory = _copy(checkpoint_dirs["real"], tmp_path)
+    err = _one_line_error(capsys, _train_argv(tiny_tree, directory, tmp_path, "--fine_tune", "full"))
+    assert "holds checkpoints of another model (fine_tune: saved 'head', now 'full'" in err
+
+
+def test_evaluate_on_an_emulated_runs_checkpoints(checkpoint_dirs, tiny_tree, capsys):
+    err = _one_line_error(capsys, ["evaluate", "--checkpoint_path", str(checkpoint_dirs["emulated"]),
+                                   "--dataset_path", str(tiny_tree), "--split", "train"])
+    assert "holds checkpoints of an emulated-accelerator run (a step count, no model weights): nothing to evaluate" in err
+
+
+@pytest.mark.parametrize("damaged", ["ckpt-2.data-00000-of-00001", "ckpt-2.index"])
+def test_evaluate_on_a_truncated_checkpoint_names_the_file(checkpoint_dirs, tiny_tree, tmp_path, capsys, damaged):
+    directory = _copy(checkpoint_dirs["real"], tmp_path)
+    path = directory / damaged
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 3)
+    err = _one_line_error(capsys, ["evaluate", "--checkpoint_path", str(directory), "--dataset_path", str(tiny_tree),
+                                   "--split", "train"])
+    assert err.startswith(f"stallscope evaluate: error: {path}: cannot be read (") and "damaged or incomplete" in err

@@ -4,6 +4,8 @@
 index last and updates the `checkpoint` state file after), so a run killed mid-save still finds
 the previous checkpoint. `model.json` beside them (a `ModelSpec`) lets `evaluate` rebuild the model
 with no model flags. An emulated-accelerator run has no model; its checkpoints hold the step only.
+A directory that holds another run's kind of checkpoint (emulated vs real, another model, another
+fine-tuning mode) or a damaged checkpoint is refused in one line saying what does not match.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CheckpointStore:
         except OSError as exc:
             raise UsageError(f"--checkpoint-path: cannot create {str(directory)!r} ({exc.strerror})") from None
         self.spec = spec
+        self.has_model = model is not None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         objects = {"step": self.step}
         if model is not None:
@@ -49,12 +52,26 @@ class CheckpointStore:
 
     def check_spec_matches(self) -> None:
         """A resumed run must build the same model it saved; otherwise restoring would fail obscurely."""
+        latest = self.latest
+        if latest is not None:
+            holds_model = checkpoint_holds_model(latest)
+            if not self.has_model and holds_model:
+                saved = describe_model(self.directory)
+                raise UsageError(f"--checkpoint-path: {self.directory} holds checkpoints of a real {saved}; this run "
+                                 "emulates an accelerator; use a new directory, or --accelerator real and that model")
+            if self.has_model and not holds_model:
+                ours = describe_spec(self.spec) if self.spec is not None else "a model"
+                raise UsageError(f"--checkpoint-path: {self.directory} holds checkpoints of an emulated-accelerator run "
+                                 f"(a step count, no model weights); this run trains {ours} "
+                                 "with --accelerator real; use a new directory")
         if self.spec is None or not (self.directory / MODEL_SPEC_NAME).exists():
             return
         saved = ModelSpec.load(self.directory)
         ours = self.spec.to_dict()
         theirs = saved.to_dict()
-        differing = [k for k in ("model", "num_classes", "image_size", "alpha") if ours[k] != theirs[k]]
+        # fine_tune and batchnorm decide which variables train, so the optimizer's slots depend on them
+        differing = [k for k in ("model", "num_classes", "image_size", "alpha", "fine_tune", "batchnorm")
+                     if ours[k] != theirs[k]]
         if ours["input_range"] != theirs["input_range"]:  # the input adapter has no weights: it just follows
             log.info("pixels now arrive as %s (the checkpoints saw %s); the model's input adapter scales them",
                      ours["input_range"], theirs["input_range"])
@@ -72,7 +89,10 @@ class CheckpointStore:
         try:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:
-            raise DataError(f"{latest}: does not match this run's model and optimizer ({exc})") from None
+            raise DataError(f"{latest}: does not match this run's model and optimizer "
+                            f"({_first_line(exc)}); use a new --checkpoint-path") from None
+        except _read_errors() as exc:
+            raise _damaged(latest, exc) from None
         step = int(self.step.numpy())
         log.info("resumed from %s at step %d", latest, step)
         return step
@@ -112,8 +132,64 @@ def restore_model(model, checkpoint_prefix: str) -> None:
     """Loads only the model's weights from a training checkpoint (optimizer slots are skipped)."""
     import tensorflow as tf
 
-    status = tf.train.Checkpoint(model=model).restore(checkpoint_prefix)
+    if not checkpoint_holds_model(checkpoint_prefix):
+        raise DataError(f"{checkpoint_prefix}: a checkpoint of an emulated-accelerator run (a step count, no model "
+                        "weights); evaluate the checkpoints of a run with --accelerator real")
     try:
+        status = tf.train.Checkpoint(model=model).restore(checkpoint_prefix)
         status.expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError) as exc:
-        raise DataError(f"{checkpoint_prefix}: does not match the model in {MODEL_SPEC_NAME} ({exc})") from None
+        raise DataError(f"{checkpoint_prefix}: does not match the model in {MODEL_SPEC_NAME} "
+                        f"({_first_line(exc)})") from None
+    except _read_errors() as exc:
+        raise _damaged(checkpoint_prefix, exc) from None
+
+
+def checkpoint_holds_model(checkpoint_prefix: str) -> bool:
+    """Whether a checkpoint has model weights (an emulated run's has the step only). Reads its index."""
+    import tensorflow as tf
+
+    try:
+        names = tf.train.load_checkpoint(checkpoint_prefix).get_variable_to_shape_map()
+    except _read_errors() as exc:
+        raise _damaged(checkpoint_prefix, exc, index=True) from None
+    return any(name.startswith("model/") for name in names)
+
+
+def describe_spec(spec: ModelSpec) -> str:
+    alpha = f" alpha {spec.alpha:g}," if spec.alpha != 1.0 else ""
+    return (f"{spec.model} ({alpha} {spec.image_size} px, {spec.num_classes} classes, "
+            f"fine-tune {spec.fine_tune})").replace("( ", "(")
+
+
+def describe_model(directory: Path) -> str:
+    """The model a checkpoint directory's model.json names, for messages."""
+    try:
+        return describe_spec(ModelSpec.load(directory))
+    except (DataError, UsageError):
+        return "model"
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What TensorFlow raises on a truncated or corrupt checkpoint file (IndexError: data cut short)."""
+    import tensorflow as tf
+
+    return (tf.errors.OpError, IndexError)
+
+
+def _damaged(checkpoint_prefix: str, exc: BaseException, *, index: bool = False) -> DataError:
+    if index:
+        name = f"{checkpoint_prefix}.index"
+    else:
+        data = sorted(Path(checkpoint_prefix).parent.glob(f"{Path(checkpoint_prefix).name}.data-*"))
+        name = ", ".join(str(path) for path in data) or f"{checkpoint_prefix}.data-*"
+    reason = exc.message if hasattr(exc, "message") and exc.message else str(exc)
+    return DataError(f"{name}: cannot be read ({_first_line(reason)}); the checkpoint is damaged or incomplete: "
+                     "use an earlier checkpoint or train again")
+
+
+def _first_line(exc: BaseException | str) -> str:
+    """The gist of a TensorFlow error: its first sentence, without the variable values it may list."""
+    text = " ".join(str(exc).split())
+    text = text.split(" Showing ")[0].split(" Unmatched ")[0]
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -18,8 +18,8 @@ from typing import Any
 from stallscope.config import AUTOTUNE, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.workload.checkpoints import list_checkpoints, restore_model
-from stallscope.workload.models import ModelSpec
+from stallscope.workload.checkpoints import checkpoint_holds_model, list_checkpoints, restore_model
+from stallscope.workload.models import MODEL_SPEC_NAME, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,12 @@ class Evaluator:
         from stallscope.workload.models import build_model
 
         self.options = options
+        checkpoints = list_checkpoints(options.checkpoint_path)
+        if checkpoints and not (options.checkpoint_path / MODEL_SPEC_NAME).exists() \
+                and not checkpoint_holds_model(checkpoints[-1][1]):
+            raise DataError(f"--checkpoint-path: {options.checkpoint_path} holds checkpoints of an emulated-accelerator "
+                            "run (a step count, no model weights): nothing to evaluate; give the checkpoints of a run "
+                            "with --accelerator real")
         self.spec = ModelSpec.load(options.checkpoint_path)
         source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
         if self.spec.labels and tuple(source.labels) != tuple(self.spec.labels):
