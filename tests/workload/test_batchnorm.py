@@ -109,6 +109,17 @@ def test_the_default_follows_the_weights():
         resolve_batchnorm("precise", weights="none", fine_tune="full")
 
 
+def test_a_copy_for_another_phase_gets_that_phases_default(tiny_tree):
+    """The diagnosis copies the options per fine-tuning phase: a head phase must not inherit "recalibrate"."""
+    import dataclasses
+
+    from stallscope.workload.train import TrainOptions
+
+    options = TrainOptions(source="files", dataset_path=tiny_tree, fine_tune="full", weights="none")
+    assert options.batchnorm_mode == "recalibrate"
+    assert dataclasses.replace(options, fine_tune="head").batchnorm_mode == "frozen"
+
+
 def test_batchnorm_flag_is_documented_and_checked(tiny_tree, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -21,7 +21,9 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
   steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
   resumed_data {epoch, skipped_examples, exact} or null (not resumed), total_steps, epochs,
-  epochs_started, batch_size, image_size, final_loss, mean_loss_last_10,
+  epochs_started, batch_size, image_size, final_loss, mean_loss_last_10, train_top1_last_10 (training-mode
+  accuracy of the last 10 batches) or null, batchnorm {mode, default, layers, trained_layers,
+  frozen_layers_calibrated_at_start, recalibrations, recalibration_images} or null (emulated),
   pipeline {preset, requested, overrides, written, ran}, model {model, alpha, weights, fine_tune, ...} or
   null (emulated), source {kind, path, split, examples, files, bytes, schema, classes},
   accelerator {kind, spec, images_per_second, ms_per_step}, dataset_path, dataset_size,

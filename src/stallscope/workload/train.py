@@ -56,7 +56,8 @@ class TrainOptions:
     accelerator: "real", "emulated:IMAGES_PER_SECOND" or "emulated:MS_PER_STEPms" (or an Accelerator).
     weights: "none", "imagenet" (Keras downloads them) or the path of a weights file for the base.
     fine_tune: "head" (frozen base), "full", or "last:N" (the last N base layers train).
-    batchnorm: "frozen", "recalibrate" or "momentum" (see batchnorm.py); None: the default for `weights`.
+    batchnorm: "frozen", "recalibrate" or "momentum" (see batchnorm.py); None: the default for `weights`
+        and `fine_tune` (`batchnorm_mode`), so a copy with another fine_tune gets that one's default.
     recalibration_images: training images whose statistics "recalibrate" writes into BatchNorm layers.
     log_path: the run directory; None makes runs/<timestamp>-<model>-<source>.
     checkpoint_path: where checkpoints go (and are resumed from); None: no checkpoints.
@@ -103,7 +104,8 @@ class TrainOptions:
         require_choice("model", self.model, MODELS)
         set_(self, "weights", parse_weights(self.weights))
         set_(self, "fine_tune", parse_fine_tune(self.fine_tune))
-        set_(self, "batchnorm", resolve_batchnorm(self.batchnorm, weights=self.weights, fine_tune=self.fine_tune))
+        if self.batchnorm is not None:
+            set_(self, "batchnorm", resolve_batchnorm(self.batchnorm, weights=self.weights, fine_tune=self.fine_tune))
         require_positive("recalibration_images", self.recalibration_images)
         require_positive("steps", self.steps, allow_none=True)
         require_positive("epochs", self.epochs)
@@ -127,10 +129,14 @@ class TrainOptions:
             raise UsageError("--validation-path: an emulated accelerator has no model to validate; "
                              "use --accelerator real")
 
+    @property
+    def batchnorm_mode(self) -> str:
+        return resolve_batchnorm(self.batchnorm, weights=self.weights, fine_tune=self.fine_tune)
+
     def model_spec(self, labels: tuple[str, ...]) -> ModelSpec:
         return ModelSpec(model=self.model, num_classes=len(labels), image_size=self.pipeline.image_size,
                          alpha=self.alpha, weights=self.weights, fine_tune=self.fine_tune,
-                         input_range=self.pipeline.normalize, labels=tuple(labels), batchnorm=self.batchnorm)
+                         input_range=self.pipeline.normalize, labels=tuple(labels), batchnorm=self.batchnorm_mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,16 +268,16 @@ class _BatchNormKeeper:
     before the model is saved, validated or handed back; records what the run did with BatchNorm."""
 
     def __init__(self, options: TrainOptions, source, model, base) -> None:
-        from stallscope.workload.batchnorm import batchnorm_layers, default_batchnorm, trained_batchnorm_layers
+        from stallscope.workload.batchnorm import batchnorm_layers, trained_batchnorm_layers
 
         self.options, self.source, self.model = options, source, model
         self.all_layers = batchnorm_layers(base) if base is not None else []
         self.trained = trained_batchnorm_layers(base) if base is not None else []
-        self.mode = options.batchnorm
+        self.mode = options.batchnorm_mode
         untrained = options.weights == "none" and self.mode == "recalibrate"
         self.still = [layer for layer in self.all_layers if not layer.trainable] if untrained else []
         self.prepared = 0
-        self.default = self.mode == ("frozen" if options.fine_tune == "head" else default_batchnorm(options.weights))
+        self.default = options.batchnorm is None
         self.settled_step: int | None = None
         self.images = 0
         self.recalibrations = 0
