@@ -128,3 +128,21 @@ def test_batchnorm_flag_is_documented_and_checked(tiny_tree, capsys):
     assert main(["train", "--dataset_path", str(tiny_tree), "--batchnorm", "recalibrate", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--batchnorm recalibrate: --fine-tune head trains no base layer" in err
+
+
+def test_evaluation_runs_the_model_in_inference_mode():
+    """Even BatchNorm layers that train (momentum mode) keep their statistics while a model is evaluated."""
+    import tensorflow as tf
+
+    from stallscope.workload.evaluate import evaluate_model
+
+    model, base = build_model(ModelSpec(model="mobilenet", alpha=0.25, image_size=32, num_classes=2,
+                                        fine_tune="full", batchnorm="momentum"))
+    layers = batchnorm_layers(base)
+    assert all(layer.trainable for layer in layers)
+    before = [layer.moving_mean.numpy() for layer in layers]
+    images = np.random.default_rng(0).uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((images, np.eye(2, dtype=np.float32)[[0, 1] * 4])).batch(4)
+    assert evaluate_model(model, dataset).examples == 8
+    for layer, old in zip(layers, before):
+        np.testing.assert_array_equal(layer.moving_mean.numpy(), old)

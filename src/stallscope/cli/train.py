@@ -160,10 +160,11 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(model, "fine_tune", default="head", metavar="head|full|last:N",
                    help="train the head only, everything, or the last N base layers too (default: head)")
     flags.add_flag(model, "batchnorm", choices=BATCHNORM_MODES, default=None,
-                   help="BatchNorm layers of a base that trains: frozen (inference mode, their statistics kept; "
-                        "the default with pretrained weights), recalibrate (they train on batch statistics and "
+                   help="BatchNorm layers of a base that trains: frozen (inference mode, statistics, scale and offset "
+                        "kept; the default with pretrained weights), recalibrate (they train on batch statistics and "
                         "their moving mean/variance are recomputed over training images before every checkpoint "
-                        "and validation; the default with --weights none), momentum (Keras' moving averages "
+                        "and validation, those of frozen layers once at the start; the default with --weights "
+                        "none), momentum (Keras' moving averages "
                         "only, which lag behind the weights on short runs)")
     flags.add_flag(model, "recalibration_images", type=flags.positive_int, default=DEFAULT_RECALIBRATION_IMAGES,
                    metavar="N", help="with --batchnorm recalibrate: training images the statistics are computed "
