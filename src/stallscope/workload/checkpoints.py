@@ -61,8 +61,8 @@ class CheckpointStore:
                                  "emulates an accelerator; use a new directory, or --accelerator real and that model")
             if self.has_model and not holds_model:
                 ours = describe_spec(self.spec) if self.spec is not None else "a model"
-                raise UsageError(f"--checkpoint-path: {self.directory} holds checkpoints of an emulated-accelerator run "
-                                 f"(a step count, no model weights); this run trains {ours} "
+                raise UsageError(f"--checkpoint-path: {self.directory} holds checkpoints of an "
+                                 f"emulated-accelerator run (a step count, no model weights); this run trains {ours} "
                                  "with --accelerator real; use a new directory")
         if self.spec is None or not (self.directory / MODEL_SPEC_NAME).exists():
             return

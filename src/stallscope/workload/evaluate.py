@@ -131,8 +131,8 @@ class Evaluator:
         checkpoints = list_checkpoints(options.checkpoint_path)
         if checkpoints and not (options.checkpoint_path / MODEL_SPEC_NAME).exists() \
                 and not checkpoint_holds_model(checkpoints[-1][1]):
-            raise DataError(f"--checkpoint-path: {options.checkpoint_path} holds checkpoints of an emulated-accelerator "
-                            "run (a step count, no model weights): nothing to evaluate; give the checkpoints of a run "
+            raise DataError(f"--checkpoint-path: {options.checkpoint_path} holds checkpoints of an "
+                            "emulated-accelerator run (a step count, no model weights): nothing to evaluate; give the checkpoints of a run "
                             "with --accelerator real")
         self.spec = ModelSpec.load(options.checkpoint_path)
         source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
