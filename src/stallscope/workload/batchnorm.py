@@ -81,7 +81,8 @@ def recalibrate(model, layers: list, batches) -> int:
     Runs `model` in training mode (each listed layer, made trainable for the pass, then normalises with
     its batch's statistics, as in training) with momentum 0, so after each batch a layer's moving
     mean and variance are that batch's; they are pooled per image into the population mean and
-    variance and written at the end. A failure (or Ctrl-C) part-way puts the previous statistics back. Returns the images used.
+    variance and written at the end. A failure (or Ctrl-C) part-way puts the previous statistics
+    back. Returns the images used.
     """
     import numpy as np
 

@@ -132,8 +132,8 @@ class Evaluator:
         if checkpoints and not (options.checkpoint_path / MODEL_SPEC_NAME).exists() \
                 and not checkpoint_holds_model(checkpoints[-1][1]):
             raise DataError(f"--checkpoint-path: {options.checkpoint_path} holds checkpoints of an "
-                            "emulated-accelerator run (a step count, no model weights): nothing to evaluate; give the checkpoints of a run "
-                            "with --accelerator real")
+                            "emulated-accelerator run (a step count, no model weights): nothing to evaluate; "
+                            "give the checkpoints of a run with --accelerator real")
         self.spec = ModelSpec.load(options.checkpoint_path)
         source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
         if self.spec.labels and tuple(source.labels) != tuple(self.spec.labels):
