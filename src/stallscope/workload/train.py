@@ -308,7 +308,8 @@ class _BatchNormKeeper:
         batch = self.options.pipeline.batch_size
         images = min(self.options.recalibration_images, self.source.num_examples)
         config = evaluation_pipeline(self.options.pipeline).replace(
-            shuffle_buffer=self.source.num_examples, shuffle_at="encoded", drop_remainder=images >= batch)
+            shuffle_buffer=self.source.num_examples, shuffle_at="encoded", drop_remainder=images >= batch,
+            data_service="")  # read here: a service's workers would decode it for nothing
         return build_dataset(config, self.source, num_classes=self.source.num_classes).take(max(1, images // batch))
 
     def summary(self) -> dict[str, Any] | None:
