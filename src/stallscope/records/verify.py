@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stallscope.config import usable_cores
+from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
@@ -40,7 +41,7 @@ DECODE_WINDOW = 256  # images held at once while decoding a shard
 @dataclasses.dataclass(frozen=True)
 class Problem:
     file: str
-    kind: str  # missing shard, unknown shard, truncated, length checksum, data checksum, count, size, sha256, parse, label, image
+    kind: str  # incomplete, missing shard, unknown shard, truncated, length checksum, data checksum, count, size, sha256, parse, label, image
     message: str
     record: int | None = None
     offset: int | None = None
@@ -196,6 +197,11 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
             if name not in expected:
                 problems.append(Problem(name, "unknown shard", f"not listed in {MANIFEST_NAME}"))
     else:
+        unfinished = unfinished_conversion(records_dir)
+        if unfinished:
+            if not present:
+                raise DataError(f"RECORDS_DIR: {str(records_dir)!r} holds {unfinished}")
+            problems.append(Problem(STATE_DIR if (records_dir / STATE_DIR).is_dir() else present[0], "incomplete", unfinished))
         if not present:
             raise DataError(f"RECORDS_DIR: {str(records_dir)!r} has no {MANIFEST_NAME} and no *.tfrecord files")
         schema = None
