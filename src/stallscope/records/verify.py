@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import logging
 import mmap
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -156,6 +157,15 @@ def _detect(payload: bytes) -> Schema | None:
         return None
 
 
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
+
+
+def tf_error_line(message: str) -> str:
+    """TF's error message as one readable line: without `{{function_node ...}}` or `[Op:DecodeJpeg]`."""
+    lines = [line for line in (_TF_NOISE.sub("", m).strip() for m in message.splitlines()) if line]
+    return (lines[0] if lines else message.strip())[:200]
+
+
 def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
     """A function returning None when TF decodes the image as RGB, else TF's error in one line."""
     import tensorflow as tf
@@ -169,7 +179,7 @@ def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
             else:
                 tf.io.decode_image(data, channels=3, expand_animations=False)
         except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
-            return exc.message.splitlines()[0][:200]
+            return tf_error_line(exc.message)
         return None
 
     return decode
