@@ -30,7 +30,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
@@ -554,12 +554,16 @@ def format_summary(report: ConvertReport) -> list[str]:
     ]
     for split, info in report.manifest.splits.items():
         lines.append(f"  {split}: {info.examples} examples in {len(info.shards)} shard(s)")
-    skipped = sum(report.skipped_by_reason.values())
+    by_reason = {reason: n for reason, n in report.skipped_by_reason.items() if reason != DATASET_INDEX}
+    skipped = sum(by_reason.values())
     if skipped:
-        detail = ", ".join(f"{n} {reason}" for reason, n in report.skipped_by_reason.items())
+        detail = ", ".join(f"{n} {reason}" for reason, n in by_reason.items())
         lines.append(f"  skipped {skipped} file(s): {detail}")
     else:
         lines.append("  skipped 0 files")
+    indexes = [e["path"] for e in report.manifest.skipped if e["reason"] == DATASET_INDEX]
+    if indexes:
+        lines.append(f"  not converted: {', '.join(indexes)} ({DATASET_INDEX}, listed in {MANIFEST_NAME})")
     if report.repaired:
         detail = ", ".join(f"{n} {kind}" for kind, n in report.repairs_by_kind.items())
         lines.append(f"  repaired {report.repaired} image(s): {detail}")
