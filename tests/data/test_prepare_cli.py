@@ -123,3 +123,25 @@ def test_damaged_archive_prints_the_summary_then_one_error_line(tmp_path, capsys
     assert "2 images in 2 classes" in captured.out
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "cut short in ILSVRC2012_val_00000003.JPEG" in err and "run again" in err
+
+
+def test_imagenet_val_failures_are_one_line_and_leave_no_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "stallscope", "prepare", "imagenet-val", *map(str, argv)],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run(empty, "--output", tmp_path / "o")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and "holds no ILSVRC2012 validation image" in err, err
+    assert not (tmp_path / "o").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = run(empty, "--output", blocker / "o")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and "cannot write" in err and "a-file/o" in err, err
