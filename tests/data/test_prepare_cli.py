@@ -145,3 +145,35 @@ def test_imagenet_val_failures_are_one_line_and_leave_no_folder(tmp_path):
     result = run(empty, "--output", blocker / "o")
     err = result.stderr.strip()
     assert result.returncode == 2 and len(err.splitlines()) == 1 and "cannot write" in err and "a-file/o" in err, err
+
+
+def test_synthetic_stops_promptly_on_ctrl_c_and_leaves_no_complete_looking_set(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while worker processes render:
+    the run ends with one line and exit 130 long before the set is made, and no index claims a set."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    output = tmp_path / "data"
+    total = 10 * 150  # minutes of rendering on two cores: an ignored Ctrl-C shows as a finished set or a timeout
+    child = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "prepare", "synthetic", "--output", str(output), "--classes", "10",
+         "--images-per-class", "150", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(output.glob("*/*/*.jpg")) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stallscope prepare: interrupted", err
+    assert not (output / "synthetic.json").exists()
+    assert len(list(output.glob("*/*/*.jpg"))) < total
