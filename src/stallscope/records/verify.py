@@ -157,7 +157,7 @@ def _detect(payload: bytes) -> Schema | None:
         return None
 
 
-_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[\[\{\{node [^}]*\}\}\]\]|\s*\[Op:\w+\]( name: \S*)?")
 
 
 def tf_error_line(message: str) -> str:
