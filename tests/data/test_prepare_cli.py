@@ -177,3 +177,11 @@ def test_synthetic_stops_promptly_on_ctrl_c_and_leaves_no_complete_looking_set(t
     assert err.strip().splitlines()[-1] == "stallscope prepare: interrupted", err
     assert not (output / "synthetic.json").exists()
     assert len(list(output.glob("*/*/*.jpg"))) < total
+
+
+def test_synthetic_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["prepare", "synthetic", "--output", str(blocker / "data"), *TINY_FLAGS]) == 2
+    err = _one_line_error(capsys)
+    assert "--output: cannot write" in err and "a-file/data" in err

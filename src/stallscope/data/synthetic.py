@@ -392,7 +392,10 @@ def make_synthetic(
                        seconds=time.perf_counter() - started)
     known_sizes = {relpath: entry[0] for relpath, entry in (earlier or {}).get("files", {}).items()}
 
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
     _remove_temporaries(output)
     write_json_atomic(output / PARTIAL_NAME, {"format": FORMAT, "version": FORMAT_VERSION,
                                               "options": options.identity()})
