@@ -9,18 +9,17 @@ import sys
 
 import pytest
 
-from stallscope.errors import UsageError
+from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.sources import open_source
 from stallscope.records.completeness import STATE_DIR
 from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.records.lock import LOCK_NAME, LockedError, exclusive_lock
-from stallscope.errors import DataError
 
 
-def _cli(*argv, cwd=None):
+def _cli(*argv):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "stallscope", *map(str, argv)], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=cwd)
+                          timeout=300, env=env)
 
 
 def test_rerun_leaves_a_shard_named_file_it_never_wrote(tiny_tree, tmp_path):
@@ -82,7 +81,7 @@ def test_verify_and_train_refuse_an_interrupted_conversion(tiny_tree, tmp_path):
     assert result.returncode == 1, result.stdout
     assert "unfinished conversion" in result.stdout and "FAILED" in result.stdout
     assert f"stallscope convert {tiny_tree.resolve()} --output_path {out.resolve()} --shards 8" in result.stdout
-    with pytest.raises(DataError, match=f"--shards 8` again to finish it"):
+    with pytest.raises(DataError, match="--shards 8` again to finish it"):
         open_source("records", out)
     # the state folder gone (copied elsewhere, say), the names still say -of-00008
     bare = tmp_path / "copy"
