@@ -168,6 +168,7 @@ def test_synthetic_stops_promptly_on_ctrl_c_and_leaves_no_complete_looking_set(t
         while not list(output.glob("*/*/*.jpg")) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         os.killpg(child.pid, signal.SIGINT)
+        at_interrupt = len(list(output.glob("*/*/*.jpg")))
         _, err = child.communicate(timeout=60)
     finally:
         if child.poll() is None:
@@ -176,7 +177,9 @@ def test_synthetic_stops_promptly_on_ctrl_c_and_leaves_no_complete_looking_set(t
     assert child.returncode == 130, err
     assert err.strip().splitlines()[-1] == "stallscope prepare: interrupted", err
     assert not (output / "synthetic.json").exists()
-    assert len(list(output.glob("*/*/*.jpg"))) < total
+    made = len(list(output.glob("*/*/*.jpg")))
+    # at most the batches already handed to the two workers (8 images each, and one queued) are finished
+    assert made <= at_interrupt + 3 * 8 < total
 
 
 def test_synthetic_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
