@@ -277,3 +277,27 @@ def test_output_around_the_source_folder_is_refused(tmp_path, val_images):
         with pytest.raises(UsageError, match="holds the SOURCE folder"):
             prepare_imagenet_val(source, output)
     assert sorted(p.name for p in source.iterdir()) == NAMES  # untouched
+
+
+def test_a_non_jpeg_named_like_a_validation_image_is_not_placed(tmp_path, val_images):
+    files = dict(val_images)
+    files[NAMES[2]] = b"GIF89a\0\0"  # 8 bytes, named like image 3
+    for kind, source in (("folder", _write_folder(tmp_path / "src", files)), ("tar", _write_tar(tmp_path / "v.tar", files))):
+        report = prepare_imagenet_val(source, tmp_path / f"images-{kind}")
+        reasons = {u.name: u.reason for u in report.unplaced}
+        assert reasons == {NAMES[2]: "not a JPEG (8 bytes, starting 47494638)"}, kind
+        assert report.images == 5 and not list((tmp_path / f"images-{kind}").rglob(NAMES[2])), kind
+
+
+def test_an_empty_source_is_an_error_and_leaves_no_output(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    output = tmp_path / "new" / "images"
+    with pytest.raises(DataError, match="holds no ILSVRC2012 validation image"):
+        prepare_imagenet_val(empty, output)
+    assert not (tmp_path / "new").exists(), "the failed run left the folders it made"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(DataError):
+        prepare_imagenet_val(empty, kept)
+    assert kept.is_dir(), "a folder the user had is never removed"

@@ -123,3 +123,68 @@ def test_damaged_archive_prints_the_summary_then_one_error_line(tmp_path, capsys
     assert "2 images in 2 classes" in captured.out
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "cut short in ILSVRC2012_val_00000003.JPEG" in err and "run again" in err
+
+
+def test_imagenet_val_failures_are_one_line_and_leave_no_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "stallscope", "prepare", "imagenet-val", *map(str, argv)],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run(empty, "--output", tmp_path / "o")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and "holds no ILSVRC2012 validation image" in err, err
+    assert not (tmp_path / "o").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = run(empty, "--output", blocker / "o")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and "cannot write" in err and "a-file/o" in err, err
+
+
+def test_synthetic_stops_promptly_on_ctrl_c_and_leaves_no_complete_looking_set(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while worker processes render:
+    the run ends with one line and exit 130 long before the set is made, and no index claims a set."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    output = tmp_path / "data"
+    total = 10 * 150  # minutes of rendering on two cores: an ignored Ctrl-C shows as a finished set or a timeout
+    child = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "prepare", "synthetic", "--output", str(output), "--classes", "10",
+         "--images-per-class", "150", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(output.glob("*/*/*.jpg")) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(child.pid, signal.SIGINT)
+        at_interrupt = len(list(output.glob("*/*/*.jpg")))
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stallscope prepare: interrupted", err
+    assert not (output / "synthetic.json").exists()
+    made = len(list(output.glob("*/*/*.jpg")))
+    # at most the batches already handed to the two workers (8 images each, and one queued) are finished
+    assert made <= at_interrupt + 3 * 8 < total
+
+
+def test_synthetic_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["prepare", "synthetic", "--output", str(blocker / "data"), *TINY_FLAGS]) == 2
+    err = _one_line_error(capsys)
+    assert "--output: cannot write" in err and "a-file/data" in err

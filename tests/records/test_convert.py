@@ -256,3 +256,20 @@ def test_cli_errors_are_one_line_exit_2(argv, needle, tiny_tree, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_the_data_sets_own_index_is_not_reported_as_a_skipped_file(image_tree_factory, tmp_path):
+    """The built-in data set keeps synthetic.json at its root: accounted for in the manifest under its own
+    reason, named in the summary as not converted, and not counted among skipped (lost) files."""
+    from stallscope.data import synthetic
+    from stallscope.records.convert import format_summary
+
+    root = image_tree_factory(classes=2, per_class=3)
+    (root / synthetic.INDEX_NAME).write_text("{}")
+    (root / "notes.txt").write_text("a user's stray file")
+    report = convert_tree(ConvertOptions(root, tmp_path / "out", workers=1))
+    reasons = {e["path"]: e["reason"] for e in report.manifest.skipped}
+    assert reasons == {"synthetic.json": "the data set's own index", "notes.txt": "not inside a class folder"}
+    text = "\n".join(format_summary(report))
+    assert "skipped 1 file(s): 1 not inside a class folder" in text
+    assert "not converted: synthetic.json (the data set's own index" in text

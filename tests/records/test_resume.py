@@ -62,3 +62,31 @@ def test_kill_after_first_shard_then_rerun(tmp_path):
         del manifest["options"]["output_path"], manifest["options"]["workers"]
     assert ours == theirs
     assert sorted(p.name for p in out.iterdir()) == sorted(names + ["labels.txt", "manifest.json"])
+
+
+def test_ctrl_c_mid_conversion_leaves_a_set_verify_and_train_refuse(tmp_path):
+    """Ctrl-C (SIGINT to the process group) after the first shard: exit 130 in one line, and the shards
+    left behind are an error for `verify` and for the training source, naming the command to finish."""
+    import pytest
+
+    from stallscope.errors import DataError
+    from stallscope.pipeline.sources import open_source
+
+    src = _tree(tmp_path / "src")
+    out = tmp_path / "out"
+    child = _convert_cli(src, out)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.tfrecord")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(child.pid, signal.SIGINT)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 130, "the conversion finished before it could be interrupted"
+    assert stderr.strip() == "stallscope convert: interrupted"
+    assert 1 <= len(list(out.glob("*-of-00016.tfrecord"))) < 16 and not (out / "manifest.json").exists()
+
+    verify = subprocess.run([sys.executable, "-m", "stallscope", "verify", str(out), "--no-decode"],
+                            capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 1 and "unfinished conversion" in verify.stdout, verify.stdout
+    assert f"--output_path {out.resolve()} --shards 16` again to finish it" in verify.stdout
+    with pytest.raises(DataError, match="unfinished conversion"):
+        open_source("records", out)

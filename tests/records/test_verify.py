@@ -154,3 +154,24 @@ def test_unreadable_manifest_is_one_line_exit_2(tmp_path, capsys, content, needl
     assert main(["verify", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_cli_shows_an_undecodable_image_as_one_readable_line(tmp_path, jpeg_factory):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "records"
+    out.mkdir()
+    with ShardWriter(out / "bad-00000-of-00001.tfrecord") as writer:
+        jpeg = jpeg_factory()
+        writer.write(encode_example_bytes(SEED, image=b"\xff\xd8\xff" + bytes(10), label=0, filename=b"cut.jpg"))
+        writer.write(encode_example_bytes(SEED, image=jpeg[: len(jpeg) // 2] + bytes(200) + jpeg[-2:], label=0, filename=b"z.jpg"))
+        writer.commit()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")  # TF's C++ logging as a user has it by default
+    result = subprocess.run([sys.executable, "-m", "stallscope", "verify", str(out)], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 1
+    problem = next(line for line in result.stdout.splitlines() if "record 0" in line)
+    assert "cannot decode the image" in problem and "{{" not in problem and "[Op:" not in problem, problem
+    assert "E0000" not in result.stderr and "W0000" not in result.stderr and "Corrupt JPEG" not in result.stderr, result.stderr

@@ -25,8 +25,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.records.verify import verify_records
+    from stallscope.tfimport import stderr_fd_silenced
 
-    report = verify_records(args.records_dir, decode=not args.no_decode)
+    # libjpeg's warnings and TF's C++ log lines would repeat, unreadably, what the problems below say
+    with stderr_fd_silenced():
+        report = verify_records(args.records_dir, decode=not args.no_decode)
     for problem in report.problems[: max(args.max_problems, 0)]:
         print(problem)
     hidden = len(report.problems) - max(args.max_problems, 0)

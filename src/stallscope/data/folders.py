@@ -16,6 +16,10 @@ from stallscope.errors import DataError, UsageError
 
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
+# Index files a data set keeps at its root (the built-in data set's synthetic.json): not images and not
+# a user's stray files, so they are recorded with their own reason rather than reported as skipped.
+DATASET_INDEX_FILES = ("synthetic.json",)
+DATASET_INDEX = "the data set's own index"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +140,9 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
     else:
         class_dirs = [(DEFAULT_SPLIT, d) for d in subdirs]
     for entry in entries:
-        if entry not in subdirs:
+        if entry.name in DATASET_INDEX_FILES and entry.is_file() and not entry.is_symlink():
+            skipped.append(SkippedFile(entry, DATASET_INDEX))
+        elif entry not in subdirs:
             skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
 
     folder_labels = sorted({d.name for _, d in class_dirs})

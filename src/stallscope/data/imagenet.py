@@ -15,6 +15,7 @@ are reported with their reason, and `prepare.json` records the outcome.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import importlib.metadata
@@ -37,6 +38,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
 
 log = logging.getLogger(__name__)
+JPEG_MAGIC = b"\xff\xd8\xff"  # every JPEG starts with SOI and a marker
 
 REPORT_NAME = "prepare.json"
 FILE_PATTERN = re.compile(r"ILSVRC2012_val_(\d{8})\.JPEG")
@@ -307,8 +309,12 @@ def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tall
                     tally.in_place += 1
                     continue
                 current = member.name
-                _extract(archive, member, target)
+                not_jpeg = _extract(archive, member, target)
                 current = None
+                if not_jpeg:
+                    tally.targets.pop(name, None)
+                    tally.unplaced.append(Unplaced(member.name, not_jpeg))
+                    continue
                 tally.placed += 1
             if header_problems:
                 raise tarfile.ReadError(f"{header_problems[0]}: the archive ends early or a header is damaged")
@@ -322,17 +328,32 @@ def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tall
             tally.archive_error = f"{source}: the archive is damaged or cut short {where} ({exc})"
 
 
-def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
-    """Streams one member to a temporary name beside its target, then renames it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_path(target)
-    try:
-        with archive.extractfile(member) as data, open(tmp, "wb") as out:
-            shutil.copyfileobj(data, out, _CHUNK)
-        os.utime(tmp, (member.mtime, member.mtime))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _not_jpeg(head: bytes, size: int) -> str | None:
+    """The reason a file named like a validation image is not one, judged by its first bytes."""
+    if head[:3] == JPEG_MAGIC:
+        return None
+    return f"not a JPEG ({size} bytes, starting {head[:4].hex() or 'with nothing'})"
+
+
+def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> str | None:
+    """Streams one member to a temporary name beside its target, then renames it into place; returns
+    why it was not placed when it is not a JPEG."""
+    with archive.extractfile(member) as data:
+        head = data.read(4)
+        reason = _not_jpeg(head, member.size)
+        if reason:
+            return reason
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_path(target)
+        try:
+            with open(tmp, "wb") as out:
+                out.write(head)
+                shutil.copyfileobj(data, out, _CHUNK)
+            os.utime(tmp, (member.mtime, member.mtime))
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return None
 
 
 def _source_files(source: Path, output: Path) -> Iterator[Path]:
@@ -372,14 +393,18 @@ def _place_from_folder(source: Path, output: Path, truth: GroundTruth, mode: str
             stat = path.stat()
             if not path.is_file():
                 raise IsADirectoryError(errno.EISDIR, "not a regular file")
+            with open(path, "rb") as handle:  # readable (a link would not tell), and a JPEG?
+                not_jpeg = _not_jpeg(handle.read(4), stat.st_size)
+            if not_jpeg:
+                tally.targets.pop(path.name, None)
+                tally.unplaced.append(Unplaced(where, not_jpeg))
+                continue
             if mode == "link" and target.exists() and os.path.samefile(path, target):
                 tally.in_place += 1
                 continue
             if mode == "copy" and not target.is_symlink() and _same_file_data(target, stat.st_size, stat.st_mtime):
                 tally.in_place += 1
                 continue
-            with open(path, "rb") as handle:  # readable? (a link would not tell)
-                handle.read(1)
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = _tmp_path(target)
             try:
@@ -421,6 +446,30 @@ def _tidy_output(output: Path, truth: GroundTruth) -> tuple[dict[str, int], list
     return dict(per_class), removed
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet: what `mkdir(parents=True)` will create."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_empty_created(output: Path, first_created: Path | None) -> None:
+    """After a failed run: removes the folders this run created, only where they are still empty."""
+    if first_created is None:
+        return
+    for dirpath, _, _ in os.walk(output, topdown=False):  # innermost first
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
+    for folder in (output, *output.parents):
+        if not (folder == first_created or first_created in folder.parents):
+            break
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def prepare_imagenet_val(
     source: Path | str,
     output: Path | str,
@@ -442,14 +491,30 @@ def prepare_imagenet_val(
         # The output's misplaced ILSVRC files are removed at the end: never the source's own.
         raise UsageError(f"--output: {str(output)!r} holds the SOURCE folder {str(source)!r}; choose a directory outside it")
     truth = load_ground_truth(options.labels_file)
-    output.mkdir(parents=True, exist_ok=True)
+    first_created = _first_missing(output)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
 
     tally = _Tally()
-    if is_tar:
-        _place_from_tar(source, output, truth, tally, progress)
-    else:
-        _place_from_folder(source, output, truth, options.mode, tally, progress)
-    per_class, removed = _tidy_output(output, truth)
+    try:
+        if is_tar:
+            _place_from_tar(source, output, truth, tally, progress)
+        else:
+            _place_from_folder(source, output, truth, options.mode, tally, progress)
+        per_class, removed = _tidy_output(output, truth)
+        if not per_class and tally.archive_error:
+            raise DataError(f"{tally.archive_error}; nothing could be placed")
+        if not per_class:
+            example = f", e.g. {tally.unplaced[0].name}: {tally.unplaced[0].reason}" if tally.unplaced else ""
+            raise DataError(
+                f"SOURCE: {str(source)!r} holds no ILSVRC2012 validation image ({PATTERN_TEXT}, a JPEG) "
+                f"to place; {len(tally.unplaced)} file(s) could not be placed{example}"
+            )
+    except BaseException:
+        _remove_empty_created(output, first_created)
+        raise
     for item in tally.unplaced:
         log.info("not placed: %s: %s", item.name, item.reason)
     report = ImagenetValReport(

@@ -14,7 +14,7 @@ Layout: `{output}/{train,validation}/{label}/{label}_{index:05d}.jpg`, plus `syn
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import io
@@ -22,6 +22,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -391,7 +392,10 @@ def make_synthetic(
                        seconds=time.perf_counter() - started)
     known_sizes = {relpath: entry[0] for relpath, entry in (earlier or {}).get("files", {}).items()}
 
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
     _remove_temporaries(output)
     write_json_atomic(output / PARTIAL_NAME, {"format": FORMAT, "version": FORMAT_VERSION,
                                               "options": options.identity()})
@@ -415,8 +419,10 @@ def make_synthetic(
         if progress:
             progress(amount, len(jobs), "img")
 
-    for relpath, size, width, height in _render_all(output, options, todo, report_progress):
-        results[relpath] = (size, width, height)
+    # closing(): an interrupt met outside the generator still stops its workers at once
+    with contextlib.closing(_render_all(output, options, todo, report_progress)) as rendered:
+        for relpath, size, width, height in rendered:
+            results[relpath] = (size, width, height)
 
     index = {
         "format": FORMAT,
@@ -453,14 +459,29 @@ def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], p
             yield _render_to_file(output, options, job)
             progress(1)
         return
-    batches = [jobs[i:i + 8] for i in range(0, len(jobs), 8)]
+    batches = [(str(output), options, jobs[i:i + 8]) for i in range(0, len(jobs), 8)]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(_render_batch, str(output), options, batch) for batch in batches]
-        for future in concurrent.futures.as_completed(futures):
-            rendered = future.result()
+    # Workers ignore Ctrl-C and the parent ends them at once on any interrupt: a pool left by a `with`
+    # block, or a ProcessPoolExecutor's shutdown, would go on until the whole set was made.
+    pool = context.Pool(workers, initializer=_ignore_interrupts)
+    try:
+        for rendered in pool.imap_unordered(_render_batch_args, batches):
             yield from rendered
             progress(len(rendered))
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def _render_batch_args(args: tuple) -> list[tuple[str, int, int, int]]:
+    return _render_batch(*args)
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _report(output: Path, index: dict[str, Any], *, written: int, kept: int, reused: bool, seconds: float) -> SyntheticReport:

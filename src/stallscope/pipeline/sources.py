@@ -15,6 +15,7 @@ from pathlib import Path
 from stallscope.config import require_choice
 from stallscope.data.folders import DEFAULT_SPLIT, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
+from stallscope.records.completeness import unfinished_conversion
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
 from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
 
@@ -153,6 +154,9 @@ def _open_records(records_dir: Path, split: str, labels: tuple[str, ...] | None)
 
 def _open_bare_records(records_dir: Path, split: str, labels: tuple[str, ...] | None) -> DataSource:
     """Shards with no manifest, e.g. written by the seeds' converter (`out_0.tfrecord`, ...)."""
+    unfinished = unfinished_conversion(records_dir)
+    if unfinished:
+        raise DataError(f"--dataset-path: {str(records_dir)!r} holds {unfinished}")
     all_shards = sorted(p for p in records_dir.iterdir() if p.suffix == RECORD_SUFFIX and p.is_file())
     if not all_shards:
         raise DataError(

@@ -20,6 +20,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -29,11 +30,13 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
+from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
+from stallscope.records.lock import LOCK_NAME, exclusive_lock
 from stallscope.records.manifest import (
-    LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, save_manifest, write_json_atomic,
+    LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary
@@ -41,7 +44,6 @@ from stallscope.records.writer import ShardWriter, encode_example_bytes, file_sh
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
-STATE_DIR = ".stallscope-convert"  # per-shard state of an unfinished conversion
 CHUNK_IMAGES = 16  # images per worker task: small enough to balance, large enough to amortise the hand-over (8: -4%)
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
@@ -279,11 +281,35 @@ def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tupl
 # --- output directory and resume ------------------------------------------------------------------
 
 
-def _is_ours(name: str) -> bool:
-    return name in (MANIFEST_NAME, LABELS_NAME, STATE_DIR) or bool(sharding.SHARD_NAME.match(name)) or is_temporary(name)
+def _owned_shards(out: Path) -> set[str]:
+    """Shard names this tool's own records say it wrote: the manifest of a finished run, the state of an
+    unfinished one. A file merely named like a shard is not among them, and is never deleted."""
+    owned = set(read_run(out).get("owned", []))
+    state = out / STATE_DIR
+    if state.is_dir():
+        owned |= {e.name[: -len(".json")] for e in state.iterdir() if sharding.SHARD_NAME.match(e.name[: -len(".json")])}
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            owned |= {s.file for split in load_manifest(out).splits.values() for s in split.shards}
+        except DataError:
+            pass  # an unreadable manifest vouches for nothing
+    return owned
 
 
-def _prepare_output(options: ConvertOptions, plan: list[PlannedShard]) -> Path:
+def _is_our_temporary(name: str) -> bool:
+    """`.train-00000-of-00002.tfrecord.tmp-123`: a shard, manifest or labels file an earlier run did not finish."""
+    if not is_temporary(name):
+        return False
+    base = name[1:].split(".tmp-")[0]
+    return base in (MANIFEST_NAME, LABELS_NAME) or bool(sharding.SHARD_NAME.match(base))
+
+
+def _is_ours(name: str, owned: set[str]) -> bool:
+    return name in (MANIFEST_NAME, LABELS_NAME, STATE_DIR) or name in owned or _is_our_temporary(name)
+
+
+def _check_output(options: ConvertOptions) -> None:
+    """Refuses an output folder inside the input, a file, or one holding anything convert did not write."""
     out = options.output_path
     root = options.dataset_path.resolve()
     resolved = out.resolve()
@@ -291,26 +317,68 @@ def _prepare_output(options: ConvertOptions, plan: list[PlannedShard]) -> Path:
         raise UsageError(f"--output_path: {str(out)!r} is inside --dataset_path {str(options.dataset_path)!r}; expected a directory outside it")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output_path: {str(out)!r} is a file; expected a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    foreign = sorted(e.name for e in out.iterdir() if not _is_ours(e.name))
+    if not out.is_dir():
+        return
+    owned = _owned_shards(out)
+    foreign = sorted(e.name for e in out.iterdir() if not _is_ours(e.name, owned))
     if foreign:
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
         raise UsageError(
-            f"--output_path: {str(out)!r} holds {foreign[0]!r}{more}, which `stallscope convert` did not write; "
+            f"--output_path: {str(out)!r} holds {foreign[0]!r}{more}, which `stallscope convert` did not write "
+            f"(neither {MANIFEST_NAME} nor a conversion's state lists it); it is left alone; "
             "expected an empty or new directory"
         )
+
+
+def _make_state_dir(out: Path) -> Path:
+    state = out / STATE_DIR
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--output_path: cannot write {str(out)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory"
+        ) from None
+    return state
+
+
+def convert_command(options: ConvertOptions) -> str:
+    """The command line that runs this conversion again (and so finishes an interrupted one)."""
+    parts = ["stallscope", "convert", str(options.dataset_path.resolve()), "--output_path", str(options.output_path.resolve())]
+    if options.labels_file is not None:
+        parts += ["--labels", str(options.labels_file.resolve())]
+    if options.shards is not None:
+        parts += ["--shards", str(options.shards)]
+    if options.size_per_record is not None:
+        parts += ["--size_per_record", str(options.size_per_record)]
+    for split, count in options.split_shards:
+        parts += [f"--{split}-shards", str(count)]
+    defaults = {"schema": "standard", "max_side": None, "jpeg_quality": images.KEEP_QUALITY,
+                "max_pixels": images.DEFAULT_MAX_PIXELS, "check": "stream", "seed": 0}
+    for name, default in defaults.items():
+        value = getattr(options, name)
+        if value != default:
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(parts)
+
+
+def _reset_output(options: ConvertOptions, state: Path, plan: list[PlannedShard]) -> None:
+    """Under the lock: records what this tool owns before the manifest that listed it goes, then removes
+    only owned shards the new plan has no place for, and unfinished temporaries."""
+    out = options.output_path
+    owned = _owned_shards(out)
+    command = convert_command(options)
+    write_json_atomic(state / RUN_NAME, {"command": command, "owned": sorted(owned)})
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the directory is being rewritten: no stale manifest
     planned = {s.filename for s in plan}
     for entry in out.iterdir():
-        if is_temporary(entry.name) or (sharding.SHARD_NAME.match(entry.name) and entry.name not in planned):
+        if _is_our_temporary(entry.name) or (entry.name in owned and entry.name not in planned):
             log.info("removing %s left by an earlier run", entry.name)
-            entry.unlink()
-    state = out / STATE_DIR
-    state.mkdir(exist_ok=True)
+            entry.unlink(missing_ok=True)
     for entry in state.iterdir():
-        if is_temporary(entry.name):
-            entry.unlink()
-    return state
+        if is_temporary(entry.name) or (entry.name.endswith(".tfrecord.json") and entry.name[: -len(".json")] not in planned):
+            entry.unlink(missing_ok=True)
+    still = sorted(name for name in owned if (out / name).exists())
+    write_json_atomic(state / RUN_NAME, {"command": command, "owned": still})
 
 
 def _state_path(state_dir: Path, shard: PlannedShard) -> Path:
@@ -353,7 +421,16 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
     plan = plan_shards(options, candidates, tree.labels)
-    state_dir = _prepare_output(options, plan)
+    _check_output(options)
+    state_dir = _make_state_dir(options.output_path)
+    with exclusive_lock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(options.output_path)!r}"):
+        _check_output(options)  # again: the run that held the lock may have changed the folder
+        _reset_output(options, state_dir, plan)
+        return _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started)
+
+
+def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started) -> ConvertReport:
+    root = tree.root
     out = options.output_path
     total_images = len(candidates)
 
@@ -477,12 +554,16 @@ def format_summary(report: ConvertReport) -> list[str]:
     ]
     for split, info in report.manifest.splits.items():
         lines.append(f"  {split}: {info.examples} examples in {len(info.shards)} shard(s)")
-    skipped = sum(report.skipped_by_reason.values())
+    by_reason = {reason: n for reason, n in report.skipped_by_reason.items() if reason != DATASET_INDEX}
+    skipped = sum(by_reason.values())
     if skipped:
-        detail = ", ".join(f"{n} {reason}" for reason, n in report.skipped_by_reason.items())
+        detail = ", ".join(f"{n} {reason}" for reason, n in by_reason.items())
         lines.append(f"  skipped {skipped} file(s): {detail}")
     else:
         lines.append("  skipped 0 files")
+    indexes = [e["path"] for e in report.manifest.skipped if e["reason"] == DATASET_INDEX]
+    if indexes:
+        lines.append(f"  not converted: {', '.join(indexes)} ({DATASET_INDEX}, listed in {MANIFEST_NAME})")
     if report.repaired:
         detail = ", ".join(f"{n} {kind}" for kind, n in report.repairs_by_kind.items())
         lines.append(f"  repaired {report.repaired} image(s): {detail}")

@@ -21,10 +21,12 @@ import dataclasses
 import hashlib
 import logging
 import mmap
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stallscope.config import usable_cores
+from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
@@ -40,7 +42,7 @@ DECODE_WINDOW = 256  # images held at once while decoding a shard
 @dataclasses.dataclass(frozen=True)
 class Problem:
     file: str
-    kind: str  # missing shard, unknown shard, truncated, length checksum, data checksum, count, size, sha256, parse, label, image
+    kind: str  # incomplete, missing shard, unknown shard, truncated, length checksum, data checksum, count, size, sha256, parse, label, image
     message: str
     record: int | None = None
     offset: int | None = None
@@ -155,6 +157,15 @@ def _detect(payload: bytes) -> Schema | None:
         return None
 
 
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[\[\{\{node [^}]*\}\}\]\]|\s*\[Op:\w+\]( name: \S*)?")
+
+
+def tf_error_line(message: str) -> str:
+    """TF's error message as one readable line: without `{{function_node ...}}` or `[Op:DecodeJpeg]`."""
+    lines = [line for line in (_TF_NOISE.sub("", m).strip() for m in message.splitlines()) if line]
+    return (lines[0] if lines else message.strip())[:200]
+
+
 def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
     """A function returning None when TF decodes the image as RGB, else TF's error in one line."""
     import tensorflow as tf
@@ -168,7 +179,7 @@ def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
             else:
                 tf.io.decode_image(data, channels=3, expand_animations=False)
         except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
-            return exc.message.splitlines()[0][:200]
+            return tf_error_line(exc.message)
         return None
 
     return decode
@@ -196,6 +207,11 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
             if name not in expected:
                 problems.append(Problem(name, "unknown shard", f"not listed in {MANIFEST_NAME}"))
     else:
+        unfinished = unfinished_conversion(records_dir)
+        if unfinished:
+            if not present:
+                raise DataError(f"RECORDS_DIR: {str(records_dir)!r} holds {unfinished}")
+            problems.append(Problem(STATE_DIR if (records_dir / STATE_DIR).is_dir() else present[0], "incomplete", unfinished))
         if not present:
             raise DataError(f"RECORDS_DIR: {str(records_dir)!r} has no {MANIFEST_NAME} and no *.tfrecord files")
         schema = None

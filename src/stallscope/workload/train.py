@@ -435,6 +435,9 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                             batch = next(iterator)
                         except StopIteration:
                             break
+                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
+                            from stallscope.pipeline.input_errors import input_error
+                            raise input_error(source, exc) from None  # names the shard or image
                         clock.batch_received()
                         if accelerator.emulated:
                             with tf.profiler.experimental.Trace(TRACE_NAME):

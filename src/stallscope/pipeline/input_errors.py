@@ -1,0 +1,63 @@
+"""TensorFlow's errors from the input pipeline, met in the middle of training, as one line naming the file.
+
+TF says `DataLossError: corrupted record at 1234` without the shard, and `Invalid JPEG data` without
+the image. Once such an error has stopped a run, the source is searched for the culprit with the
+project's own checks (`verify`'s framing parser for records, TF's decoder for image files), so the
+user is told which file, record and byte, and how to check the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+from stallscope.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def _tf_line(exc) -> str:
+    from stallscope.records.verify import tf_error_line
+
+    return tf_error_line(getattr(exc, "message", None) or str(exc))
+
+
+def input_error(source, exc) -> DataError:
+    """A DataError naming where `exc` (a TF error raised while reading `source`) comes from."""
+    what = _tf_line(exc)
+    if source is None:
+        return DataError(f"the input pipeline failed: {what}")
+    if source.kind == "records":
+        return _records_error(source, what)
+    return _files_error(source, what)
+
+
+def _records_error(source, what: str) -> DataError:
+    from stallscope.records.verify import verify_records
+
+    check = f"run `stallscope verify {shlex.quote(str(source.path))}` to check every shard"
+    wanted = {shard.name for shard in source.files}
+    for decode in (False, True):  # framing and checksums first: cheap, and what DataLossError means
+        log.info("looking for the damaged record in %s (decode=%s)", source.path, decode)
+        report = verify_records(source.path, decode=decode)
+        problem = next((p for p in report.problems if p.file in wanted), None)
+        if problem is not None:
+            return DataError(f"{source.path / problem.file}: " + str(problem).split(": ", 1)[1] + f" (TensorFlow: {what}); {check}")
+    return DataError(f"{source.path}: reading the records failed ({what}); {check}")
+
+
+def _files_error(source, what: str) -> DataError:
+    import tensorflow as tf
+
+    log.info("looking for the image TensorFlow cannot decode among %d file(s)", len(source.files))
+    for path in source.files:
+        try:
+            tf.io.decode_image(tf.io.read_file(str(path)), channels=3, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnknownError, tf.errors.DataLossError) as exc:
+            return DataError(
+                f"{path}: TensorFlow cannot decode this image ({_tf_line(exc)}); "
+                f"repair or remove it, or convert the tree (`stallscope convert` skips unusable images)"
+            )
+        except tf.errors.OpError as exc:
+            return DataError(f"{path}: cannot be read ({_tf_line(exc)})")
+    return DataError(f"{source.path}: the input pipeline failed ({what}); every image decodes on its own")

@@ -1,0 +1,40 @@
+"""An exclusive lock on an output directory, so two conversions never write into it at once.
+
+`fcntl.flock` is released by the kernel when its holder dies, however it dies, so a lock left by a
+killed run never blocks the next one; the holder's PID and host are written into the lock file only
+so that a refused run can say who holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from stallscope.errors import StallscopeError
+
+LOCK_NAME = "lock"
+
+
+class LockedError(StallscopeError):
+    """Another process holds the lock."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, *, what: str) -> Iterator[None]:
+    """Holds an exclusive lock on `path` for the block; `what` names the guarded work in the refusal."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise LockedError(f"{what} is already running ({holder}); wait for it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -1,0 +1,47 @@
+"""Damaged input met in the middle of `train`: one line naming the shard, record and byte, or the image."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from stallscope.records.convert import ConvertOptions, convert_tree
+from stallscope.records.verify import read_frames
+
+TRAIN = ["--accelerator", "emulated:1ms", "--steps", "12", "--image_size", "32", "--batch_size", "4",
+         "--pipeline", "seed"]
+
+
+def _train(*argv):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "stallscope", "train", *map(str, argv), *TRAIN],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_flipped_byte_in_a_shard_names_shard_record_and_offset(tiny_tree, tmp_path):
+    records = tmp_path / "records"
+    convert_tree(ConvertOptions(tiny_tree, records, shards=2, workers=1))
+    shard = records / "train-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    target = list(read_frames(bytes(data)))[2]
+    data[target.offset + 12 + len(target.payload) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = _train("--source", "records", "--dataset_path", records, "--log_path", tmp_path / "run")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"{shard}: record 2 at byte {target.offset}: record data checksum mismatch" in err, err
+    assert "stallscope verify" in err and "Traceback" not in err
+
+
+def test_truncated_jpeg_names_the_file(tiny_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny_tree, tree)
+    victim = sorted(tree.rglob("*.jpg"))[5]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 3])
+    result = _train("--source", "files", "--dataset_path", tree, "--log_path", tmp_path / "run")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"{victim}: TensorFlow cannot decode this image" in err and "Traceback" not in err, err
