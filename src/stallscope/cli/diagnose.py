@@ -32,10 +32,19 @@ DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
 
 def _phases(text: str) -> tuple[str, ...]:
+    """Comma-separated fine-tuning phases, each as --fine_tune takes it: head, full or last:N."""
+    from stallscope.workload.models import parse_fine_tune
+
     phases = tuple(p.strip() for p in text.split(",") if p.strip())
     if not phases:
         raise argparse.ArgumentTypeError(f"expected phases such as head,full, got {text!r}")
-    return phases
+    for phase in phases:
+        try:
+            parse_fine_tune(phase)
+        except UsageError:
+            raise argparse.ArgumentTypeError(f"expected phases among head, full and last:N (e.g. head,last:20), "
+                                             f"got {phase!r} in {text!r}") from None
+    return tuple(parse_fine_tune(phase) for phase in phases)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

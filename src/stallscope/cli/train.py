@@ -59,7 +59,10 @@ def knob_or_off(text: str):
     """A parallelism/buffer knob: a positive integer, 'autotune', or 'off' (no such stage)."""
     if text.strip().lower() in ("off", "none"):
         return OFF
-    return flags.int_or_autotune(text)
+    try:
+        return flags.int_or_autotune(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'autotune' or 'off', got {text!r}") from None
 
 
 def rewrite_switch(text: str):
@@ -152,7 +155,7 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                    help="keras.applications base (default: mobilenet)")
     flags.add_flag(model, "base_model", default=None, metavar="NAME|imagenet",
                    help="seed-000's flag: a model name, or 'imagenet' for MobileNet with ImageNet weights")
-    flags.add_flag(model, "alpha", type=float, default=1.0,
+    flags.add_flag(model, "alpha", type=flags.positive_float, default=1.0,
                    help="MobileNet/MobileNetV2 width multiplier (default: 1.0)")
     flags.add_flag(model, "weights", default=None, metavar="none|imagenet|PATH",
                    help="base weights: none, imagenet (Keras downloads them) or a weights file (default: none)")
