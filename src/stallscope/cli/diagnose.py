@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from stallscope.cli import flags
-from stallscope.cli.train import add_pipeline_flags, add_workload_flags, train_options_from_args
+from stallscope.cli.train import add_pipeline_flags, add_workload_flags, require_data_service, train_options_from_args
 from stallscope.errors import UsageError
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     quiet = args.json or args.markdown
+    require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr if quiet else sys.stdout, flush=True)

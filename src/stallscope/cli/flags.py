@@ -165,6 +165,21 @@ def int_or_autotune(text: str) -> int:
     return value
 
 
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """Seconds, plain (30) or with a unit: 30s, 500ms, 2m, 1h."""
+    match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SECONDS:
+        raise _type_error("a duration such as 30s, 500ms or 2m", text)
+    value = float(match.group(1)) * _SECONDS[unit]
+    if not value > 0:
+        raise _type_error("a duration above 0", text)
+    return value
+
+
 def byte_size(text: str) -> int:
     """Bytes as a plain integer (seed-000's 52428800) or with a unit: 50M, 64MiB, 1.5G."""
     match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)

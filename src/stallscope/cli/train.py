@@ -37,6 +37,7 @@ from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
 from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_preset
+from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
 
 _TRUE = {"true", "yes", "on", "1"}
@@ -107,6 +108,23 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
         kwargs = _knob_flag(field)
         kwargs.setdefault("help", f"pipeline knob {field.name} (see PipelineConfig)")
         flags.add_flag(group, field.name, default=None, dest=f"knob_{field.name}", **kwargs)
+    flags.add_flag(group, "data_service_timeout", type=flags.duration, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer "
+                                            f"within this long (default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+
+
+def require_data_service(pipeline: PipelineConfig, args: argparse.Namespace, out=None) -> None:
+    """A --data-service dispatcher must answer before TensorFlow is handed its address (TF would
+    wait for it forever, deaf to Ctrl-C); says so when it does not answer at once."""
+    if not pipeline.data_service:
+        return
+    from stallscope.service.servers import require_reachable
+
+    def waiting() -> None:
+        print(f"waiting up to {args.data_service_timeout:g} s for the tf.data service dispatcher at "
+              f"{pipeline.data_service}", file=out or sys.stdout, flush=True)
+
+    require_reachable(pipeline.data_service, args.data_service_timeout, on_wait=waiting)
 
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineConfig:
@@ -247,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.workload.train import run_training
 
     options = train_options_from_args(args)
+    require_data_service(options.pipeline, args)
     if options.log_path is None:
         from stallscope.workload.train import new_run_dir
 
