@@ -76,7 +76,7 @@ BAD_FLAGS = [
     (["verify", "{tree}", "--max-problems", "-1"], "--max-problems", "an integer >= 0, got '-1'"),
     (["evaluate", "--dataset_path", "{tree}"], "--checkpoint-path", "this flag, got nothing"),
     (["evaluate", "--checkpoint_path", "{tmp}/none", "--dataset_path", "{tree}"], "--checkpoint_path",
-     "an existing directory, got"),
+     "a checkpoint folder, got"),
     (["serve", "dispatcher", "--port", "-1"], "--port", "an integer >= 0, got '-1'"),
 ]
 

@@ -7,6 +7,7 @@ Every flag is spelled `--kebab-case` and also accepts the seeds' `--snake_case` 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -215,3 +216,36 @@ def existing_path(text: str) -> Path:
     if not path.exists():
         raise _type_error("an existing path", text, "it does not exist")
     return path
+
+
+def creatable_dir(text: str) -> Path:
+    """A folder to write into: one that exists, or one `mkdir -p` can make. Checked when the flag is
+    read, so a run does not fail at its first write, minutes in, with a file-system traceback."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise _type_error("a folder to write into", text, "a file is there")
+    why = _why_not_creatable(path)
+    if why:
+        raise _type_error("a folder to write into", text, why)
+    return path
+
+
+def creatable_file(text: str) -> Path:
+    """A file to write: not a folder, in a folder that exists or can be made."""
+    path = Path(text)
+    if path.is_dir():
+        raise _type_error("a file to write", text, "a folder is there")
+    why = _why_not_creatable(path.parent)
+    if why:
+        raise _type_error("a file to write", text, why)
+    return path
+
+
+def _why_not_creatable(folder: Path) -> str:
+    """'' when `folder` exists and can be written, or can be made; otherwise why not."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        return f"{str(existing)!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{str(existing)!r} cannot be written"
+    return ""
