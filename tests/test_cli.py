@@ -78,6 +78,8 @@ BAD_FLAGS = [
     (["evaluate", "--checkpoint_path", "{tmp}/none", "--dataset_path", "{tree}"], "--checkpoint_path",
      "a checkpoint folder, got"),
     (["serve", "dispatcher", "--port", "-1"], "--port", "an integer >= 0, got '-1'"),
+    (["diagnose", "--dataset_path", "{tree}", "--steps", "2"], "--steps",
+     "a flag of `stallscope diagnose` (see --help), got an unknown flag"),
 ]
 
 

@@ -81,7 +81,12 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that refused it, in the one format
+        command = _command_parser(parser, args)
+        token = unknown[0]
+        command.error(f"{token}: expected a flag of `{command.prog}` (see --help), got an unknown flag"
+                      if token.startswith("-") else f"{token}: expected no further argument, got {token!r}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
