@@ -78,6 +78,10 @@ BAD_FLAGS = [
     (["evaluate", "--checkpoint_path", "{tmp}/none", "--dataset_path", "{tree}"], "--checkpoint_path",
      "a checkpoint folder, got"),
     (["serve", "dispatcher", "--port", "-1"], "--port", "an integer >= 0, got '-1'"),
+    (["train", "--dataset_path", "{tree}", "--data-service", "localhost:1", "--data-service-timeout", "0"],
+     "--data-service-timeout", "a duration above 0, got '0'"),
+    (["serve", "worker", "--dispatcher", "localhost:1", "--dispatcher_timeout", "soon"], "--dispatcher_timeout",
+     "a duration such as 30s, 500ms or 2m, got 'soon'"),
     (["diagnose", "--dataset_path", "{tree}", "--steps", "2"], "--steps",
      "a flag of `stallscope diagnose` (see --help), got an unknown flag"),
 ]

@@ -95,14 +95,10 @@ def _spellings(parser: argparse.ArgumentParser, name: str) -> list[str]:
 
 
 def _typed_spelling(spellings: list[str], typed: list[str]) -> str | None:
-    """The spelling among `spellings` the user typed (`--a_b`, `--a_b=1`, or an abbreviation argparse took)."""
-    tokens = [t.split("=", 1)[0] for t in typed if t.startswith("--")]
-    for token in tokens:
-        if token in spellings:
-            return token
-    for token in tokens:
-        if len(token) > 2 and any(s.startswith(token) for s in spellings):
-            return token
+    """The spelling among `spellings` the user typed (`--a_b` or `--a_b=1`); None if none was typed."""
+    for token in typed:
+        if token.split("=", 1)[0] in spellings:
+            return token.split("=", 1)[0]
     return None
 
 

@@ -45,7 +45,8 @@ class PipelineConfig:
     """The input pipeline, stage by stage.
 
     One entry per field, `name: meaning`: `stallscope train --help` and the README's knob table are
-    made from these entries (`knob_docs`), so they are the one place a knob is explained.
+    made from these entries (`knob_docs`), so they are the one place a knob is explained. In Python
+    a knob that is "off" is None, and "autotune" is AUTOTUNE (-1).
 
     preset: the preset this config started from (for reports only).
     batch_size: images per batch.
