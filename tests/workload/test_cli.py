@@ -281,3 +281,13 @@ def test_evaluate_watch_waits_for_a_checkpoint_folder_that_does_not_exist_yet(sp
     assert out.splitlines()[0] == (f"waiting for {later} to appear (written by `stallscope train --checkpoint_path`), "
                                    f"looking every 60s; Ctrl-C stops")
     assert re.search(r"^step 1: top-1 ", out, re.MULTILINE), out
+
+
+def test_a_file_cache_another_run_holds_is_one_line(tiny_tree, tmp_path, capsys):
+    (tmp_path / "c_0.lockfile").write_text("")  # TF's lock: a run writing the cache, or one that was killed
+    code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "2",
+                 "--log_path", str(tmp_path / "run"), "--cache", "file", "--cache_path", str(tmp_path / "c"), *TINY])
+    err, _ = _one_line_error(capsys)
+    assert code == 2 and err == (f"stallscope train: error: --cache_path: expected a cache no other run is writing, got "
+                                 f"'{tmp_path}/c' ('{tmp_path}/c_0.lockfile' is there; remove it if no other run "
+                                 f"uses this cache)")

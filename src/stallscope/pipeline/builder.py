@@ -260,6 +260,10 @@ def _cache(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
         if not folder.is_dir():
             raise UsageError(f"--cache-path: expected a file name in an existing folder, got {config.cache_path!r} "
                              f"({str(folder)!r} {'is a file' if folder.exists() else 'does not exist'})")
+        lock = Path(f"{config.cache_path}_0.lockfile")  # left by a run that is writing the cache, or was killed
+        if lock.exists():
+            raise UsageError(f"--cache-path: expected a cache no other run is writing, got {config.cache_path!r} "
+                             f"({str(lock)!r} is there; remove it if no other run uses this cache)")
     return dataset.cache(config.cache_path if config.cache == "file" else "")
 
 
