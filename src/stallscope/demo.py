@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -108,7 +109,7 @@ def diagnose_runs(options: DemoOptions, data_dir: Path, records_dir: Path) -> No
     _say()
     _say("fix applied to the seed pipeline: " + "; ".join(
         f"{a.title} ({', '.join(f'{k}={v}' for k, v in a.knobs.items())})" for a in fixed.applied))
-    _say(f"saved as {fixed_path}; reuse it with `stallscope train --pipeline-config {fixed_path}`")
+    _say(f"saved as {fixed_path}; reuse it with `stallscope train --pipeline-config {shlex.quote(str(fixed_path))}`")
     _say()
     _say(_seed_question(from_files, from_records, after))
 

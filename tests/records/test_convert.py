@@ -244,7 +244,7 @@ def test_cli_check_and_quality_reach_the_manifest(tiny_tree, tmp_path):
     (["convert", "{tree}", "--schema", "tfds"], "--schema"),
     (["convert", "{tree}", "--labels", "/no/labels.txt"], "--labels"),
     (["convert", "{tree}", "--size_per_record", "lots"], "--size_per_record"),
-    (["convert", "{tree}", "--jpeg-quality", "best"], "--jpeg_quality"),
+    (["convert", "{tree}", "--jpeg-quality", "best"], "--jpeg-quality"),
     (["convert", "{tree}", "--check", "pixels"], "--check"),
 ])
 def test_cli_errors_are_one_line_exit_2(argv, needle, tiny_tree, tmp_path, capsys):

@@ -30,7 +30,7 @@ def test_serve_cli_rejects_worker_without_dispatcher():
     result = subprocess.run([sys.executable, "-m", "stallscope", "serve", "worker"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].endswith("--dispatcher: role worker needs the dispatcher's HOST:PORT")
+    assert result.stderr.strip().splitlines()[-1] == "stallscope serve worker: error: --dispatcher: expected this flag, got nothing"
 
 
 def test_pipeline_with_data_service_yields_every_example_once(tiny_tree):
@@ -89,3 +89,87 @@ def test_a_worker_process_that_dies_before_registering_is_an_error_not_a_hang(tm
         dying.wait()
         log_file.close()
         dispatcher.stop()
+
+
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_absent_dispatcher_is_an_error_after_the_timeout_not_a_hang():
+    port = _closed_port()
+    waits = []
+    with pytest.raises(UsageError, match=rf"--data-service: expected a tf.data service dispatcher answering at "
+                                         rf"localhost:{port}, got no answer within 0.5 s"):
+        servers.require_reachable(f"localhost:{port}", 0.5, on_wait=lambda: waits.append(1))
+    assert waits == [1]
+    dispatcher = servers.start_dispatcher()
+    try:
+        servers.require_reachable(dispatcher.target, 30)  # a live one answers at once
+    finally:
+        dispatcher.stop()
+
+
+def test_train_and_serve_worker_with_no_dispatcher_end_in_one_line(tiny_tree, tmp_path, capsys):
+    from stallscope.cli.main import main
+
+    port = _closed_port()
+    code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "2",
+                 "--image_size", "32", "--batch_size", "4", "--log_path", str(tmp_path / "run"),
+                 "--data-service", f"localhost:{port}", "--data-service-timeout", "1s"])
+    assert code == 2
+    assert _one_line_error(capsys) == (f"stallscope train: error: --data-service: expected a tf.data service dispatcher "
+                                       f"answering at localhost:{port}, got no answer within 1 s (is `stallscope serve "
+                                       f"dispatcher` running there? --data-service-timeout sets the wait)")
+    assert not (tmp_path / "run").exists()
+    code = main(["serve", "worker", "--dispatcher", f"127.0.0.1:{port}", "--dispatcher_timeout", "500ms"])
+    assert code == 2
+    err = _one_line_error(capsys)
+    assert err.startswith(f"stallscope serve: error: --dispatcher: expected a tf.data service dispatcher answering "
+                          f"at 127.0.0.1:{port}, got no answer within 0.5 s") and "--dispatcher-timeout" in err
+
+
+def test_ctrl_c_stops_a_worker_waiting_for_its_dispatcher():
+    import signal
+
+    port = _closed_port()
+    worker = subprocess.Popen([sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher",
+                               f"127.0.0.1:{port}", "--dispatcher-timeout", "120s"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        import select
+
+        assert select.select([worker.stdout], [], [], 60)[0], "the worker said nothing while waiting"
+        assert worker.stdout.readline().startswith(f"waiting up to 120 s for the dispatcher at grpc://127.0.0.1:{port}")
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 130 and err.strip().splitlines()[-1] == "stallscope serve: interrupted"
+
+
+def test_serve_dispatcher_on_a_port_in_use_is_one_line(capsys):
+    import socket
+
+    from stallscope.cli.main import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "dispatcher", "--port", str(port)])
+    assert code == 2
+    assert _one_line_error(capsys) == (f"stallscope serve: error: --port: expected a port free to listen on, got {port} "
+                                       f"(in use by another process; --port 0 picks a free one)")

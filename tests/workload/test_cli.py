@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -74,14 +75,14 @@ def test_base_model_accepts_the_seed_meanings():
 @pytest.mark.parametrize("argv, needle", [
     (["train", "--dataset_path", "{tree}", "--accelerator", "tpu"], "--accelerator"),
     (["train", "--dataset_path", "{missing}"], "does not exist"),
-    (["train", "--dataset_path", "{tree}", "--profile_steps", "ten"], "--profile-steps"),
-    (["train", "--dataset_path", "{tree}", "--fine_tune", "half"], "--fine-tune"),
+    (["train", "--dataset_path", "{tree}", "--profile_steps", "ten"], "--profile_steps"),
+    (["train", "--dataset_path", "{tree}", "--fine_tune", "half"], "--fine_tune"),
     (["train", "--dataset_path", "{tree}", "--map-parallelism", "many"], "--map-parallelism"),
-    (["train", "--dataset_path", "{tree}", "--base_model", "alexnet"], "--base-model"),
+    (["train", "--dataset_path", "{tree}", "--base_model", "alexnet"], "--base_model"),
     (["train", "--dataset_path", "{tree}", "--split", "validation"], "--split"),
     (["train", "--dataset_path", "{tree}", "--accelerator", "emulated:5ms", "--validation_path", "{tree}"],
-     "--validation-path"),
-    (["train", "--dataset_path", "{tree}", "--validation_path", "{missing}"], "--validation-path"),
+     "--validation_path"),
+    (["train", "--dataset_path", "{tree}", "--validation_path", "{missing}"], "--validation_path"),
     (["train", "--dataset_path", "{tree}", "--model", "inception_v3", "--image_size", "32"], "at least 75"),
     (["evaluate", "--checkpoint_path", "{tree}", "--dataset_path", "{tree}", "--split", "train"], "no checkpoint"),
     (["evaluate", "--checkpoint_path", "{missing}", "--dataset_path", "{tree}"], "does not exist"),
@@ -118,3 +119,175 @@ def test_resumed_run_says_whether_its_data_continues_where_it_stopped(preset, ex
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 3 and summary["first_step"] == 4 and summary["last_step"] == 12
     assert summary["resumed_data"] == {"epoch": 0, "skipped_examples": 12 if exact else 0, "exact": exact}
+
+
+def _one_line_error(capsys) -> tuple[str, str]:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err, captured.out
+
+
+# Output places that cannot be written: a path under a regular FILE (tests run as root, so a
+# chmod'ed folder would still be writable).
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--dataset_path", "{tree}", "--log_path", "{file}/run"],
+     "--log_path: expected a folder to write into, got '{file}/run' ('{file}' is a file)"),
+    (["train", "--dataset_path", "{tree}", "--log_path", "{tmp}/run", "--checkpoint_path", "{file}/ckpt"],
+     "--checkpoint_path: expected a folder to write into, got '{file}/ckpt' ('{file}' is a file)"),
+    (["evaluate", "--checkpoint_path", "{tree}", "--dataset_path", "{tree}", "--log-path", "{file}/eval"],
+     "--log-path: expected a folder to write into, got '{file}/eval' ('{file}' is a file)"),
+    (["diagnose", "--dataset_path", "{tree}", "--fix", "--fixed_config", "{file}/fixed.json"],
+     "--fixed_config: expected a file to write, got '{file}/fixed.json' ('{file}' is a file)"),
+    (["diagnose", "--dataset_path", "{tree}", "--fix", "--fixed_config", "{tmp}"],
+     "--fixed_config: expected a file to write, got '{tmp}' (a folder is there)"),
+    (["diagnose", "--dataset_path", "{tree}", "--work_dir", "{file}"],
+     "--work_dir: expected a folder to write into, got '{file}' (a file is there)"),
+    (["train", "--dataset_path", "{tree}", "--log_path", "{tmp}/run", "--cache", "file",
+      "--cache-path", "{tmp}/nonexistent/dir/c"],
+     "--cache-path: expected a file name in an existing folder, got '{tmp}/nonexistent/dir/c' "
+     "('{tmp}/nonexistent/dir' does not exist)"),
+])
+def test_unwritable_outputs_are_one_line_before_any_work(tiny_tree, tmp_path, capsys, argv, message):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+    fill = {"tree": tiny_tree, "tmp": tmp_path, "file": a_file}
+    argv = [a.format(**fill) for a in argv] + ["--accelerator", "emulated:1ms", "--steps", "2", *TINY][
+        : 0 if argv[0] == "evaluate" else None]
+    if argv[0] == "diagnose":
+        argv.remove("--steps")
+        argv.remove("2")
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err, out = _one_line_error(capsys)
+    assert code == 2 and err == f"stallscope {argv[0]}: error: {message.format(**fill)}"
+    assert "run directory" not in out
+    assert a_file.read_text() == "not a folder\n"
+
+
+def test_a_run_that_fails_before_its_run_directory_names_none(tiny_tree, tmp_path, capsys):
+    code = main(["train", "--dataset_path", str(tiny_tree), "--split", "validation", "--accelerator", "emulated:1ms",
+                 "--log_path", str(tmp_path / "run"), *TINY])
+    err, out = _one_line_error(capsys)
+    assert code == 2 and "--split" in err
+    assert "run directory" not in out and not (tmp_path / "run").exists()
+
+
+def test_weights_imagenet_offline_is_one_line_and_fast(tiny_tree, tmp_path):
+    """Offline is simulated by a proxy on a port nobody listens on, and an empty Keras cache."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    (tmp_path / "keras").mkdir()
+    env = dict(os.environ, KERAS_HOME=str(tmp_path / "keras"), HTTPS_PROXY=proxy, HTTP_PROXY=proxy,
+               https_proxy=proxy, http_proxy=proxy, NO_PROXY="", no_proxy="")
+    result = subprocess.run([sys.executable, "-m", "stallscope", "train", "--dataset_path", str(tiny_tree),
+                             "--weights", "imagenet", "--alpha", "0.25", "--image_size", "128", "--batch_size", "4",
+                             "--steps", "1", "--log_path", str(tmp_path / "run")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("stallscope train: error: --weights: expected ImageNet weights Keras can download, "
+                          "got no download of the mobilenet weights (URL fetch failure on https://")
+    assert err.endswith("give a local weights file with --weights PATH or use --weights none")
+    assert "run directory" not in result.stdout
+
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_every_knob_flag_explains_itself_with_its_default(capsys):
+    import dataclasses
+
+    from stallscope.pipeline.config import PipelineConfig, knob_docs
+
+    text = _help(["train"], capsys)
+    assert "see PipelineConfig" not in text
+    for field in dataclasses.fields(PipelineConfig):
+        if field.name != "preset":
+            assert " ".join(knob_docs()[field.name].rstrip(".").split()) in text, field.name
+    assert "batches prefetched at the end of the pipeline; off means no prefetch (default: autotune; seed: off)" in text
+    assert "images per batch (default: 32)" in text
+    assert "TF's rewrite that fuses consecutive maps: true, false, or TF's default (off) (default: default; " \
+           "seed: false)" in text
+    assert "--data-service-timeout DURATION" in text and "(default: 30s)" in text
+    assert "images per batch (default: 32)" in _help(["diagnose"], capsys)
+
+
+def test_readme_documents_every_knob_as_help_does():
+    from pathlib import Path
+
+    from stallscope.cli.train import knob_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "\n".join(knob_table()) in readme  # regenerate the README's table from knob_table() after a change
+    assert "| `--prefetch` | batches prefetched at the end of the pipeline; off means no prefetch. | " \
+           "N\\|autotune\\|off | autotune | off | autotune |" in readme
+
+
+def test_serve_help_is_per_role_with_defaults(capsys):
+    worker = _help(["serve", "worker"], capsys)
+    assert "--dispatcher HOST:PORT" in worker and "(default: 30s)" in worker and "--workers" not in worker
+    local = _help(["serve", "local"], capsys)
+    assert "--workers N" in local and "(default: 1)" in local and "--dispatcher" not in local
+    assert "(default: 0, a free one)" in _help(["serve", "dispatcher"], capsys)
+
+
+def test_printed_commands_quote_paths(tiny_tree, tmp_path, capsys):
+    run_dir = tmp_path / "my runs" / "it's here"
+    assert main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "4",
+                 "--profile_steps", "2:3", "--log_path", str(run_dir), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {shlex.quote(str(run_dir))}  (Profile tab)" in out
+    assert shlex.split(out.split("tensorboard ", 1)[1].split("  (Profile")[0]) == ["--logdir", str(run_dir)]
+
+
+def test_evaluate_watch_waits_for_a_checkpoint_folder_that_does_not_exist_yet(split_tree, tmp_path, capsys,
+                                                                              monkeypatch):
+    import os
+    import time
+
+    import stallscope.workload.evaluate as evaluate_module
+
+    staging = tmp_path / "staging"
+    assert main(["train", "--dataset_path", str(split_tree), "--alpha", "0.25", "--steps", "1",
+                 "--checkpoint_path", str(staging), "--log_path", str(tmp_path / "run"), *TINY]) == 0
+    capsys.readouterr()
+    later = tmp_path / "later"
+
+    def appear_while_waiting(seconds: float) -> None:
+        """The watcher's first wait: the folder appears whole (a rename), as a training job made it."""
+        if staging.exists():
+            os.rename(staging, later)
+        time.sleep(0.01)
+
+    monkeypatch.setitem(evaluate_module.watch.__kwdefaults__, "sleep", appear_while_waiting)
+    code = main(["evaluate", "--checkpoint_path", str(later), "--dataset_path", str(split_tree), "--watch",
+                 "--interval_secs", "60", "--max_evaluations", "1", "--batch_size", "4", "--cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines()[0] == (f"waiting for {later} to appear (written by `stallscope train --checkpoint_path`), "
+                                   f"looking every 60s; Ctrl-C stops")
+    assert re.search(r"^step 1: top-1 ", out, re.MULTILINE), out
+
+
+def test_a_file_cache_another_run_holds_is_one_line(tiny_tree, tmp_path, capsys):
+    (tmp_path / "c_0.lockfile").write_text("")  # TF's lock: a run writing the cache, or one that was killed
+    code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "2",
+                 "--log_path", str(tmp_path / "run"), "--cache", "file", "--cache_path", str(tmp_path / "c"), *TINY])
+    err, _ = _one_line_error(capsys)
+    assert code == 2 and err == (f"stallscope train: error: --cache_path: expected a cache no other run is writing, got "
+                                 f"'{tmp_path}/c' ('{tmp_path}/c_0.lockfile' is there; remove it if no other run "
+                                 f"uses this cache)")

@@ -21,21 +21,31 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
 from stallscope.cli import flags
-from stallscope.cli.train import add_pipeline_flags, add_workload_flags, train_options_from_args
+from stallscope.cli.train import add_pipeline_flags, add_workload_flags, require_data_service, train_options_from_args
 from stallscope.errors import UsageError
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
 
 def _phases(text: str) -> tuple[str, ...]:
+    """Comma-separated fine-tuning phases, each as --fine_tune takes it: head, full or last:N."""
+    from stallscope.workload.models import parse_fine_tune
+
     phases = tuple(p.strip() for p in text.split(",") if p.strip())
     if not phases:
         raise argparse.ArgumentTypeError(f"expected phases such as head,full, got {text!r}")
-    return phases
+    for phase in phases:
+        try:
+            parse_fine_tune(phase)
+        except UsageError:
+            raise argparse.ArgumentTypeError(f"expected phases among head, full and last:N (e.g. head,last:20), "
+                                             f"got {phase!r} in {text!r}") from None
+    return tuple(parse_fine_tune(phase) for phase in phases)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -54,14 +64,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                    help="Adam learning rate of the real model's probe steps (default: 1e-4)")
     flags.add_flag(probes, "warmup_steps", type=flags.non_negative_int, default=2,
                    help="first probe steps left out of the means (tracing; default: 2)")
-    flags.add_flag(probes, "work_dir", type=Path, default=None, metavar="DIR",
+    flags.add_flag(probes, "work_dir", type=flags.creatable_dir, default=None, metavar="DIR",
                    help="keep the probe runs' directories here (default: a temporary directory, removed)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
     out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
     out.add_argument("--fix", action="store_true",
                      help="apply the advice, run again, print before / predicted / after, save the config")
-    flags.add_flag(out, "fixed_config", type=Path, default=DEFAULT_FIXED_CONFIG, metavar="FILE",
+    flags.add_flag(out, "fixed_config", type=flags.creatable_file, default=DEFAULT_FIXED_CONFIG, metavar="FILE",
                    help=f"where --fix saves the fixed pipeline config (default: {DEFAULT_FIXED_CONFIG})")
     add_pipeline_flags(parser)
 
@@ -82,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.differential import diagnose, fix
 
     options = options_from_args(args)
+    if args.fix:  # the default is not checked by argparse; a folder or an unwritable place is found now, not after the probes
+        try:
+            flags.creatable_file(str(args.fixed_config))
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--fixed-config: {exc}") from None
     quiet = args.json or args.markdown
+    require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr if quiet else sys.stdout, flush=True)
@@ -202,7 +218,7 @@ def fix_lines(result) -> list[str]:
                  else "the advice did not hold: the input share did not go down in every phase")
     if result.config_path is not None:
         lines.append(f"fixed pipeline saved to {result.config_path}; reuse it with "
-                     f"`stallscope train --pipeline-config {result.config_path}`")
+                     f"`stallscope train --pipeline-config {shlex.quote(str(result.config_path))}`")
     return lines
 
 

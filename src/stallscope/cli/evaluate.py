@@ -20,8 +20,9 @@ from stallscope.cli import flags
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    flags.add_flag(parser, "checkpoint_path", type=flags.existing_dir, required=True, metavar="DIR",
-                   help="a checkpoint directory written by `stallscope train --checkpoint_path`")
+    flags.add_flag(parser, "checkpoint_path", type=Path, required=True, metavar="DIR",
+                   help="a checkpoint directory written by `stallscope train --checkpoint_path` (with --watch "
+                        "it may not exist yet)")
     flags.add_flag(parser, "source", choices=("files", "records"), default="files",
                    help="JPEG files or TFRecord shards (default: files)")
     flags.add_flag(parser, "dataset_path", type=flags.existing_dir, required=True, metavar="DIR",
@@ -36,7 +37,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(parser, "max_evaluations", type=flags.positive_int, default=None, metavar="N",
                    help="with --watch: stop after N evaluations (default: until Ctrl-C)")
     parser.add_argument("--cpu", action="store_true", help="hide GPUs from TensorFlow (evaluate on the CPU)")
-    flags.add_flag(parser, "log_path", type=Path, default=None,
+    flags.add_flag(parser, "log_path", type=flags.creatable_dir, default=None,
                    metavar="DIR", help="write TensorBoard scalars (evaluation/top1, top5, loss) here")
     parser.add_argument("--json", action="store_true", help="print each result as one JSON line")
 
@@ -71,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_result(evaluate_latest(options), as_json=args.json))
         return 0
     if not args.json:
-        print(f"watching {options.checkpoint_path} every {options.interval_secs:g}s", flush=True)
+        if options.checkpoint_path.exists():
+            print(f"watching {options.checkpoint_path} every {options.interval_secs:g}s", flush=True)
+        else:
+            print(f"waiting for {options.checkpoint_path} to appear (written by `stallscope train --checkpoint_path`), "
+                  f"looking every {options.interval_secs:g}s; Ctrl-C stops", flush=True)
     watch(options, lambda result: print(format_result(result, as_json=args.json), flush=True))
     return 0

@@ -7,6 +7,7 @@ Every flag is spelled `--kebab-case` and also accepts the seeds' `--snake_case` 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -32,8 +33,77 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress details")
 
 
-def _type_error(expected: str, text: str) -> argparse.ArgumentTypeError:
-    return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+# argparse's own wordings, turned into "expected ..., got ..."
+_ARGPARSE_NAMED = re.compile(r"argument (\S+): (.*)", re.S)
+_OUR_NAMED = re.compile(r"(-{0,2}[A-Za-z][A-Za-z0-9_-]*): (.*)", re.S)
+_REQUIRED = re.compile(r"the following arguments are required: (.*)", re.S)
+_INVALID_CHOICE = re.compile(r"invalid choice: (.*) \(choose from (.*)\)", re.S)
+_INVALID_TYPE = re.compile(r"invalid (\w+) value: (.*)", re.S)
+_TYPE_WORDS = {"int": "an integer", "float": "a number"}
+
+
+def spelled_as_typed(message: str, parser: argparse.ArgumentParser, typed: list[str]) -> str:
+    """`--flag: expected ..., got ...` with the flag spelled as the user typed it (kebab or snake case).
+
+    Rewrites argparse's `argument --a-b/--a_b: ...` and an option's `a_b: ...` (a dataclass field that
+    a flag sets); a message about anything the user did not type is left as it is."""
+    required = _REQUIRED.fullmatch(message)
+    if required:
+        names = [name.split("/")[0] for name in required.group(1).split(", ")]
+        return f"{', '.join(names)}: expected {'this flag' if len(names) == 1 else 'these flags'}, got nothing"
+    match = _ARGPARSE_NAMED.fullmatch(message)
+    if match:
+        spellings, rest = match.group(1).split("/"), _plain_argparse(match.group(2))
+        if not spellings[0].startswith("-"):  # a positional argument, named by its metavar
+            return f"{match.group(1)}: {rest}"
+        return f"{_typed_spelling(spellings, typed) or spellings[0]}: {rest}"
+    match = _OUR_NAMED.fullmatch(message)
+    if not match:
+        return message
+    name, rest = match.groups()
+    spellings = _spellings(parser, name)
+    typed_name = _typed_spelling(spellings, typed) if spellings else None
+    return f"{typed_name}: {rest}" if typed_name else message
+
+
+def _plain_argparse(text: str) -> str:
+    choice = _INVALID_CHOICE.fullmatch(text)
+    if choice:
+        return f"expected one of {choice.group(2).replace(chr(39), '')}, got {choice.group(1)}"
+    kind = _INVALID_TYPE.fullmatch(text)
+    if kind:
+        return f"expected {_TYPE_WORDS.get(kind.group(1), kind.group(1))}, got {kind.group(2)}"
+    if text == "expected one argument":
+        return "expected a value, got nothing"
+    if text.startswith("ignored explicit argument "):
+        return f"expected no value, got {text[len('ignored explicit argument '):]}"
+    return text
+
+
+def _normal(name: str) -> str:
+    return name.lstrip("-").replace("-", "_")
+
+
+def _spellings(parser: argparse.ArgumentParser, name: str) -> list[str]:
+    """The option strings of the flag that sets `name` (its dest, or a pipeline knob's field)."""
+    wanted = _normal(name)
+    for action in parser._actions:
+        if action.option_strings and wanted in (action.dest, action.dest.removeprefix("knob_"),
+                                                *(_normal(s) for s in action.option_strings)):
+            return list(action.option_strings)
+    return []
+
+
+def _typed_spelling(spellings: list[str], typed: list[str]) -> str | None:
+    """The spelling among `spellings` the user typed (`--a_b` or `--a_b=1`); None if none was typed."""
+    for token in typed:
+        if token.split("=", 1)[0] in spellings:
+            return token.split("=", 1)[0]
+    return None
+
+
+def _type_error(expected: str, text: str, why: str = "") -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}" + (f" ({why})" if why else ""))
 
 
 def positive_int(text: str) -> int:
@@ -92,9 +162,24 @@ def int_or_autotune(text: str) -> int:
     return value
 
 
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """Seconds, plain (30) or with a unit: 30s, 500ms, 2m, 1h."""
+    match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SECONDS:
+        raise _type_error("a duration such as 30s, 500ms or 2m", text)
+    value = float(match.group(1)) * _SECONDS[unit]
+    if not value > 0:
+        raise _type_error("a duration above 0", text)
+    return value
+
+
 def byte_size(text: str) -> int:
     """Bytes as a plain integer (seed-000's 52428800) or with a unit: 50M, 64MiB, 1.5G."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _SIZE_UNITS:
         raise _type_error("a size in bytes such as 52428800, 50M or 64MiB", text)
@@ -107,23 +192,56 @@ def byte_size(text: str) -> int:
 def existing_dir(text: str) -> Path:
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"directory {text!r} does not exist")
+        raise _type_error("an existing directory", text, "it does not exist")
     if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+        raise _type_error("a directory", text, "a file")
     return path
 
 
 def existing_file(text: str) -> Path:
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"file {text!r} does not exist")
+        raise _type_error("an existing file", text, "it does not exist")
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+        raise _type_error("a file", text, "a directory")
     return path
 
 
 def existing_path(text: str) -> Path:
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"path {text!r} does not exist")
+        raise _type_error("an existing path", text, "it does not exist")
     return path
+
+
+def creatable_dir(text: str) -> Path:
+    """A folder to write into: one that exists, or one `mkdir -p` can make. Checked when the flag is
+    read, so a run does not fail at its first write, minutes in, with a file-system traceback."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise _type_error("a folder to write into", text, "a file is there")
+    why = _why_not_creatable(path)
+    if why:
+        raise _type_error("a folder to write into", text, why)
+    return path
+
+
+def creatable_file(text: str) -> Path:
+    """A file to write: not a folder, in a folder that exists or can be made."""
+    path = Path(text)
+    if path.is_dir():
+        raise _type_error("a file to write", text, "a folder is there")
+    why = _why_not_creatable(path.parent)
+    if why:
+        raise _type_error("a file to write", text, why)
+    return path
+
+
+def _why_not_creatable(folder: Path) -> str:
+    """'' when `folder` exists and can be written, or can be made; otherwise why not."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        return f"{str(existing)!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{str(existing)!r} cannot be written"
+    return ""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from stallscope import __version__
-from stallscope.cli.flags import add_common_flags
+from stallscope.cli.flags import add_common_flags, spelled_as_typed
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
 
@@ -28,10 +29,21 @@ NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnos
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; we print one line naming the flag, exit code 2."""
+    """argparse prints usage plus the error; we print one line naming the flag as the user spelled
+    it (`PROG: error: --flag: expected ..., got ...`), exit code 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # '-5M' or '-1' after a flag is its (bad) value for the flag's type to refuse, not an unknown option
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
+        self._typed: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {spelled_as_typed(message, self, self._typed)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the subcommand (and of its kind, e.g. `serve worker`) that parsed `args`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _command_parser(chosen, args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that refused it, in the one format
+        command = _command_parser(parser, args)
+        token = unknown[0]
+        command.error(f"{token}: expected a flag of `{command.prog}` (see --help), got an unknown flag"
+                      if token.startswith("-") else f"{token}: expected no further argument, got {token!r}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
@@ -73,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     except StallscopeError as exc:
         if args.debug:
             raise
-        print(f"stallscope {args.command}: error: {exc}", file=sys.stderr)
+        message = spelled_as_typed(str(exc), _command_parser(parser, args), argv)
+        print(f"stallscope {args.command}: error: {message}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"stallscope {args.command}: interrupted", file=sys.stderr)

@@ -102,8 +102,10 @@ def _int_range(text: str) -> tuple[int, int]:
         values = [int(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) not in (1, 2) or values[0] > values[-1] or values[0] <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or a range LOW-HIGH such as 75-95, got {text!r}")
+    if len(values) not in (1, 2) or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer N or a range LOW-HIGH, got {text!r}")
+    if values[0] > values[-1]:
+        raise argparse.ArgumentTypeError(f"expected a range LOW-HIGH with LOW <= HIGH, got {text!r}")
     return values[0], values[-1]
 
 

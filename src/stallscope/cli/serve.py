@@ -5,6 +5,7 @@
   stallscope serve local --workers 2                   a dispatcher plus worker processes here
 
 Then train with `--data-service HOST:5050`: the pipeline up to the batch runs on the workers.
+`stallscope serve ROLE --help` lists the flags of one role.
 """
 
 from __future__ import annotations
@@ -13,14 +14,33 @@ import argparse
 import signal
 import threading
 
-from stallscope.cli.flags import add_flag, non_negative_int, positive_int
+from stallscope.cli.flags import add_common_flags, add_flag, duration, non_negative_int, positive_int
+from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
+
+_ROLES = {
+    "dispatcher": "hand out the work of training jobs to the workers registered with it",
+    "worker": "run pipelines for a dispatcher (one per machine or core set that should decode)",
+    "local": "a dispatcher in this process plus worker processes beside it, for one machine",
+}
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("role", choices=("dispatcher", "worker", "local"), help="what to run")
-    add_flag(parser, "port", type=non_negative_int, default=0, help="port to listen on (0: pick a free one)")
-    add_flag(parser, "dispatcher", default=None, help="dispatcher HOST:PORT (role worker)")
-    add_flag(parser, "workers", type=positive_int, default=1, help="worker processes to start (role local)")
+    roles = parser.add_subparsers(dest="role", metavar="ROLE", required=True, parser_class=type(parser))
+    for role, help_text in _ROLES.items():
+        sub = roles.add_parser(role, help=help_text, description=help_text)
+        add_common_flags(sub)
+        if role == "worker":
+            add_flag(sub, "dispatcher", required=True, metavar="HOST:PORT",
+                     help="the dispatcher to register with (printed by `stallscope serve dispatcher`)")
+            add_flag(sub, "dispatcher_timeout", type=duration, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="DURATION",
+                     help=f"give up if the dispatcher does not answer within this long "
+                          f"(default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+        add_flag(sub, "port", type=non_negative_int, default=0,
+                 help=f"port the {'dispatcher' if role != 'worker' else 'worker'} listens on "
+                      f"(default: 0, a free one)")
+        if role == "local":
+            add_flag(sub, "workers", type=positive_int, default=1, metavar="N",
+                     help="worker processes to start (default: 1)")
 
 
 def _wait_for_signal() -> None:
@@ -31,7 +51,6 @@ def _wait_for_signal() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallscope.errors import UsageError
     from stallscope.service import servers
 
     if args.role == "dispatcher":
@@ -40,10 +59,13 @@ def run(args: argparse.Namespace) -> int:
         _wait_for_signal()
         server.stop()
     elif args.role == "worker":
-        if not args.dispatcher:
-            raise UsageError("--dispatcher: role worker needs the dispatcher's HOST:PORT")
-        server = servers.start_worker(args.dispatcher, args.port)
-        print(f"tf.data service worker registered with {servers.normalize_address(args.dispatcher, '--dispatcher')}", flush=True)
+        address = servers.normalize_address(args.dispatcher, "--dispatcher")
+
+        def waiting() -> None:
+            print(f"waiting up to {args.dispatcher_timeout:g} s for the dispatcher at {address}", flush=True)
+
+        server = servers.start_worker(args.dispatcher, args.port, timeout_s=args.dispatcher_timeout, on_wait=waiting)
+        print(f"tf.data service worker registered with {address}", flush=True)
         _wait_for_signal()
         server.stop()
     else:

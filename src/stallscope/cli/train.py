@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,10 @@ from typing import Any
 from stallscope.cli import flags
 from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
-from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
+from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig, describe_knob, knob_docs
 from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_preset
 from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION_IMAGES
+from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
 
 _TRUE = {"true", "yes", "on", "1"}
@@ -60,7 +62,10 @@ def knob_or_off(text: str):
     """A parallelism/buffer knob: a positive integer, 'autotune', or 'off' (no such stage)."""
     if text.strip().lower() in ("off", "none"):
         return OFF
-    return flags.int_or_autotune(text)
+    try:
+        return flags.int_or_autotune(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'autotune' or 'off', got {text!r}") from None
 
 
 def rewrite_switch(text: str):
@@ -74,11 +79,9 @@ def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
     """argparse keywords for a PipelineConfig field, from its type (new fields get flags for free)."""
     name, kind = field.name, str(field.type)
     if name in STATIC_OPTIMIZATIONS:
-        return {"type": rewrite_switch, "metavar": "true|false|default",
-                "help": f"TF's {name} rewrite on, off, or TF's default"}
+        return {"type": rewrite_switch, "metavar": "true|false|default"}
     if name == "data_service":
-        return {"metavar": "HOST:PORT",
-                "help": "run the pipeline up to the batch on a tf.data service (see `stallscope serve`)"}
+        return {"metavar": "HOST:PORT"}
     choices = getattr(pipeline_config, f"{name.upper()}_CHOICES", None)
     if choices is not None:
         return {"choices": choices}
@@ -88,7 +91,45 @@ def _knob_flag(field: dataclasses.Field) -> dict[str, Any]:
         return {"type": knob_or_off, "metavar": "N|autotune|off"}
     if kind == "int":
         return {"type": flags.non_negative_int, "metavar": "N"}
-    return {"metavar": "VALUE"}
+    return {"metavar": "PATH" if name.endswith("_path") else "VALUE"}
+
+
+def render_knob(name: str, value: Any) -> str:
+    """A knob's value as its flag spells it: autotune, off, default (TF's), true/false, none."""
+    if name in STATIC_OPTIMIZATIONS:
+        return "default" if value is None else str(value).lower()
+    if isinstance(value, bool):
+        return str(value).lower()
+    field_type = str(next(f.type for f in dataclasses.fields(PipelineConfig) if f.name == name))
+    if field_type == "int | None":
+        return describe_knob(value)
+    return str(value) if value != "" else "none"
+
+
+def _knob_help(name: str) -> str:
+    """The knob's meaning (from PipelineConfig's docstring) and its value in the default preset,
+    plus the other presets' where they differ."""
+    default = render_knob(name, getattr(PRESETS[_DEFAULT_PRESET], name))
+    others = [f"{preset}: {render_knob(name, getattr(config, name))}" for preset, config in sorted(PRESETS.items())
+              if preset != _DEFAULT_PRESET and render_knob(name, getattr(config, name)) != default]
+    text = f"{knob_docs()[name].rstrip('.')} (default: {default}" + (f"; {', '.join(others)}" if others else "") + ")"
+    return text.replace("%", "%%")
+
+
+def knob_table() -> list[str]:
+    """The README's table of pipeline knobs, made from the same sources as `--help`."""
+    presets = sorted(PRESETS)
+    lines = ["| flag | meaning | values | " + " | ".join(presets) + " |",
+             "|---|---|---|" + "---|" * len(presets)]
+    for field in dataclasses.fields(PipelineConfig):
+        if field.name in _NOT_KNOBS:
+            continue
+        kwargs = _knob_flag(field)
+        values = "\\|".join(kwargs["choices"]) if "choices" in kwargs else kwargs["metavar"].replace("|", "\\|")
+        cells = [f"`--{field.name.replace('_', '-')}`", knob_docs()[field.name].replace("|", "\\|"), values]
+        cells += [render_knob(field.name, getattr(PRESETS[p], field.name)) for p in presets]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
@@ -103,8 +144,25 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
         if field.name in _NOT_KNOBS:
             continue
         kwargs = _knob_flag(field)
-        kwargs.setdefault("help", f"pipeline knob {field.name} (see PipelineConfig)")
-        flags.add_flag(group, field.name, default=None, dest=f"knob_{field.name}", **kwargs)
+        flags.add_flag(group, field.name, default=None, dest=f"knob_{field.name}", help=_knob_help(field.name),
+                       **kwargs)
+    flags.add_flag(group, "data_service_timeout", type=flags.duration, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer "
+                                            f"within this long (default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+
+
+def require_data_service(pipeline: PipelineConfig, args: argparse.Namespace, out=None) -> None:
+    """A --data-service dispatcher must answer before TensorFlow is handed its address (TF would
+    wait for it forever, deaf to Ctrl-C); says so when it does not answer at once."""
+    if not pipeline.data_service:
+        return
+    from stallscope.service.servers import require_reachable
+
+    def waiting() -> None:
+        print(f"waiting up to {args.data_service_timeout:g} s for the tf.data service dispatcher at "
+              f"{pipeline.data_service}", file=out or sys.stdout, flush=True)
+
+    require_reachable(pipeline.data_service, args.data_service_timeout, on_wait=waiting)
 
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineConfig:
@@ -153,7 +211,7 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                    help="keras.applications base (default: mobilenet)")
     flags.add_flag(model, "base_model", default=None, metavar="NAME|imagenet",
                    help="seed-000's flag: a model name, or 'imagenet' for MobileNet with ImageNet weights")
-    flags.add_flag(model, "alpha", type=float, default=1.0,
+    flags.add_flag(model, "alpha", type=flags.positive_float, default=1.0,
                    help="MobileNet/MobileNetV2 width multiplier (default: 1.0)")
     flags.add_flag(model, "weights", default=None, metavar="none|imagenet|PATH",
                    help="base weights: none, imagenet (Keras downloads them) or a weights file (default: none)")
@@ -186,9 +244,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(training, "warmup_steps", type=flags.non_negative_int, default=2,
                    help="first steps left out of the means (tracing; default: 2)")
     out = parser.add_argument_group("output")
-    flags.add_flag(out, "log_path", type=Path, default=None, metavar="DIR",
+    flags.add_flag(out, "log_path", type=flags.creatable_dir, default=None, metavar="DIR",
                    help="run directory (default: a new runs/<timestamp>-<model>-<source>)")
-    flags.add_flag(out, "checkpoint_path", type=Path, default=None, metavar="DIR",
+    flags.add_flag(out, "checkpoint_path", type=flags.creatable_dir, default=None, metavar="DIR",
                    help="checkpoints (resumed from when present); default: none")
     flags.add_flag(out, "checkpoint_every", type=flags.positive_int, default=500, metavar="N",
                    help="save every N steps, and at the end (default: 500)")
@@ -276,18 +334,28 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.workload.train import run_training
 
     options = train_options_from_args(args)
+    require_data_service(options.pipeline, args)
     if options.log_path is None:
         from stallscope.workload.train import new_run_dir
 
         model = "emulated" if options.accelerator.emulated else options.model
         options = dataclasses.replace(options, log_path=new_run_dir(model, options.source))
-    print(f"run directory: {options.log_path}", flush=True)
+    announced = []
+
+    def announce_run_dir() -> None:
+        """Once the run directory exists (the first step is past it): a run that fails before it
+        makes the folder names none."""
+        if not announced:
+            print(f"run directory: {options.log_path}", flush=True)
+            announced.append(True)
 
     def on_step(progress) -> None:
+        announce_run_dir()
         if progress.log_line:
             print(progress.log_line, flush=True)
 
     result = run_training(options, on_step=on_step)
+    announce_run_dir()
     if not result.steps:
         print(f"nothing to do: the checkpoint is already at step {result.summary['last_step']}")
         return 0
@@ -296,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"summary         {result.run_dir / 'summary.json'}")
     if result.summary.get("profile"):
         if result.summary["profile"]["files"]:
-            print(f"profile         tensorboard --logdir {result.run_dir}  (Profile tab)")
+            print(f"profile         tensorboard --logdir {shlex.quote(str(result.run_dir))}  (Profile tab)")
         else:
             print(f"profile         none written: the run never reached steps {result.summary['profile']['steps']}",
                   file=sys.stderr)

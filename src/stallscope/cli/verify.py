@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 
-from stallscope.cli.flags import add_flag, existing_dir
+from stallscope.cli.flags import add_flag, existing_dir, non_negative_int
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("records_dir", type=existing_dir, metavar="RECORDS_DIR", help="directory written by `stallscope convert`")
     add_flag(parser, "no_decode", action="store_true", help="skip decoding the images (framing, counts and sha256 only)")
-    add_flag(parser, "max_problems", type=int, default=50, metavar="N", help="print at most N problems (default: 50)")
+    add_flag(parser, "max_problems", type=non_negative_int, default=50, metavar="N", help="print at most N problems (default: 50)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
     # libjpeg's warnings and TF's C++ log lines would repeat, unreadably, what the problems below say
     with stderr_fd_silenced():
         report = verify_records(args.records_dir, decode=not args.no_decode)
-    for problem in report.problems[: max(args.max_problems, 0)]:
+    for problem in report.problems[: args.max_problems]:
         print(problem)
-    hidden = len(report.problems) - max(args.max_problems, 0)
+    hidden = len(report.problems) - args.max_problems
     if hidden > 0:
         print(f"... and {hidden} more problem(s)")
     print(f"verify {args.records_dir}: {report.summary_line()}")

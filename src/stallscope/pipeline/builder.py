@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import tensorflow as tf
 
@@ -252,6 +253,17 @@ def _cycle_length(config: PipelineConfig) -> int:
 
 
 def _cache(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    if config.cache == "file":
+        # TF writes PATH.index, PATH.data-* and a lock file beside PATH but makes no folder: a missing
+        # one would surface at the first batch as a NotFoundError traceback.
+        folder = Path(config.cache_path).parent
+        if not folder.is_dir():
+            raise UsageError(f"--cache-path: expected a file name in an existing folder, got {config.cache_path!r} "
+                             f"({str(folder)!r} {'is a file' if folder.exists() else 'does not exist'})")
+        lock = Path(f"{config.cache_path}_0.lockfile")  # left by a run that is writing the cache, or was killed
+        if lock.exists():
+            raise UsageError(f"--cache-path: expected a cache no other run is writing, got {config.cache_path!r} "
+                             f"({str(lock)!r} is there; remove it if no other run uses this cache)")
     return dataset.cache(config.cache_path if config.cache == "file" else "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,34 +44,49 @@ STATIC_OPTIMIZATIONS = (
 class PipelineConfig:
     """The input pipeline, stage by stage.
 
+    One entry per field, `name: meaning`: `stallscope train --help` and the README's knob table are
+    made from these entries (`knob_docs`), so they are the one place a knob is explained. In Python
+    a knob that is "off" is None, and "autotune" is AUTOTUNE (-1).
+
     preset: the preset this config started from (for reports only).
-    batch_size, image_size: batch size and the square side images are resized to.
-    shuffle_buffer: elements in the shuffle buffer; 0 disables shuffling (seed: 10240).
-    shuffle_at: "decoded" shuffles decoded images after the map (the seeds' order: map -> shuffle
-        -> batch; a buffer of 10240 images at 224 holds ~6 GB of float32), "encoded" shuffles file
-        paths (files) or serialized records (records) before decode: same randomness, far less memory.
+    batch_size: images per batch.
+    image_size: the square side, in pixels, images are resized to.
+    shuffle_buffer: elements in the shuffle buffer; 0 disables shuffling (the seeds: 10240).
+    shuffle_at: where the shuffle sits: "decoded" shuffles decoded images after the map (the seeds'
+        order map -> shuffle -> batch; 10240 images at 224 hold ~6 GB of float32), "encoded"
+        shuffles file paths or serialized records before decode (as random, far less memory).
     shuffle_files: shuffle the order of image files / record shards each epoch (seeded) before reading.
-    read_parallelism: records: shards read at once by a parallel `interleave` (None: shard after
-        shard). files: files read at once; when None or equal to map_parallelism the read runs
-        inside the decode map (as parallel as it), otherwise in a separate read map.
-    interleave_cycle_length: records: shards open at once (defaults to read_parallelism when None).
-    map_parallelism: `num_parallel_calls` of the decode map; None is a sequential map.
-    prefetch: `prefetch` buffer at the end (batches); None means no prefetch.
-    cache: "none", "memory" or "file" (then `cache_path`); cache_at: "encoded" bytes (after the
-        read, before decode) or "decoded" images (after resize; memory-heavy, skips decode too).
-    deterministic: keep element order in parallel stages (False lets fast elements overtake).
+    read_parallelism: records: shards read at once by a parallel interleave (off: shard after
+        shard). files: files read at once; off or equal to map_parallelism reads inside the decode
+        map (as parallel as it), otherwise in a separate read map.
+    interleave_cycle_length: records: shards open at once (off: as many as read_parallelism).
+    map_parallelism: parallel calls of the decode map (`num_parallel_calls`); off is a sequential map.
+    prefetch: batches prefetched at the end of the pipeline; off means no prefetch.
+    cache: keep elements after the first epoch: "none", "memory", or "file" (then cache_path).
+    cache_at: what the cache keeps: "encoded" bytes (after the read, before decode) or "decoded"
+        images (after resize; memory-heavy, skips the decode too).
+    cache_path: with cache "file": the cache's file name prefix, in a folder that exists.
+    deterministic: keep element order in parallel stages (false lets fast elements overtake).
     private_threadpool_size: threads of a private pool for this pipeline; 0 uses TF's shared pool.
     max_intra_op_parallelism: intra-op threads per op; 0 leaves TF's default (the guide suggests 1).
-    decode: "full" decode then resize, "crop" `decode_and_crop_jpeg` central crop, "scaled" DCT
-        scaled decode (`ratio`) chosen so the image stays at least image_size.
-    normalize: "minus_one_one" (seed: x / 127.5 - 1), "zero_one" or "none".
+    decode: "full" decodes then resizes, "crop" decodes a central crop (`decode_and_crop_jpeg`),
+        "scaled" decodes at a reduced DCT scale that keeps the image at least image_size.
+    normalize: pixel scaling in the pipeline: "minus_one_one" (the seeds: x / 127.5 - 1),
+        "zero_one", or "none" (0..255; the model's first layer scales them on the device).
     autotune: tf.data's autotuner on or off (`options.autotune.enabled`).
-    static optimisations (map_parallelization, ...): True/False forces TF's rewrite on or off;
-        None keeps TF's default (most are on in TF 2.21 and silently parallelise a seed pipeline).
+    map_parallelization: TF's rewrite that makes a sequential map parallel: true, false, or TF's default (on).
+    inject_prefetch: TF's rewrite that adds a prefetch at the end: true, false, or TF's default (on).
+    map_and_batch_fusion: TF's rewrite that fuses map and batch into one parallel stage: true, false,
+        or TF's default (on).
+    parallel_batch: TF's rewrite that batches in parallel: true, false, or TF's default (on).
+    map_fusion: TF's rewrite that fuses consecutive maps: true, false, or TF's default (off).
+    noop_elimination: TF's rewrite that drops stages that do nothing: true, false, or TF's default (on).
+    shuffle_and_repeat_fusion: TF's rewrite that fuses shuffle and repeat: true, false, or TF's
+        default (on).
     drop_remainder: drop the last partial batch so every batch has the same shape.
     seed: shuffle seed, so runs repeat.
-    data_service: a tf.data service dispatcher (HOST:PORT, see `stallscope serve`); when set, the
-        pipeline up to the batch runs on the service's workers and this host only receives batches.
+    data_service: a tf.data service dispatcher HOST:PORT (see `stallscope serve`); the pipeline up
+        to the batch runs on the service's workers and this host only receives batches.
     """
 
     preset: str = "custom"
@@ -160,6 +176,25 @@ class PipelineConfig:
         if isinstance(data, dict) and "pipeline" in data and isinstance(data["pipeline"], dict):
             data = data["pipeline"]  # a file saved by `diagnose --fix` wraps the config
         return cls.from_dict(data, source=f"--pipeline-config {path}")
+
+
+_DOC_ENTRY = re.compile(r"^    ([a-z_]+): (.*)$")
+
+
+def knob_docs() -> dict[str, str]:
+    """{field: its meaning}, one line each, read from PipelineConfig's docstring."""
+    docs: dict[str, str] = {}
+    name = None
+    for line in (PipelineConfig.__doc__ or "").splitlines():
+        entry = _DOC_ENTRY.match(line)
+        if entry:
+            name = entry.group(1)
+            docs[name] = entry.group(2).strip()
+        elif name is not None and line.startswith("        "):
+            docs[name] += " " + line.strip()
+        else:
+            name = None
+    return docs
 
 
 def describe_knob(value: int | None) -> str:

@@ -108,8 +108,12 @@ class EvaluateOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint_path", Path(self.checkpoint_path))
         object.__setattr__(self, "dataset_path", Path(self.dataset_path))
-        if not self.checkpoint_path.is_dir():
-            raise UsageError(f"--checkpoint-path: {str(self.checkpoint_path)!r} is not a directory")
+        if self.checkpoint_path.exists() and not self.checkpoint_path.is_dir():
+            raise UsageError(f"--checkpoint-path: expected a checkpoint folder, got {str(self.checkpoint_path)!r} "
+                             f"(a file)")
+        if not self.watch and not self.checkpoint_path.exists():  # --watch waits for it to appear
+            raise UsageError(f"--checkpoint-path: expected a checkpoint folder, got {str(self.checkpoint_path)!r} "
+                             f"(it does not exist)")
         require_positive("batch_size", self.batch_size)
         require_positive("max_evaluations", self.max_evaluations, allow_none=True)
         if not self.interval_secs > 0:

@@ -12,10 +12,12 @@ of the base. How its BatchNorm layers behave while they train ("frozen", "recali
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,24 @@ def _adapter_transform(input_range: str, expects: str) -> tuple[float, float, bo
     return scale, target_low - low * scale, expects == "caffe"
 
 
+DOWNLOAD_TIMEOUT_S = 60.0  # a stalled weights download ends in an error, not a silent wait
+
+
+@contextlib.contextmanager
+def _download_timeout(seconds: float):
+    """Keras downloads with urllib and no timeout; a network that drops packets would wait forever."""
+    saved = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(seconds)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(saved)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def build_model(spec: ModelSpec):
     """A compiled-free keras.Model: adapter -> base (no top) -> GlobalAveragePooling -> Dense softmax.
 
@@ -162,12 +182,18 @@ def build_model(spec: ModelSpec):
     kwargs["weights"] = "imagenet" if weights == "imagenet" else None
     constructor = getattr(keras.applications, family.constructor)
     try:
-        base = constructor(**kwargs)
+        with _download_timeout(DOWNLOAD_TIMEOUT_S):
+            base = constructor(**kwargs)
     except ValueError as exc:  # e.g. an input size or alpha the ImageNet weights do not exist for
         raise UsageError(f"--model {spec.model}: {exc}") from None
-    except OSError as exc:  # the ImageNet download failed (offline)
-        raise UsageError(f"--weights imagenet: could not download the {spec.model} weights ({exc}); "
-                         "give a local weights file with --weights PATH or use --weights none") from None
+    except Exception as exc:  # the ImageNet download failed (offline)
+        # Keras turns urllib's errors into a bare Exception("URL fetch failure on ..."); OSError covers
+        # a socket timeout and a cache folder that cannot be written.
+        if not (isinstance(exc, OSError) or str(exc).startswith("URL fetch failure")):
+            raise
+        raise UsageError(f"--weights: expected ImageNet weights Keras can download, got no download of the "
+                         f"{spec.model} weights ({_one_line(exc)}); give a local weights file with --weights PATH "
+                         f"or use --weights none") from None
     if weights not in ("none", "imagenet"):
         try:
             base.load_weights(weights)
