@@ -36,3 +36,13 @@ def test_path_without_profile_is_one_line_exit_2(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+
+
+
+def test_unwritable_html_is_refused_before_the_report(stalled_profile, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    for target in (tmp_path / "missing" / "report.html", tmp_path / "a_file" / "report.html"):
+        assert main(["analyze", str(stalled_profile), "--no-xprof", "--html", str(target)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # refused before any report is printed
+        assert captured.err.count("\n") == 1 and "--html" in captured.err and str(target.parent) in captured.err

@@ -1,6 +1,9 @@
 """CPU sampling and /proc/self/io deltas taken during a run."""
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -44,3 +47,30 @@ def test_files_opened_from_the_file_list():
     assert files_opened("files", images=40, files_in_source=24, passes=40 / 24) == 40
     assert files_opened("records", images=40, files_in_source=2, passes=40 / 24) == 4
     assert files_opened("records", images=4, files_in_source=2, passes=4 / 24) == 1
+
+
+
+BUSY_RUN = """
+import hashlib, json, time
+from stallscope.workload.resources import ResourceMonitor
+blob = bytes(1 << 20)
+with ResourceMonitor(interval_s=0.1) as monitor:
+    deadline = time.perf_counter() + 5.0
+    while len(monitor._samples) < 3 and time.perf_counter() < deadline:
+        hashlib.sha256(blob).digest()  # busy without holding the GIL, as TF's kernels are
+print(json.dumps(monitor.report.to_dict()))
+"""
+
+
+def test_system_cpu_of_a_short_busy_run_covers_the_process_share():
+    """The process is part of the system: its CPU, in cores, cannot be above the system's busy cores.
+    The sampler's first sample used to read system CPU from two back-to-back readings (0.0 while the
+    busy threads left the GIL free, as in every training run): psutil keeps its reference point per
+    thread. A fresh process, as in a real run."""
+    done = subprocess.run([sys.executable, "-c", BUSY_RUN], capture_output=True, text=True, timeout=60, check=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    cores, first = report["cores"], report["samples"][0]
+    assert first["process_percent"] > 50  # the busy loop held one core
+    assert first["system_percent"] * cores >= 0.8 * first["process_percent"]
+    cpu = report["cpu"]
+    assert cpu["system_mean_percent"] * cores >= 0.8 * cpu["process_mean_percent"]

@@ -8,6 +8,7 @@ directory (plugins/profile/<time>/), or a *.xplane.pb file.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -29,8 +30,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.analyze import analyze_run
 
-    if args.html is not None and args.html.is_dir():
-        raise UsageError(f"--html: {str(args.html)!r} is a directory; expected a file name such as report.html")
+    if args.html is not None:
+        _check_html_target(args.html)
     analysis = analyze_run(args.path, with_xprof=not args.no_xprof)
     if args.json:
         sys.stdout.write(analysis.to_json() + "\n")
@@ -51,3 +52,14 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--html: cannot write {str(args.html)!r} ({exc.strerror})") from None
         print(f"HTML report written to {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _check_html_target(path: Path) -> None:
+    """Refuses an --html file that cannot be written before any report is printed, not after."""
+    if path.is_dir():
+        raise UsageError(f"--html: {str(path)!r} is a directory; expected a file name such as report.html")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"--html: {str(folder)!r} is not an existing folder; expected a file in one")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--html: cannot write {str(path)!r} (permission denied)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
-from stallscope.report.text import fmt_knobs, fmt_ms, fmt_share, xprof_line
+from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, xprof_line
 
 
 def render_markdown(analysis: Analysis) -> str:
@@ -13,7 +13,7 @@ def render_markdown(analysis: Analysis) -> str:
         f"# Input pipeline analysis: `{analysis.source}`",
         "",
         f"**Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound** "
-        f"over {steps.counted_steps} steps. {xprof_line(analysis)}.",
+        f"over {fmt_count(steps.counted_steps, 'step')}. {xprof_line(analysis)}.",
         f"Bottleneck stage: **{analysis.bottleneck or 'unknown'}**.",
         "",
         "| per step | mean | p50 | p90 | std |",

@@ -14,6 +14,11 @@ def fmt_share(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
+def fmt_count(count: int, noun: str) -> str:
+    """'1 step', '3 steps': a count with its noun in the right number."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def fmt_knobs(knobs: dict) -> str:
     parts = []
     for key, value in knobs.items():
@@ -29,7 +34,7 @@ def xprof_line(analysis: Analysis) -> str:
     if figure.input_share is None:
         return f"TensorBoard (xprof): no figure ({figure.error or 'no steps found'})"
     delta = (analysis.input_share - figure.input_share) * 100
-    return (f"TensorBoard says {fmt_share(figure.input_share)} over {figure.steps} steps "
+    return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
             f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
 
 
@@ -40,7 +45,7 @@ def render_text(analysis: Analysis) -> str:
         f"profile: {analysis.profile_path}",
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
-        f"({steps.counted_steps} steps; first and last marked steps left out, as TensorBoard does)",
+        f"({fmt_count(steps.counted_steps, 'step')}; first and last marked steps left out, as TensorBoard does)",
         xprof_line(analysis),
         "",
         f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
@@ -50,7 +55,7 @@ def render_text(analysis: Analysis) -> str:
                      f"{fmt_ms(spread.std):>11}")
     if analysis.run is not None:
         run = analysis.run
-        lines += ["", f"The run's own timing (steps.csv, {run.steps} steps without warm-up): step "
+        lines += ["", f"The run's own timing (steps.csv, {fmt_count(run.steps, 'step')} without warm-up): step "
                   f"{fmt_ms(run.step_ms.mean)}, input wait {fmt_ms(run.input_ms.mean)}, input share "
                   f"{fmt_share(run.input_share)} ({run.verdict}), {run.images_per_second:.1f} images/s"]
     lines += ["", "tf.data stages (outermost first)",

@@ -114,9 +114,11 @@ class ResourceMonitor:
         self._started = time.perf_counter()
         self._io_before = read_proc_io()
         self._cpu_before = self._cpu_seconds()
-        # The first psutil call only sets the reference point; later ones measure since the previous.
+        # The first call only sets the reference point; later ones measure since the previous. System
+        # CPU is computed from our own cpu_times deltas: psutil.cpu_percent keeps one reference point
+        # per thread, so priming it here left the sampling thread's first sample at 0.0.
         self._process.cpu_percent(None)
-        psutil.cpu_percent(None, percpu=True)
+        self._per_cpu_before = psutil.cpu_times(percpu=True)
         self._thread = threading.Thread(target=self._sample_loop, name="stallscope-resources", daemon=True)
         self._thread.start()
         return self
@@ -125,7 +127,9 @@ class ResourceMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._take_sample()  # the tail since the last tick
+        last = self._samples[-1].elapsed_s if self._samples else 0.0
+        if time.perf_counter() - self._started - last >= self.interval_s / 2:
+            self._take_sample()  # the tail since the last tick; a sliver of a tick is noise, not a figure
         self.report = ResourceReport(
             interval_s=self.interval_s,
             duration_s=time.perf_counter() - self._started,
@@ -145,7 +149,9 @@ class ResourceMonitor:
 
     def _take_sample(self) -> None:
         try:
-            per_cpu = tuple(psutil.cpu_percent(None, percpu=True))
+            per_cpu_now = psutil.cpu_times(percpu=True)
+            per_cpu = tuple(busy_percent(before, after) for before, after in zip(self._per_cpu_before, per_cpu_now))
+            self._per_cpu_before = per_cpu_now
             self._samples.append(CpuSample(
                 elapsed_s=round(time.perf_counter() - self._started, 4),
                 process_percent=self._process.cpu_percent(None),
@@ -154,6 +160,15 @@ class ResourceMonitor:
             ))
         except psutil.Error as exc:  # a sample lost is not worth failing a training run over
             log.debug("CPU sample failed: %s", exc)
+
+
+def busy_percent(before: Any, after: Any) -> float:
+    """Share of time one CPU was busy between two psutil `cpu_times` readings, as psutil counts it:
+    everything but idle and iowait (guest time is already inside user and nice)."""
+    deltas = {name: max(0.0, getattr(after, name) - getattr(before, name)) for name in after._fields}
+    total = sum(value for name, value in deltas.items() if name not in ("guest", "guest_nice"))
+    idle = deltas.get("idle", 0.0) + deltas.get("iowait", 0.0)
+    return round(100.0 * (total - idle) / total, 1) if total > 0 else 0.0
 
 
 def files_opened(source_kind: str, *, images: int, files_in_source: int, passes: float) -> int:
