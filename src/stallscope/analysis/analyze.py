@@ -18,7 +18,7 @@ from stallscope.analysis.checklist import CheckItem, checklist
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.tfdata import StageTree, stage_tree
-from stallscope.analysis.xplane import find_profile, load_profile
+from stallscope.analysis.xplane import find_captures, find_profile, load_profile
 from stallscope.config import json_ready
 from stallscope.errors import StallscopeError
 from stallscope.pipeline.config import PipelineConfig
@@ -43,6 +43,7 @@ class Analysis:
     ran_chain: tuple[str, ...]
     rewrites: tuple[Rewrite, ...]
     notes: tuple[str, ...]
+    captures: tuple[str, ...] = ()    # every capture found under the path given, oldest first
 
     @property
     def input_share(self) -> float:
@@ -67,7 +68,10 @@ class Analysis:
             "source": self.source,
             "profile": self.profile_path,
             "run_dir": self.run_dir,
+            "captures": list(self.captures),
             "steps": {
+                "found_by": self.steps.method,
+                "has_iterator": self.steps.has_iterator,
                 "counted": self.steps.counted_steps,
                 "step_ms": dataclasses.asdict(self.steps.step_ms),
                 "input_ms": dataclasses.asdict(self.steps.input_ms),
@@ -96,14 +100,22 @@ class Analysis:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
-    """Reads the profile (and the run's own files when there is a run) and diagnoses it."""
-    profile_file = find_profile(path)
+def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | None = None) -> Analysis:
+    """Reads the profile (and the run's own files when there is a run) and diagnoses it.
+
+    A directory is searched for captures at any depth (a Keras log's train/ and validation/);
+    the newest is read unless `capture` names another.
+    """
+    profile_file = find_profile(path, capture=capture)
+    captures = find_captures(path) if Path(path).is_dir() else [profile_file.parent]
     run_dir = _run_dir_of(Path(path), profile_file)
     profile = load_profile(profile_file)
     steps = step_breakdown(profile)
     tree = stage_tree(profile)
     notes: list[str] = []
+    if not steps.has_iterator:
+        notes.append("no tf.data iterator events in the profiled steps (input fed as NumPy arrays or "
+                     "tensors?): the input share is not measurable from this profile")
     resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
     pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, notes) if run_dir else None
     run = None
@@ -124,6 +136,7 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
         source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,
         steps=steps, tree=tree, checklist=checklist(steps, tree, resources), advice=(), xprof=figure, run=run,
         config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
+        captures=tuple(str(c) for c in captures),
     )
     return dataclasses.replace(partial, advice=tuple(advice_module.recommend(partial, config)))
 

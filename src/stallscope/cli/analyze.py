@@ -22,6 +22,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--markdown", action="store_true", help="print the analysis as Markdown")
     add_flag(parser, "html", metavar="FILE", type=Path, default=None,
              help="also write an HTML report with plots to FILE")
+    add_flag(parser, "capture", metavar="NAME", default=None,
+             help="which capture to read when there are several (default: the newest)")
     add_flag(parser, "no_xprof", action="store_true",
              help="skip TensorBoard's Input Pipeline Analyzer (xprof) cross-check")
 
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.html is not None and args.html.is_dir():
         raise UsageError(f"--html: {str(args.html)!r} is a directory; expected a file name such as report.html")
-    analysis = analyze_run(args.path, with_xprof=not args.no_xprof)
+    analysis = analyze_run(args.path, with_xprof=not args.no_xprof, capture=args.capture)
     if args.json:
         sys.stdout.write(analysis.to_json() + "\n")
     elif args.markdown:

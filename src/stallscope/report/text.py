@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
 
@@ -33,14 +35,26 @@ def xprof_line(analysis: Analysis) -> str:
             f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
 
 
+def capture_lines(analysis: Analysis) -> list[str]:
+    """Which capture was read and which others are there (`--capture NAME` picks one)."""
+    others = [c for c in analysis.captures if c != str(Path(analysis.profile_path).parent)]
+    if not others:
+        return []
+    return [f"also found {len(others)} other capture(s) (choose with --capture NAME): " + ", ".join(others)]
+
+
 def render_text(analysis: Analysis) -> str:
     steps = analysis.steps
     lines = [
         f"stallscope analyze {analysis.source}",
         f"profile: {analysis.profile_path}",
+        *capture_lines(analysis),
+        f"steps: {len(steps.steps)} found by {steps.method}",
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
-        f"({steps.counted_steps} steps; first and last marked steps left out, as TensorBoard does)",
+        f"({steps.counted_steps} steps; first and last steps left out, as TensorBoard does)"
+        if steps.has_iterator else
+        "Input share: not measurable, no tf.data iterator in the profiled steps (input fed as NumPy arrays?)",
         xprof_line(analysis),
         "",
         f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",

@@ -1,0 +1,128 @@
+"""`analyze` on profiles of users' own programs (no stallscope markers), run as real subprocesses.
+
+Each program writes its own wall-clock time per step; the step time stallscope finds in the
+profile must agree with it within 10%, and the stalled variant must read as highly input-bound
+with the map stage named, the healthy one not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallscope.analysis.analyze import analyze_run
+from stallscope.analysis.xplane import find_captures
+from stallscope.errors import DataError, UsageError
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def run_program(tmp_path: Path, script: str, *args: str) -> tuple[Path, dict]:
+    log_dir, times = tmp_path / "log", tmp_path / "times.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
+        [str(PROGRAMS), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, str(PROGRAMS / script), str(log_dir), str(times), *args],
+                   check=True, env=env, timeout=300, capture_output=True)
+    return log_dir, json.loads(times.read_text())
+
+
+@pytest.fixture(scope="module")
+def keras_runs(tmp_path_factory):
+    return {kind: run_program(tmp_path_factory.mktemp(f"fit-{kind}"), "keras_fit.py", kind)
+            for kind in ("stalled", "healthy", "numpy")}
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory):
+    return {kind: run_program(tmp_path_factory.mktemp(f"loop-{kind}"), "custom_loop.py", kind)
+            for kind in ("stalled", "healthy")}
+
+
+def own_mean_ms(times: dict, numbers: list[int]) -> float:
+    by_batch = {b["batch"]: b["ms"] for b in times["batches"]}
+    return sum(by_batch[n] for n in numbers) / len(numbers)
+
+
+@pytest.mark.parametrize("kind", ["stalled", "healthy"])
+def test_keras_fit_log_dir_is_found_and_steps_agree_with_its_own_timing(keras_runs, kind):
+    log_dir, times = keras_runs[kind]
+    analysis = analyze_run(log_dir, with_xprof=False)   # the LOG dir given to TensorBoard, not LOG/train
+    assert "/train/plugins/profile/" in analysis.profile_path
+    assert analysis.steps.method == "Keras' 'Profiled batch' spans"
+    counted = [s.step for s in analysis.steps.steps if s.counted]
+    assert len(counted) >= 5
+    own = own_mean_ms(times, counted)
+    assert analysis.steps.step_ms.mean == pytest.approx(own, rel=0.10)
+
+
+def test_keras_fit_stalled_is_input_bound_at_the_map_and_healthy_is_not(keras_runs):
+    stalled = analyze_run(keras_runs["stalled"][0], with_xprof=False)
+    healthy = analyze_run(keras_runs["healthy"][0], with_xprof=False)
+    assert stalled.verdict == "highly" and stalled.input_share > 0.5
+    assert stalled.bottleneck == "Map"
+    assert healthy.verdict != "highly" and healthy.input_share < 0.2
+    assert healthy.steps.has_iterator
+
+
+def test_numpy_fed_fit_is_read_as_keras_own_pipeline(keras_runs):
+    """Keras 3 wraps NumPy arrays in a tf.data pipeline of its own: its iterator is in the profile."""
+    analysis = analyze_run(keras_runs["numpy"][0], with_xprof=False)
+    assert analysis.steps.counted_steps >= 5 and analysis.steps.has_iterator
+    assert analysis.verdict != "highly"
+
+
+def test_steps_fed_without_an_iterator_say_so_instead_of_a_zero_share(tmp_path):
+    from stallscope.report.text import render_text
+
+    log_dir, _ = run_program(tmp_path, "custom_loop.py", "tensors")
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert analysis.steps.counted_steps >= 5
+    assert not analysis.steps.has_iterator
+    assert any("no tf.data iterator" in note for note in analysis.notes)
+    assert "Input share: not measurable" in render_text(analysis)
+
+
+@pytest.mark.parametrize("kind", ["stalled", "healthy"])
+def test_custom_loop_steps_are_the_step_function_calls(loop_runs, kind):
+    log_dir, times = loop_runs[kind]
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert "'train_step'" in analysis.steps.method
+    first = times["profile_batch"][0]
+    counted = [first + index for index, s in enumerate(analysis.steps.steps) if s.counted]
+    assert len(counted) >= 5
+    assert analysis.steps.step_ms.mean == pytest.approx(own_mean_ms(times, counted), rel=0.10)
+    if kind == "stalled":
+        assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
+    else:
+        assert analysis.verdict != "highly"
+
+
+def test_newest_capture_is_read_and_another_can_be_chosen(keras_runs, loop_runs, tmp_path):
+    """Two captures under one log: the newest by name is read, `capture=` picks the other."""
+    log = tmp_path / "log"
+    old = next(iter(find_captures(loop_runs["stalled"][0])))
+    new = next(iter(find_captures(keras_runs["healthy"][0])))
+    shutil.copytree(old, log / "plugins" / "profile" / "2000_01_01_00_00_00")
+    shutil.copytree(new, log / "train" / "plugins" / "profile" / "2099_01_01_00_00_00")
+    newest = analyze_run(log, with_xprof=False)
+    assert "2099_01_01_00_00_00" in newest.profile_path and len(newest.captures) == 2
+    chosen = analyze_run(log, with_xprof=False, capture="2000_01_01_00_00_00")
+    assert "'train_step'" in chosen.steps.method
+    with pytest.raises(UsageError, match="--capture: no capture 'nope'"):
+        analyze_run(log, with_xprof=False, capture="nope")
+
+
+def test_profile_without_any_steps_names_what_was_looked_for(tmp_path):
+    import tensorflow as tf
+
+    tf.profiler.experimental.start(str(tmp_path))
+    tf.constant(1.0) + 1.0
+    tf.profiler.experimental.stop()
+    with pytest.raises(DataError, match="no steps found"):
+        analyze_run(tmp_path, with_xprof=False)
