@@ -49,16 +49,62 @@ def own_mean_ms(times: dict, numbers: list[int]) -> float:
     return sum(by_batch[n] for n in numbers) / len(numbers)
 
 
+def keras_counted_mean_ms(analysis, times: dict) -> float:
+    """The program's own mean over the steps stallscope counted. Keras numbers a step by its first
+    batch and restarts at each epoch; the program counts batches over all epochs."""
+    steps, per_call = analysis.steps.steps, times["steps_per_execution"]
+    numbers = [steps[0].step + index * per_call for index, s in enumerate(steps) if s.counted]
+    assert len(numbers) >= 5
+    return own_mean_ms(times, numbers)
+
+
+@pytest.fixture(scope="module")
+def keras_variants(tmp_path_factory):
+    return {
+        "per_call_4": run_program(tmp_path_factory.mktemp("fit-spe4"), "keras_fit.py", "stalled", "4"),
+        "validate": run_program(tmp_path_factory.mktemp("fit-val"), "keras_fit.py", "stalled", "1", "validate"),
+        "mirrored": run_program(tmp_path_factory.mktemp("fit-mirrored"), "keras_mirrored.py", "stalled"),
+    }
+
+
+def test_steps_per_execution_is_said_and_reported_per_batch(keras_variants):
+    from stallscope.report.text import render_text
+
+    log_dir, times = keras_variants["per_call_4"]
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert analysis.steps.batches_per_step == 4
+    assert all(s.get_next_calls == 4 for s in analysis.steps.steps)
+    assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
+    assert "each step runs 4 batches (steps_per_execution=4)" in render_text(analysis)
+    assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
+
+
+def test_validation_inside_the_window_is_kept_out_of_the_training_steps(keras_variants):
+    log_dir, times = keras_variants["validate"]
+    analysis = analyze_run(log_dir, with_xprof=False)
+    steps = analysis.steps.steps
+    assert [s.step for s in steps][:2] == [4, 5] and steps[-1].step < steps[0].step  # epoch 2 restarts
+    assert all(s.get_next_calls == 1 for s in steps)   # the validation batches fall between steps
+    assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
+    assert len(analysis.captures) == 1 and "/train/" in analysis.profile_path
+
+
+def test_mirrored_strategy_on_two_logical_cpus(keras_variants):
+    log_dir, times = keras_variants["mirrored"]
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert analysis.steps.batches_per_step == 1
+    assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
+    assert analysis.verdict == "highly"
+    assert "Map" in [stage.name for stage in analysis.tree.stages]
+
+
 @pytest.mark.parametrize("kind", ["stalled", "healthy"])
 def test_keras_fit_log_dir_is_found_and_steps_agree_with_its_own_timing(keras_runs, kind):
     log_dir, times = keras_runs[kind]
     analysis = analyze_run(log_dir, with_xprof=False)   # the LOG dir given to TensorBoard, not LOG/train
     assert "/train/plugins/profile/" in analysis.profile_path
     assert analysis.steps.method == "Keras' 'Profiled batch' spans"
-    counted = [s.step for s in analysis.steps.steps if s.counted]
-    assert len(counted) >= 5
-    own = own_mean_ms(times, counted)
-    assert analysis.steps.step_ms.mean == pytest.approx(own, rel=0.10)
+    assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
 
 
 def test_keras_fit_stalled_is_input_bound_at_the_map_and_healthy_is_not(keras_runs):

@@ -71,6 +71,7 @@ class Analysis:
             "captures": list(self.captures),
             "steps": {
                 "found_by": self.steps.method,
+                "batches_per_step": self.steps.batches_per_step,
                 "has_iterator": self.steps.has_iterator,
                 "counted": self.steps.counted_steps,
                 "step_ms": dataclasses.asdict(self.steps.step_ms),

@@ -44,6 +44,8 @@ class FoundSteps:
 
     spans: tuple[StepSpan, ...]
     method: str
+    batches_per_step: int = 1   # Keras' steps_per_execution: its step numbers advance by this much
+
 
 
 def find_steps(profile: Profile) -> FoundSteps:
@@ -59,7 +61,8 @@ def find_steps_in(host: Plane, source: str) -> FoundSteps:
     numbered = _sorted(e for e in events if "step_num" in e.stats)
     if len(numbered) >= MIN_CALLS or (numbered and any(e.name == KERAS_BATCH for e in numbered)):
         how = "Keras' 'Profiled batch' spans" if _names(numbered) == repr(KERAS_BATCH) else f"spans {_names(numbered)}"
-        return FoundSteps(_spans(numbered), how)
+        spans = _spans(numbered)
+        return FoundSteps(spans, how, batches_per_step=_stride(spans))
     python = [e for e in events if e.line == PYTHON_LINE]
     keras_calls = _top_level(e for e in python if e.name == KERAS_CALL)
     if keras_calls:
@@ -88,6 +91,12 @@ def _names(events: Sequence[Event]) -> str:
 def _spans(events: Sequence[Event]) -> tuple[StepSpan, ...]:
     return tuple(StepSpan(e.name, int(e.stats.get("step_num", index)), e.start_ps, e.end_ps)
                  for index, e in enumerate(events))
+
+
+def _stride(spans: Sequence[StepSpan]) -> int:
+    """The usual step-number increment (an epoch boundary restarts Keras' numbers; ignored)."""
+    steps = Counter(b.number - a.number for a, b in zip(spans, spans[1:]) if b.number > a.number)
+    return steps.most_common(1)[0][0] if steps else 1
 
 
 def _top_level(events) -> list[Event]:

@@ -77,6 +77,7 @@ class StepBreakdown:
     get_next_mean_us: float   # mean IteratorGetNext duration over counted steps (seed-004's 50 us test)
     get_next_calls: int
     method: str = "step markers"    # how the steps were found (stepfinder)
+    batches_per_step: int = 1         # >1 under Keras' steps_per_execution: one step runs that many batches
 
     @property
     def has_iterator(self) -> bool:
@@ -142,6 +143,7 @@ def step_breakdown(profile: Profile, found: FoundSteps | None = None) -> StepBre
         compute_ms=Spread.of([t.compute_ms for t in counted]),
         input_share=share, verdict=verdict_for(share),
         get_next_mean_us=mean_us, get_next_calls=len(calls), method=found.method,
+        batches_per_step=found.batches_per_step,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallscope.analysis.analyze import Analysis
+from stallscope.analysis.steps import StepBreakdown
 from stallscope.pipeline.config import describe_knob
 
 
@@ -43,6 +44,15 @@ def capture_lines(analysis: Analysis) -> list[str]:
     return [f"also found {len(others)} other capture(s) (choose with --capture NAME): " + ", ".join(others)]
 
 
+def batch_lines(steps: StepBreakdown) -> list[str]:
+    """Under steps_per_execution a step runs several batches: the figures per batch too."""
+    n = steps.batches_per_step
+    if n <= 1:
+        return []
+    return [f"each step runs {n} batches (steps_per_execution={n}): per batch, step "
+            f"{fmt_ms(steps.step_ms.mean / n)}, input wait {fmt_ms(steps.input_ms.mean / n)}"]
+
+
 def render_text(analysis: Analysis) -> str:
     steps = analysis.steps
     lines = [
@@ -50,6 +60,7 @@ def render_text(analysis: Analysis) -> str:
         f"profile: {analysis.profile_path}",
         *capture_lines(analysis),
         f"steps: {len(steps.steps)} found by {steps.method}",
+        *batch_lines(steps),
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
         f"({steps.counted_steps} steps; first and last steps left out, as TensorBoard does)"
