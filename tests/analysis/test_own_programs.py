@@ -149,6 +149,21 @@ def test_custom_loop_steps_are_the_step_function_calls(loop_runs, kind):
         assert analysis.verdict != "highly"
 
 
+@pytest.mark.parametrize("kind", ["stalled", "healthy"])
+def test_eager_loop_steps_run_from_one_next_to_the_next(tmp_path, kind):
+    log_dir, times = run_program(tmp_path, "eager_loop.py", kind)
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert analysis.steps.method.startswith("eager next(iterator)")
+    first = times["profile_batch"][0]
+    counted = [first + index for index, s in enumerate(analysis.steps.steps) if s.counted]
+    assert len(counted) >= 5
+    assert analysis.steps.step_ms.mean == pytest.approx(own_mean_ms(times, counted), rel=0.10)
+    if kind == "stalled":
+        assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
+    else:
+        assert analysis.verdict != "highly"
+
+
 def test_newest_capture_is_read_and_another_can_be_chosen(keras_runs, loop_runs, tmp_path):
     """Two captures under one log: the newest by name is read, `capture=` picks the other."""
     log = tmp_path / "log"

@@ -8,7 +8,9 @@ Tried in this order, first that finds steps wins (what each writes was measured 
 - Keras' `multi_step_on_iterator` calls on the Python thread, one per call of the train function;
 - a custom loop's step function: the most frequent top-level `tf.function` call on the Python
   thread (`tf_function_call` stat, e.g. `train_step`). Its step is the loop's iteration, from the
-  end of one call to the end of the next, so the eager `next(iterator)` before it is in the step.
+  end of one call to the end of the next, so the eager `next(iterator)` before it is in the step;
+- an eager loop (no tf.function at all): the eager `next(iterator)` calls on the Python thread
+  (`IteratorGetNextOp::DoCompute` there); a step runs from the start of one to the start of the next.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from stallscope.errors import DataError
 KERAS_BATCH = "Profiled batch"
 KERAS_CALL = "multi_step_on_iterator"
 PYTHON_LINE = "python"
+EAGER_GET_NEXT = "IteratorGetNextOp::DoCompute"
 MIN_CALLS = 3
 
 
@@ -73,9 +76,15 @@ def find_steps_in(host: Plane, source: str) -> FoundSteps:
         name = counts.most_common(1)[0][0]
         return FoundSteps(_loop_spans([e for e in calls if e.name == name]),
                           f"calls of the step function {name!r} (one loop iteration each)")
+    eager_next = _top_level(e for e in python if e.name == EAGER_GET_NEXT)
+    if len(eager_next) > MIN_CALLS:
+        spans = tuple(StepSpan("next(iterator)", index, a.start_ps, b.start_ps)
+                      for index, (a, b) in enumerate(zip(eager_next, eager_next[1:])))
+        return FoundSteps(spans, "eager next(iterator) calls (one loop iteration each, from one to the next)")
     raise DataError(
         f"{source}: no steps found in this profile (no step markers, no Keras 'Profiled batch' or "
-        f"{KERAS_CALL} events, no tf.function called {MIN_CALLS}+ times on the Python thread); mark each "
+        f"{KERAS_CALL} events, no tf.function called {MIN_CALLS}+ times and no eager next(iterator) "
+        "on the Python thread); mark each "
         "step with tf.profiler.experimental.Trace('train', step_num=i, _r=1)"
     )
 
