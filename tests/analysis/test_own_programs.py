@@ -164,6 +164,25 @@ def test_eager_loop_steps_run_from_one_next_to_the_next(tmp_path, kind):
         assert analysis.verdict != "highly"
 
 
+def test_every_host_of_a_capture_is_read_and_the_slowest_named(loop_runs, tmp_path):
+    """Two real profiles placed as host1/host2 of one capture: the stalled host is the slowest."""
+    from stallscope.report.text import render_text
+
+    capture = tmp_path / "log" / "plugins" / "profile" / "2026_01_01_00_00_00"
+    capture.mkdir(parents=True)
+    for host, kind in (("host1", "healthy"), ("host2", "stalled")):
+        shutil.copy(next(find_captures(loop_runs[kind][0])[0].glob("*.xplane.pb")), capture / f"{host}.xplane.pb")
+    analysis = analyze_run(tmp_path / "log", with_xprof=False)
+    assert [h.host for h in analysis.hosts] == ["host1", "host2"]
+    assert analysis.slowest_host == "host2" and analysis.profile_path.endswith("host2.xplane.pb")
+    shares = {h.host: h.steps.input_share for h in analysis.hosts}
+    assert shares["host2"] > 0.5 > shares["host1"]
+    assert analysis.input_share == shares["host2"] and analysis.bottleneck == "Map"
+    text = render_text(analysis)
+    assert "2 hosts in this capture" in text and "host2" in text and "<- slowest" in text
+    assert analysis.to_dict()["slowest_host"] == "host2"
+
+
 def test_newest_capture_is_read_and_another_can_be_chosen(keras_runs, loop_runs, tmp_path):
     """Two captures under one log: the newest by name is read, `capture=` picks the other."""
     log = tmp_path / "log"

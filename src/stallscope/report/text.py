@@ -53,6 +53,19 @@ def batch_lines(steps: StepBreakdown) -> list[str]:
             f"{fmt_ms(steps.step_ms.mean / n)}, input wait {fmt_ms(steps.input_ms.mean / n)}"]
 
 
+def host_lines(analysis: Analysis) -> list[str]:
+    """A capture of several hosts: each host's share; the rest of the report is the slowest host's."""
+    if len(analysis.hosts) < 2:
+        return []
+    lines = [f"{len(analysis.hosts)} hosts in this capture; the report below is of the slowest, "
+             f"{analysis.slowest_host} (the one the others wait for):"]
+    for host in analysis.hosts:
+        mark = " <- slowest" if host.host == analysis.slowest_host else ""
+        lines.append(f"  {host.host:<20} input share {fmt_share(host.steps.input_share):>6}, step "
+                     f"{fmt_ms(host.steps.step_ms.mean)}, input wait {fmt_ms(host.steps.input_ms.mean)}{mark}")
+    return lines
+
+
 def render_text(analysis: Analysis) -> str:
     steps = analysis.steps
     lines = [
@@ -61,6 +74,7 @@ def render_text(analysis: Analysis) -> str:
         *capture_lines(analysis),
         f"steps: {len(steps.steps)} found by {steps.method}",
         *batch_lines(steps),
+        *host_lines(analysis),
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
         f"({steps.counted_steps} steps; first and last steps left out, as TensorBoard does)"
