@@ -198,6 +198,22 @@ def test_newest_capture_is_read_and_another_can_be_chosen(keras_runs, loop_runs,
         analyze_run(log, with_xprof=False, capture="nope")
 
 
+def test_cli_capture_flag_and_reports_say_how_steps_were_found(keras_runs, loop_runs, tmp_path, capsys):
+    from stallscope.cli.main import main
+
+    log = tmp_path / "log"
+    shutil.copytree(keras_runs["stalled"][0], log)
+    shutil.copytree(loop_runs["healthy"][0] / "plugins", log / "plugins")
+    names = [c.name for c in find_captures(log)]
+    assert main(["analyze", str(log), "--no-xprof", "--capture", names[0]]) == 0
+    text = capsys.readouterr().out
+    assert "other capture(s) (choose with --capture NAME)" in text and names[1] in text
+    assert main(["analyze", str(log), "--no-xprof", "--markdown"]) == 0
+    assert "found by" in capsys.readouterr().out
+    assert main(["analyze", str(log), "--no-xprof", "--capture", "nope"]) == 2
+    assert "--capture: no capture 'nope'" in capsys.readouterr().err
+
+
 def test_profile_without_any_steps_names_what_was_looked_for(tmp_path):
     import tensorflow as tf
 

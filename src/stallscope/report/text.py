@@ -66,15 +66,19 @@ def host_lines(analysis: Analysis) -> list[str]:
     return lines
 
 
+def source_lines(analysis: Analysis) -> list[str]:
+    """Where the figures come from: other captures, how steps were found, batches per step, hosts."""
+    steps = analysis.steps
+    return [*capture_lines(analysis), f"steps: {len(steps.steps)} found by {steps.method}",
+            *batch_lines(steps), *host_lines(analysis)]
+
+
 def render_text(analysis: Analysis) -> str:
     steps = analysis.steps
     lines = [
         f"stallscope analyze {analysis.source}",
         f"profile: {analysis.profile_path}",
-        *capture_lines(analysis),
-        f"steps: {len(steps.steps)} found by {steps.method}",
-        *batch_lines(steps),
-        *host_lines(analysis),
+        *source_lines(analysis),
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
         f"({steps.counted_steps} steps; first and last steps left out, as TensorBoard does)"
