@@ -62,8 +62,10 @@ def keras_counted_mean_ms(analysis, times: dict) -> float:
 def keras_variants(tmp_path_factory):
     return {
         "per_call_4": run_program(tmp_path_factory.mktemp("fit-spe4"), "keras_fit.py", "stalled", "4"),
-        "validate": run_program(tmp_path_factory.mktemp("fit-val"), "keras_fit.py", "stalled", "1", "validate"),
+        "validate": run_program(tmp_path_factory.mktemp("fit-val"), "keras_fit.py", "stalled", "1", "--validate"),
         "mirrored": run_program(tmp_path_factory.mktemp("fit-mirrored"), "keras_mirrored.py", "stalled"),
+        "mirrored_healthy": run_program(tmp_path_factory.mktemp("fit-mirrored-ok"), "keras_mirrored.py", "healthy"),
+        "profiler": run_program(tmp_path_factory.mktemp("fit-profiler"), "keras_fit.py", "stalled", "--profiler"),
     }
 
 
@@ -96,6 +98,20 @@ def test_mirrored_strategy_on_two_logical_cpus(keras_variants):
     assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
     assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
     assert "Generator" in [stage.name for stage in analysis.tree.stages]   # the per-device feed, walked past
+    healthy = analyze_run(keras_variants["mirrored_healthy"][0], with_xprof=False)
+    assert healthy.verdict != "highly" and healthy.steps.has_iterator
+
+
+def test_fit_profiled_without_the_tensorboard_callback_uses_keras_calls(keras_variants):
+    """tf.profiler start/stop around fit: no 'Profiled batch' spans, one multi_step_on_iterator per step."""
+    log_dir, times = keras_variants["profiler"]
+    analysis = analyze_run(log_dir, with_xprof=False)
+    assert analysis.steps.method == "Keras' multi_step_on_iterator calls"
+    first = times["profile_batch"][0]
+    counted = [first + index for index, s in enumerate(analysis.steps.steps) if s.counted]
+    assert len(counted) >= 5
+    assert analysis.steps.step_ms.mean == pytest.approx(own_mean_ms(times, counted), rel=0.10)
+    assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
 
 
 @pytest.mark.parametrize("kind", ["stalled", "healthy"])
