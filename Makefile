@@ -28,6 +28,7 @@ bench: venv
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/analysis.py
+	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
 
 clean:

@@ -18,13 +18,27 @@ from stallscope.analysis.checklist import CheckItem, checklist
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.tfdata import StageTree, stage_tree
-from stallscope.analysis.xplane import find_profile, load_profile
+from stallscope.analysis.xplane import XPLANE_SUFFIX, capture_files, find_captures, load_profile
 from stallscope.config import json_ready
 from stallscope.errors import StallscopeError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.workload import rundir
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSteps:
+    """One host of a capture: its file and its step breakdown (the report's per-host line)."""
+
+    host: str
+    profile_path: str
+    steps: StepBreakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "profile": self.profile_path, "steps": self.steps.counted_steps,
+                "step_ms": self.steps.step_ms.mean, "input_ms": self.steps.input_ms.mean,
+                "input_share": self.steps.input_share, "verdict": self.steps.verdict}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +57,13 @@ class Analysis:
     ran_chain: tuple[str, ...]
     rewrites: tuple[Rewrite, ...]
     notes: tuple[str, ...]
+    captures: tuple[str, ...] = ()    # every capture found under the path given, oldest first
+    hosts: tuple[HostSteps, ...] = ()  # every host file of the capture; the analysis is of the slowest
+
+    @property
+    def slowest_host(self) -> str | None:
+        """The host the others wait for: the most input wait per step (the one analysed)."""
+        return slowest(self.hosts).host if len(self.hosts) > 1 else None
 
     @property
     def input_share(self) -> float:
@@ -67,7 +88,13 @@ class Analysis:
             "source": self.source,
             "profile": self.profile_path,
             "run_dir": self.run_dir,
+            "captures": list(self.captures),
+            "hosts": [h.to_dict() for h in self.hosts],
+            "slowest_host": self.slowest_host,
             "steps": {
+                "found_by": self.steps.method,
+                "batches_per_step": self.steps.batches_per_step,
+                "has_iterator": self.steps.has_iterator,
                 "counted": self.steps.counted_steps,
                 "step_ms": dataclasses.asdict(self.steps.step_ms),
                 "input_ms": dataclasses.asdict(self.steps.input_ms),
@@ -96,14 +123,26 @@ class Analysis:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
-    """Reads the profile (and the run's own files when there is a run) and diagnoses it."""
-    profile_file = find_profile(path)
+def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | None = None) -> Analysis:
+    """Reads the profile (and the run's own files when there is a run) and diagnoses it.
+
+    A directory is searched for captures at any depth (a Keras log's train/ and validation/);
+    the newest is read unless `capture` names another.
+    """
+    files = capture_files(path, capture=capture)
+    captures = find_captures(path) if Path(path).is_dir() else [files[0].parent]
+    hosts, profiles = [], {}
+    for file in files:
+        profiles[str(file)] = load_profile(file)
+        hosts.append(HostSteps(file.name.removesuffix(XPLANE_SUFFIX), str(file), step_breakdown(profiles[str(file)])))
+    chosen = slowest(hosts)
+    profile_file, profile, steps = Path(chosen.profile_path), profiles[chosen.profile_path], chosen.steps
     run_dir = _run_dir_of(Path(path), profile_file)
-    profile = load_profile(profile_file)
-    steps = step_breakdown(profile)
     tree = stage_tree(profile)
     notes: list[str] = []
+    if not steps.has_iterator:
+        notes.append("no tf.data iterator events in the profiled steps (input fed as NumPy arrays or "
+                     "tensors?): the input share is not measurable from this profile")
     resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
     pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, notes) if run_dir else None
     run = None
@@ -124,8 +163,14 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True) -> Analysis:
         source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,
         steps=steps, tree=tree, checklist=checklist(steps, tree, resources), advice=(), xprof=figure, run=run,
         config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
+        captures=tuple(str(c) for c in captures), hosts=tuple(hosts),
     )
     return dataclasses.replace(partial, advice=tuple(advice_module.recommend(partial, config)))
+
+
+def slowest(hosts: list[HostSteps] | tuple[HostSteps, ...]) -> HostSteps:
+    """In synchronous training every host waits for the one whose input is slowest."""
+    return max(hosts, key=lambda h: (h.steps.input_ms.mean, h.steps.step_ms.mean))
 
 
 def _run_dir_of(given: Path, profile_file: Path) -> Path | None:

@@ -1,8 +1,8 @@
 """Per-step breakdown from a profile's step markers: step time, input wait, compute, input share.
 
 Definition, aligned with XProf's Input Pipeline Analyzer (TensorBoard's Profile tab) so the two agree:
-- a step is an event with a `step_num` stat and `_r=1` (what `tf.profiler.experimental.Trace('train',
-  step_num=i, _r=1)` writes); its time is that event's duration;
+- steps come from `stepfinder` (step markers of any name, Keras' spans or calls, a custom loop's
+  step-function calls); a step's time is its span;
 - XProf drops the first and the last marked step of a capture (they may be cut by the capture
   window); so do we: they are listed but not `counted`;
 - input wait is the time inside `IteratorGetNext*::DoCompute` events on the host that fall in the
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from stallscope.analysis.stepfinder import FoundSteps, find_steps
 from stallscope.analysis.xplane import Event, Profile, ps_to_ms
-from stallscope.errors import DataError
 from stallscope.tfimport import stderr_fd_silenced
 from stallscope.verdict import verdict_for
 from stallscope.workload.rundir import StepRecord
@@ -76,6 +76,13 @@ class StepBreakdown:
     verdict: str
     get_next_mean_us: float   # mean IteratorGetNext duration over counted steps (seed-004's 50 us test)
     get_next_calls: int
+    method: str = "step markers"    # how the steps were found (stepfinder)
+    batches_per_step: int = 1         # >1 under Keras' steps_per_execution: one step runs that many batches
+
+    @property
+    def has_iterator(self) -> bool:
+        """False when no step waited on a tf.data iterator (input fed as NumPy arrays, say)."""
+        return any(s.get_next_calls for s in self.steps)
 
     @property
     def counted_steps(self) -> int:
@@ -106,19 +113,11 @@ class XprofFigure:
     error: str = ""
 
 
-def step_breakdown(profile: Profile) -> StepBreakdown:
-    """Steps from the markers; raises DataError naming the file when the profile has none."""
-    host = profile.host
-    markers = sorted(
-        (e for e in host.events() if "step_num" in e.stats and e.stats.get("_r") == 1),
-        key=lambda e: e.start_ps,
-    )
-    if not markers:
-        raise DataError(
-            f"{profile.path}: no step markers in this profile; mark each step with "
-            "tf.profiler.experimental.Trace('train', step_num=i, _r=1) (stallscope train does)"
-        )
-    get_next = sorted((e for e in host.events() if e.name in GET_NEXT_EVENTS), key=lambda e: e.start_ps)
+def step_breakdown(profile: Profile, found: FoundSteps | None = None) -> StepBreakdown:
+    """Breakdown of the steps `stepfinder` finds (or `found`); DataError naming the file when none."""
+    found = found or find_steps(profile)
+    markers = found.spans
+    get_next = sorted((e for e in profile.host.events() if e.name in GET_NEXT_EVENTS), key=lambda e: e.start_ps)
     origin = markers[0].start_ps
     timings, calls = [], []
     for index, marker in enumerate(markers):
@@ -127,7 +126,7 @@ def step_breakdown(profile: Profile) -> StepBreakdown:
         step_ms = ps_to_ms(marker.duration_ps)
         input_ms = ps_to_ms(input_ps)
         timings.append(StepTiming(
-            step=int(marker.stats["step_num"]), name=marker.name, start_ms=ps_to_ms(marker.start_ps - origin),
+            step=marker.number, name=marker.name, start_ms=ps_to_ms(marker.start_ps - origin),
             step_ms=step_ms, input_ms=input_ms, compute_ms=max(step_ms - input_ms, 0.0),
             get_next_calls=len(inside), counted=0 < index < len(markers) - 1 or len(markers) < 3,
         ))
@@ -143,7 +142,8 @@ def step_breakdown(profile: Profile) -> StepBreakdown:
         input_ms=Spread.of([t.input_ms for t in counted]),
         compute_ms=Spread.of([t.compute_ms for t in counted]),
         input_share=share, verdict=verdict_for(share),
-        get_next_mean_us=mean_us, get_next_calls=len(calls),
+        get_next_mean_us=mean_us, get_next_calls=len(calls), method=found.method,
+        batches_per_step=found.batches_per_step,
     )
 
 

@@ -77,7 +77,8 @@ class StageTree:
         names, current = [], self.outermost
         while current is not None:
             names.append(current.name)
-            heaviest = max((self.stage(i) for i in current.inputs), key=lambda s: s.total_ms, default=None)
+            inputs = _past_device_generators([self.stage(i) for i in current.inputs])
+            heaviest = max(inputs, key=lambda s: s.total_ms, default=None)
             current = heaviest
         return names
 
@@ -221,6 +222,13 @@ def _build_stages(totals, datasets, parallelism, work_ps, concurrency) -> tuple[
     return tuple(stages)
 
 
+def _past_device_generators(inputs: Sequence[Stage]) -> Sequence[Stage]:
+    """Under tf.distribute a multi-device iterator feeds each device through a `Generator` that only
+    waits for the host pipeline, which appears beside it (the same Prefetch parent): follow that one."""
+    pipelines = [s for s in inputs if s.name != "Generator"]
+    return pipelines if pipelines and len(pipelines) < len(inputs) else inputs
+
+
 def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
     """seed-004: from the outermost stage toward the source, stop at the first stage whose own
     (wall-clock) work is at least the time its inputs took; otherwise follow the heaviest input."""
@@ -238,5 +246,5 @@ def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
             reason = (f"{current.name} spends {current.busy_ms:.1f} ms on its own work "
                       f"({current.per_element_us:.0f} us per call) while its inputs took {current.inputs_ms:.1f} ms")
             return tuple(walk), current.long_name, reason
-        current = max(inputs, key=lambda s: s.total_ms)
+        current = max(_past_device_generators(inputs), key=lambda s: s.total_ms)
         walk.append(current.long_name)

@@ -84,33 +84,52 @@ class Profile:
             yield from plane.events()
 
 
-def find_profile(path: Path | str) -> Path:
-    """The `.xplane.pb` to read: the file itself, the one in a capture dir, or a run's newest capture.
+def find_captures(path: Path | str) -> list[Path]:
+    """Every capture directory under `path` (`**/plugins/profile/<capture>/` holding a profile),
+    oldest first: Keras writes `LOG/train/...` and `LOG/validation/...`, a run writes `RUN/...`.
 
-    A run (or log) directory holds captures under `plugins/profile/<timestamp>/`; timestamps sort,
-    so the newest capture is the last one. A capture of several hosts has one file per host: we
-    read the first, in name order, and say so in the log.
+    Capture names are timestamps, so the name orders them; the path breaks ties.
     """
+    path = Path(path)
+    if any(path.glob(f"*{XPLANE_SUFFIX}")):
+        return [path]
+    found = {file.parent for file in path.rglob(f"*{XPLANE_SUFFIX}")}
+    return sorted(found, key=lambda capture: (capture.name, str(capture)))
+
+
+def find_profile(path: Path | str, *, capture: str | None = None) -> Path:
+    """The `.xplane.pb` to read: the file itself, or the first host file of the newest capture
+    found anywhere under a directory (`capture` names another one; see `find_captures`).
+
+    A capture of several hosts has one file per host; `capture_files` lists them all.
+    """
+    return capture_files(path, capture=capture)[0]
+
+
+def capture_files(path: Path | str, *, capture: str | None = None) -> list[Path]:
+    """The host files of the chosen capture, in name order (one per host)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"RUN_DIR_OR_PROFILE: {str(path)!r} does not exist")
     if path.is_file():
         if not path.name.endswith(XPLANE_SUFFIX):
             raise UsageError(f"RUN_DIR_OR_PROFILE: {str(path)!r} is not a TF profile (expected a *{XPLANE_SUFFIX} file)")
-        return path
-    candidates = sorted(path.glob(f"*{XPLANE_SUFFIX}"))
-    if not candidates:
-        captures = sorted(p for p in (path / PROFILE_DIR).glob("*") if any(p.glob(f"*{XPLANE_SUFFIX}")))
-        if captures:
-            candidates = sorted(captures[-1].glob(f"*{XPLANE_SUFFIX}"))
-    if not candidates:
+        return [path]
+    captures = find_captures(path)
+    if not captures:
         raise DataError(
-            f"{path}: no TF profile found (looked for *{XPLANE_SUFFIX} in it and in {PROFILE_DIR}/*/); "
-            "capture one with `stallscope train --log_path DIR --profile_steps 10:20`"
+            f"{path}: no TF profile found (looked for *{XPLANE_SUFFIX} anywhere under it, e.g. in "
+            f"{PROFILE_DIR}/*/ or train/{PROFILE_DIR}/*/); capture one with "
+            "`stallscope train --log_path DIR --profile_steps 10:20`"
         )
-    if len(candidates) > 1:
-        log.info("%s: %d host files in the capture; reading %s", path, len(candidates), candidates[0].name)
-    return candidates[0]
+    chosen = captures[-1]
+    if capture is not None:
+        named = [c for c in captures if c.name == capture or str(c.relative_to(path)) == capture]
+        if not named:
+            names = ", ".join(str(c.relative_to(path)) for c in captures)
+            raise UsageError(f"--capture: no capture {capture!r} under {path} (found: {names})")
+        chosen = named[-1]
+    return sorted(chosen.glob(f"*{XPLANE_SUFFIX}"))
 
 
 def load_profile(path: Path | str) -> Profile:

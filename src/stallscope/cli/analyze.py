@@ -1,8 +1,9 @@
 """Diagnose a run or a profile: how much of each step waits for input, which tf.data stage is the
 bottleneck, seed-004's checklist with evidence, and the fix.
 
-RUN_DIR_OR_PROFILE is a run directory written by `stallscope train --profile_steps`, a capture
-directory (plugins/profile/<time>/), or a *.xplane.pb file.
+RUN_DIR_OR_PROFILE is a run directory written by `stallscope train --profile_steps`, any log
+directory holding captures at any depth (a Keras TensorBoard `log_dir`, whose profile is under
+train/plugins/profile/<time>/), a capture directory, or a *.xplane.pb file.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from stallscope.errors import UsageError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="RUN_DIR_OR_PROFILE", help="run directory, capture directory or .xplane.pb")
+    parser.add_argument("path", metavar="RUN_DIR_OR_PROFILE", help="run or log directory (captures found at any depth), capture directory or .xplane.pb")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the analysis as JSON (input_share, bottleneck, ...)")
     output.add_argument("--markdown", action="store_true", help="print the analysis as Markdown")
     add_flag(parser, "html", metavar="FILE", type=Path, default=None,
              help="also write an HTML report with plots to FILE")
+    add_flag(parser, "capture", metavar="NAME", default=None,
+             help="which capture to read when there are several (default: the newest)")
     add_flag(parser, "no_xprof", action="store_true",
              help="skip TensorBoard's Input Pipeline Analyzer (xprof) cross-check")
 
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.html is not None:
         _check_html_target(args.html)
-    analysis = analyze_run(args.path, with_xprof=not args.no_xprof)
+    analysis = analyze_run(args.path, with_xprof=not args.no_xprof, capture=args.capture)
     if args.json:
         sys.stdout.write(analysis.to_json() + "\n")
     elif args.markdown:

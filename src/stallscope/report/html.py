@@ -8,7 +8,7 @@ import html
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
 from stallscope.report.plots import stage_bars_png, step_bars_png
-from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, xprof_line
+from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, source_lines, xprof_line
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
@@ -40,6 +40,7 @@ def render_html(analysis: Analysis) -> str:
         f"<!doctype html><html><head><meta charset='utf-8'><title>stallscope: {e(analysis.source)}</title>"
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>Input pipeline analysis</h1><p><code>{e(analysis.profile_path)}</code></p>",
+        "<pre>" + e("\n".join(source_lines(analysis))) + "</pre>",
         f"<p><b>Input share {fmt_share(analysis.input_share)}: {e(analysis.verdict)} input-bound</b> over "
         f"{fmt_count(steps.counted_steps, 'step')}. {e(xprof_line(analysis))}. Bottleneck: "
         f"<span class='hot'>{e(analysis.bottleneck or 'unknown')}</span>.</p>",

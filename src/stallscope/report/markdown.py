@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
-from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, xprof_line
+from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, source_lines, xprof_line
 
 
 def render_markdown(analysis: Analysis) -> str:
     steps = analysis.steps
     out = [
         f"# Input pipeline analysis: `{analysis.source}`",
+        "",
+        *(f"    {line}" for line in source_lines(analysis)),
         "",
         f"**Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound** "
         f"over {fmt_count(steps.counted_steps, 'step')}. {xprof_line(analysis)}.",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stallscope.analysis.analyze import Analysis
+from stallscope.analysis.steps import StepBreakdown
 from stallscope.pipeline.config import describe_knob
 
 
@@ -38,14 +41,54 @@ def xprof_line(analysis: Analysis) -> str:
             f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
 
 
+def capture_lines(analysis: Analysis) -> list[str]:
+    """Which capture was read and which others are there (`--capture NAME` picks one)."""
+    others = [c for c in analysis.captures if c != str(Path(analysis.profile_path).parent)]
+    if not others:
+        return []
+    return [f"also found {len(others)} other capture(s) (choose with --capture NAME): " + ", ".join(others)]
+
+
+def batch_lines(steps: StepBreakdown) -> list[str]:
+    """Under steps_per_execution a step runs several batches: the figures per batch too."""
+    n = steps.batches_per_step
+    if n <= 1:
+        return []
+    return [f"each step runs {n} batches (steps_per_execution={n}): per batch, step "
+            f"{fmt_ms(steps.step_ms.mean / n)}, input wait {fmt_ms(steps.input_ms.mean / n)}"]
+
+
+def host_lines(analysis: Analysis) -> list[str]:
+    """A capture of several hosts: each host's share; the rest of the report is the slowest host's."""
+    if len(analysis.hosts) < 2:
+        return []
+    lines = [f"{len(analysis.hosts)} hosts in this capture; the report below is of the slowest, "
+             f"{analysis.slowest_host} (the one the others wait for):"]
+    for host in analysis.hosts:
+        mark = " <- slowest" if host.host == analysis.slowest_host else ""
+        lines.append(f"  {host.host:<20} input share {fmt_share(host.steps.input_share):>6}, step "
+                     f"{fmt_ms(host.steps.step_ms.mean)}, input wait {fmt_ms(host.steps.input_ms.mean)}{mark}")
+    return lines
+
+
+def source_lines(analysis: Analysis) -> list[str]:
+    """Where the figures come from: other captures, how steps were found, batches per step, hosts."""
+    steps = analysis.steps
+    return [*capture_lines(analysis), f"steps: {len(steps.steps)} found by {steps.method}",
+            *batch_lines(steps), *host_lines(analysis)]
+
+
 def render_text(analysis: Analysis) -> str:
     steps = analysis.steps
     lines = [
         f"stallscope analyze {analysis.source}",
         f"profile: {analysis.profile_path}",
+        *source_lines(analysis),
         "",
         f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
-        f"({fmt_count(steps.counted_steps, 'step')}; first and last marked steps left out, as TensorBoard does)",
+        f"({fmt_count(steps.counted_steps, 'step')}; first and last steps left out, as TensorBoard does)"
+        if steps.has_iterator else
+        "Input share: not measurable, no tf.data iterator in the profiled steps (input fed as NumPy arrays?)",
         xprof_line(analysis),
         "",
         f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
