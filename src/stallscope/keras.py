@@ -32,10 +32,13 @@ class StallMonitor(keras.callbacks.Callback):
 
     profile_steps: (start, stop) global training steps, 1-based and inclusive, or None for timing only.
     log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None makes a new temporary one.
+    verbose: print the one-line diagnosis when training ends (as Keras' own callbacks print); it is logged either way.
     """
 
-    def __init__(self, profile_steps: tuple[int, int] | None = (10, 20), log_dir: Path | str | None = None) -> None:
+    def __init__(self, profile_steps: tuple[int, int] | None = (10, 20), log_dir: Path | str | None = None,
+                 verbose: bool = True) -> None:
         super().__init__()
+        self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.analysis = None
@@ -80,7 +83,10 @@ class StallMonitor(keras.callbacks.Callback):
         from stallscope.analysis.analyze import analyze_run
 
         self.analysis = analyze_run(self.log_dir / PROFILE_SUBDIR)
-        log.info("stallscope: %s", summary_line(self.analysis))
+        line = summary_line(self.analysis)
+        log.info("stallscope: %s", line)
+        if self.verbose:
+            print(f"stallscope: {line} (profile under {self.log_dir / PROFILE_SUBDIR})")
 
 
 def summary_line(analysis) -> str:
