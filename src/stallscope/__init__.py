@@ -27,3 +27,14 @@ def serve_profiler(port: int) -> int:
     from stallscope.workload.marking import serve_profiler as _serve
 
     return _serve(port)
+
+
+def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None):
+    """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled
+    model, or an emulated device of `accelerator` speed), the pipeline alone warm and cold (where its
+    files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text())."""
+    from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
+
+    options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
+                                     files=tuple(files) if files is not None else None)
+    return diagnose_dataset(dataset, model=model, options=options)
