@@ -35,6 +35,7 @@ COMPUTE_CACHED_BATCHES = differential.COMPUTE_CACHED_BATCHES
 PIPELINE_BUDGET_S = 10.0
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
 _GLOB_CHARS = frozenset("*?[")
+MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +106,9 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                    batch_size=config.batch_size, cores=warm.cores, phase="train",
                                    steady_cache=steady)
     examples = _examples(dataset, config.batch_size)
-    advice = differential.recommend((phase,), config, parts, examples=examples, data_bytes=data_bytes)
+    advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes)
     return differential.Diagnosis(
-        source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples,
+        source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
                 "files": len(files), "bytes": data_bytes},
         pipeline=config, accelerator=device_name, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
@@ -118,6 +119,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
 def dataset_files(dataset) -> list[str]:
     """The files the dataset reads, as far as its graph names them: string constants that are existing
     files, and the files matching string constants that are glob patterns (`list_files`)."""
+    import numpy as np
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2, types_pb2
 
@@ -134,8 +136,13 @@ def dataset_files(dataset) -> list[str]:
     for node in nodes:
         if node.op != "Const" or node.attr["dtype"].type != types_pb2.DT_STRING:
             continue
-        for raw in node.attr["value"].tensor.string_val:
-            text = raw.decode("utf-8", "replace")
+        try:  # string tensors may be packed in tensor_content, which make_ndarray cannot read
+            proto = node.attr["value"].tensor.SerializeToString()
+            values = np.asarray(tf.io.parse_tensor(proto, tf.string).numpy(), dtype=object).reshape(-1)
+        except (tf.errors.OpError, ValueError):
+            continue
+        for raw in values[:MAX_FILES]:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             if os.path.isfile(text):
                 found[os.path.abspath(text)] = None
             elif _GLOB_CHARS & set(text) and os.sep in text:
@@ -149,9 +156,9 @@ def config_from_chain(chain: Sequence[str], *, batch_size: int) -> PipelineConfi
     """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
     a sequential map, no parallel read, no prefetch at the end, a cache."""
     stages = set(chain)
-    parallel_map = bool(stages & {"ParallelMap", "MapAndBatch"}) or not stages & set(MAP_STAGES)
+    parallel_map = "ParallelMap" in stages or not stages & set(MAP_STAGES)  # MapAndBatch: unknown, advise
     return PipelineConfig(
-        preset="your dataset", batch_size=batch_size, shuffle_buffer=0,
+        preset="your dataset", batch_size=batch_size, shuffle_buffer=0, shuffle_at="encoded",
         map_parallelism=AUTOTUNE if parallel_map else None,
         read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
         prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
@@ -211,14 +218,10 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
         return None
 
 
-def _examples(dataset, batch_size: int) -> int:
-    """Examples per pass when the dataset is finite and TF knows its length; else a large number."""
-    import tensorflow as tf
-
+def _examples(dataset, batch_size: int) -> int | None:
+    """Examples per pass when the dataset is finite and TF knows its length; else None."""
     batches = int(dataset.cardinality())
-    if batches in (int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)) or batches <= 0:
-        return 2**31 - 1
-    return batches * batch_size
+    return batches * batch_size if batches > 0 else None
 
 
 def _files_text(files: list[str]) -> str:
