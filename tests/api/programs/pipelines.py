@@ -27,7 +27,7 @@ def dataset(kind: str) -> tf.data.Dataset:
         return base.map(_slow).batch(BATCH).with_options(options)
     if kind == "healthy":
         return base.batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
-    raise SystemExit(f"unknown pipeline {kind!r}")
+    raise ValueError(f"unknown pipeline {kind!r}")
 
 
 def model() -> tf.keras.Model:
@@ -39,3 +39,13 @@ def model() -> tf.keras.Model:
     ])
     net.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return net
+
+
+def stalled() -> tf.data.Dataset:
+    """For `--dataset-fn pipelines.py:stalled`."""
+    return dataset("stalled")
+
+
+def broken() -> tf.data.Dataset:
+    """A dataset function that fails, as user code may."""
+    return dataset("no-such-kind")
