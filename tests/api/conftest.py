@@ -34,3 +34,9 @@ def run_program():
         return json.loads(line[len("RESULT "):])
 
     return run
+
+
+@pytest.fixture
+def run_script():
+    """run_script(PATH, *args, cwd=None) -> the finished process (asserted to have succeeded)."""
+    return run_python
