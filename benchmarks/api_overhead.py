@@ -7,7 +7,9 @@ the model's, about 10-20 ms on a CPU):
   profiled window; target: < 1.05);
 - a custom loop plain vs with `stallscope.step(i)` (outside a window, < 1.02) vs inside
   `stallscope.profile` over every measured step (< 1.05).
-Rounds alternate the variants so machine noise hits all alike; step time is the mean over the steps
+Since a shared machine's noise can exceed these costs, the marker's own cost per step is also timed
+directly (many empty `stallscope.step` blocks and StallMonitor batch calls outside a window) and given
+as a share of the baseline step. Rounds alternate the variants so machine noise hits all alike; step time is the mean over the steps
 after a warm-up, from timestamps taken identically in every variant; a ratio is the median over
 rounds of each round's ratio to that round's own baseline, so slow phases of a shared machine cancel.
 """
@@ -104,6 +106,7 @@ def main() -> None:
     results = {(kind, v): [] for kind in ("fit", "loop") for v in ("plain", "outside", "inside")}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        per_step_us = direct_costs_us(stallscope, StallMonitor, tmp_dir=tmp / "direct")
         for round_ in range(args.rounds):
             order = ("plain", "outside", "inside") if round_ % 2 == 0 else ("inside", "outside", "plain")
             for variant in order:
@@ -121,6 +124,26 @@ def main() -> None:
             where = "outside the window" if variant == "outside" else "inside the window "
             print(f"  {where}    {statistics.median(values):8.2f} ms/step  ratio {ratio:.3f}  "
                   f"(target < {target:.2f}; rounds {', '.join(f'{v / b:.3f}' for v, b in zip(values, plain))})")
+        cost = per_step_us[kind]
+        print(f"  its own cost outside a window: {cost:.1f} us per step = "
+              f"{cost / 1000.0 / statistics.median(plain) * 100:.3f}% of the baseline step")
+
+
+def direct_costs_us(stallscope, monitor_class, *, tmp_dir: Path, calls: int = 20000) -> dict[str, float]:
+    """Microseconds per step of an empty stallscope.step block and of StallMonitor's two batch calls."""
+    started = time.perf_counter()
+    for i in range(calls):
+        with stallscope.step(i + 1):
+            pass
+    step_us = (time.perf_counter() - started) * 1e6 / calls
+    monitor = monitor_class(profile_steps=None, log_dir=tmp_dir, verbose=False)
+    monitor.on_train_begin()
+    started = time.perf_counter()
+    for i in range(calls):
+        monitor.on_train_batch_begin(i)
+        monitor.on_train_batch_end(i, {})
+    monitor_us = (time.perf_counter() - started) * 1e6 / calls
+    return {"loop": step_us, "fit": monitor_us}
 
 
 if __name__ == "__main__":
