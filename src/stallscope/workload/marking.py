@@ -51,7 +51,10 @@ class Profile:
 
     def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20)) -> None:
         self.log_dir = Path(log_dir)
-        self.profiler = StepProfiler(window_of(steps), self.log_dir)
+        window = window_of(steps, name="stallscope.profile steps")
+        if window is None:
+            raise UsageError("stallscope.profile steps: expected (START, STOP) such as (10, 20), got None")
+        self.profiler = StepProfiler(window, self.log_dir)
 
     def __enter__(self) -> "Profile":
         global _active
