@@ -30,6 +30,7 @@ bench: venv
 	$(BIN)/python benchmarks/analysis.py
 	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
+	$(BIN)/python benchmarks/api_overhead.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

@@ -6,3 +6,35 @@ import os as _os
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"
+
+
+def step(number: int):
+    """`with stallscope.step(i):` around each step of a custom loop marks it for the profiler."""
+    from stallscope.workload.marking import step as _step
+
+    return _step(number)
+
+
+def profile(log_dir, steps=(10, 20)):
+    """`with stallscope.profile(LOG, steps=(10, 20)):` captures those `stallscope.step`s; `.analyze()` after."""
+    from stallscope.workload.marking import Profile
+
+    return Profile(log_dir, steps)
+
+
+def serve_profiler(port: int) -> int:
+    """Starts TF's profiler server so `stallscope capture localhost:PORT` can attach to this job."""
+    from stallscope.workload.marking import serve_profiler as _serve
+
+    return _serve(port)
+
+
+def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None):
+    """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled
+    model, or an emulated device of `accelerator` speed), the pipeline alone warm and cold (where its
+    files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text())."""
+    from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
+
+    options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
+                                     files=tuple(files) if files is not None else None)
+    return diagnose_dataset(dataset, model=model, options=options)

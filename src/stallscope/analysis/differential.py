@@ -170,6 +170,9 @@ class Diagnosis:
     phases: tuple[PhaseDiagnosis, ...]
     advice: tuple[Advice, ...]
     seconds: float
+    notes: tuple[str, ...] = ()
+    analysis: Any = None             # the profile of a few end-to-end steps analysed (stage tree), if taken
+    stages: tuple[str, ...] = ()     # the pipeline's stages as TF runs them, outermost first, if read
 
     @property
     def worst(self) -> PhaseDiagnosis:
@@ -202,7 +205,23 @@ class Diagnosis:
             "phases": [_phase_dict(p) for p in self.phases],
             "advice": [a.to_dict() for a in self.advice],
             "seconds": self.seconds,
+            "notes": list(self.notes),
+            "stages": list(self.stages),
+            "bottleneck": self.analysis.bottleneck if self.analysis is not None else None,
+            "stage_tree": self.analysis.to_dict()["stages"] if self.analysis is not None else None,
         }))
+
+    def text(self) -> str:
+        """The report `stallscope diagnose` prints, and the profiled steps' stage tree when there is one."""
+        from stallscope.cli.diagnose import report_lines
+
+        lines = report_lines(self)
+        lines += [f"note: {note}" for note in self.notes]
+        if self.analysis is not None:
+            from stallscope.report.text import render_text
+
+            lines += ["", "profile of a few end-to-end steps:", render_text(self.analysis)]
+        return "\n".join(lines)
 
 
 def finite(value: Any) -> Any:
@@ -289,6 +308,11 @@ def steady_cache_state(options: DiagnoseOptions, data_bytes: int) -> str:
         return "warm"
     if options.steady_cache != "auto":
         return options.steady_cache
+    return steady_state_for(data_bytes)
+
+
+def steady_state_for(data_bytes: int) -> str:
+    """"warm" when the data fits in the page cache a long run keeps (FITS_IN_MEMORY_FRACTION of free RAM)."""
     fits = data_bytes <= psutil.virtual_memory().available * FITS_IN_MEMORY_FRACTION
     return "warm" if fits else "cold"
 

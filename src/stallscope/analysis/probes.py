@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stallscope.analysis import iostats
@@ -165,27 +166,71 @@ def probe_pipeline(
         raise UsageError(f"cache_state: expected one of {', '.join(CACHE_STATES)}, got {cache_state!r}")
     if max_images <= 0:
         raise UsageError(f"max_images: expected a positive integer, got {max_images!r}")
-    files = [str(p) for p in source.files]
-    if cache_state == "cold":
-        iostats.evict_from_page_cache(files)
-    elif source.total_bytes <= WARM_BYTES_LIMIT:
-        iostats.warm_page_cache(files)
-    cached = iostats.cached_fraction(files) if len(files) <= MINCORE_FILES_LIMIT else None
-
     counter = tf.Variable(0, dtype=tf.int64, trainable=False)
     dataset = build_dataset(config, source, repeat=True, extra_stages=_counting_hooks(extra_stages, counter))
-    batches = 0
+    return _timed_probe(
+        dataset, lambda batch: _so_far(int(counter.numpy()), max_images), cache_state=cache_state,
+        files=[str(p) for p in source.files], budget_s=budget_s, batch_size=config.batch_size,
+        source_kind=source.kind, examples=source.num_examples)
+
+
+def _so_far(images: int, wanted: int) -> tuple[int, bool]:
+    return images, images >= wanted
+
+
+def probe_dataset(dataset, *, cache_state: str, files: Sequence[str], max_batches: int,
+                  budget_s: float) -> PipelineProbe:
+    """The user's own `tf.data.Dataset` alone (repeated), as fast as it goes, for `max_batches`
+    batches or `budget_s`; images are counted by each batch's leading dimension. `files` are the
+    dataset's files where known (evicted for a cold probe, read once for a warm one)."""
+    if cache_state not in CACHE_STATES:
+        raise UsageError(f"cache_state: expected one of {', '.join(CACHE_STATES)}, got {cache_state!r}")
+    if cache_state == "cold" and not files:
+        raise UsageError("cache_state: a cold probe needs the dataset's files, and none are known")
+    if max_batches <= 0:
+        raise UsageError(f"max_batches: expected a positive integer, got {max_batches!r}")
+    produced = {"images": 0, "batches": 0}
+
+    def tally(batch) -> tuple[int, bool]:
+        produced["images"] += batch_images(batch)
+        produced["batches"] += 1
+        return produced["images"], produced["batches"] >= max_batches
+
+    probe = _timed_probe(dataset.repeat(), tally, cache_state=cache_state, files=list(files), budget_s=budget_s,
+                         batch_size=0, source_kind="records", examples=0)
+    batches = produced["batches"]
+    return dataclasses.replace(probe, batch_size=round(produced["images"] / batches) if batches else 0)
+
+
+def batch_images(batch) -> int:
+    """Elements in a batch: the leading dimension of its first component (1 for an unbatched element)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(batch)[0]
+    return int(first.shape[0]) if first.shape.rank else 1
+
+
+def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s: float, batch_size: int,
+                 source_kind: str, examples: int) -> PipelineProbe:
+    """Iterates `dataset` with the page cache in `cache_state` until `tally(batch)` -> (images so far,
+    enough) says enough or budget_s passed; measures time, CPU, run-queue delay and I/O meanwhile."""
+    if cache_state == "cold":
+        iostats.evict_from_page_cache(files)
+    elif files and _total_bytes(files) <= WARM_BYTES_LIMIT:
+        iostats.warm_page_cache(files)
+    cached = iostats.cached_fraction(files) if files and len(files) <= MINCORE_FILES_LIMIT else None
+    batches = images = 0
     delay_before = run_queue_delay_s()
     with ResourceMonitor(interval_s=_MONITOR_INTERVAL_S) as monitor:
         started = time.perf_counter()
         iterator = iter(dataset)
         while True:
-            next(iterator)
+            batch = next(iterator)
             batches += 1
-            if int(counter.numpy()) >= max_images or time.perf_counter() - started >= budget_s:
+            images, enough = tally(batch)
+            if enough or time.perf_counter() - started >= budget_s:
                 break
         seconds = time.perf_counter() - started
-        images = int(counter.numpy())
         delay_after = run_queue_delay_s()
     del iterator
     run_queue = None if delay_before is None or delay_after is None else max(0.0, delay_after - delay_before)
@@ -197,14 +242,18 @@ def probe_pipeline(
         cache_state=cache_state, batches=batches, images=images, seconds=seconds,
         cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,
         cached_before=cached, io=report.io,
-        io_per_image=iostats.per_image(report.io, images, source_kind=source.kind,
-                                       files_in_source=len(files), examples=source.num_examples),
-        batch_size=config.batch_size,
+        io_per_image=iostats.per_image(report.io, images, source_kind=source_kind,
+                                       files_in_source=len(files), examples=examples),
+        batch_size=batch_size,
     )
     logger.info("%s pipeline probe: %d images in %.2f s (%.0f images/s, %.2f CPU ms/image, %.2f ms/image "
                 "waiting for a core)", cache_state, images, seconds, probe.images_per_second,
                 probe.cpu_ms_per_image, probe.cpu_demand_ms_per_image - probe.cpu_ms_per_image)
     return probe
+
+
+def _total_bytes(files: list[str]) -> int:
+    return sum(os.path.getsize(f) for f in files)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,3 +279,27 @@ class LoopProbe:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def probe_loop(kind: str, phase: str, dataset, run_step: Callable[[Any], Any], *, steps: int, warmup: int,
+               profiler=None) -> LoopProbe:
+    """A training loop over the user's own dataset: `run_step(batch)` is the model step (or the
+    emulated device); it must return only when the step is done. With a `StepProfiler`, each step
+    runs inside its step marker, so the profile can be analysed like any stallscope run."""
+    from stallscope.workload.timing import StepClock
+
+    clock = StepClock()
+    records = []
+    iterator = iter(dataset)
+    for number in range(1, warmup + steps + 1):
+        marker = profiler.step(number) if profiler is not None else contextlib.nullcontext()
+        with marker:
+            clock.start()
+            batch = next(iterator)
+            clock.batch_received()
+            run_step(batch)
+            clock.step_done()
+        records.append(clock.record(step=number, phase=phase, images=batch_images(batch), warmup=number <= warmup))
+    if profiler is not None:
+        profiler.stop()
+    return LoopProbe.from_steps(kind, phase, records)

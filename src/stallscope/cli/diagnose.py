@@ -14,6 +14,7 @@ examples:
   stallscope diagnose --dataset_path data/train --pipeline seed --accelerator emulated:2000
   stallscope diagnose --source records --dataset_path records --pipeline seed --accelerator emulated:2000 --fix
   stallscope diagnose --dataset_path data --model mobilenet --image_size 128 --phases head,full --json
+  stallscope diagnose --dataset-fn my_data.py:make_dataset --model-fn my_model.py:make_model
 """
 
 from __future__ import annotations
@@ -73,7 +74,37 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                      help="apply the advice, run again, print before / predicted / after, save the config")
     flags.add_flag(out, "fixed_config", type=flags.creatable_file, default=DEFAULT_FIXED_CONFIG, metavar="FILE",
                    help=f"where --fix saves the fixed pipeline config (default: {DEFAULT_FIXED_CONFIG})")
+    own = parser.add_argument_group("your own program (instead of the data and pipeline flags)")
+    flags.add_flag(own, "dataset_fn", default=None, metavar="MODULE:FUNCTION",
+                   help="a function returning your tf.data.Dataset of (inputs, targets) batches; MODULE is a "
+                        "dotted module or a .py file")
+    flags.add_flag(own, "model_fn", default=None, metavar="MODULE:FUNCTION",
+                   help="a function returning your compiled Keras model, for the compute-alone probe "
+                        "(default: --accelerator, emulated:2000 when it is 'real')")
     add_pipeline_flags(parser)
+
+
+OWN_DATASET_DEFAULT_ACCELERATOR = "emulated:2000"
+
+
+def diagnose_own_dataset(args: argparse.Namespace, progress):
+    """`--dataset-fn` (and `--model-fn`): the probes on the user's own dataset and model."""
+    from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
+    from stallscope.cli.user_code import call_user_function
+
+    if args.json and args.markdown:
+        raise UsageError("--markdown: give either --json or --markdown, not both")
+    if args.fix:
+        raise UsageError("--fix: applies to stallscope's own pipeline only; with --dataset-fn apply the advice "
+                         "in your code")
+    if args.model_fn is None and args.accelerator == "real":
+        args.accelerator = OWN_DATASET_DEFAULT_ACCELERATOR
+        progress(f"no --model-fn: the compute probe emulates a device ({args.accelerator})")
+    dataset = call_user_function(args.dataset_fn, "--dataset-fn")
+    model = call_user_function(args.model_fn, "--model-fn") if args.model_fn else None
+    options = DatasetDiagnoseOptions(steps=args.probe_steps, accelerator=args.accelerator,
+                                     pipeline_budget_s=args.pipeline_budget)
+    return diagnose_dataset(dataset, model=model, options=options, progress=progress)
 
 
 def options_from_args(args: argparse.Namespace):
@@ -91,18 +122,29 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.differential import diagnose, fix
 
+    quiet = args.json or args.markdown
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr if quiet else sys.stdout, flush=True)
+
+    if args.dataset_fn is None and args.model_fn is not None:
+        raise UsageError("--model-fn: needs --dataset-fn (the model is probed on your own dataset)")
+    if args.dataset_fn is not None:
+        diagnosis = diagnose_own_dataset(args, progress)
+        if args.json:
+            sys.stdout.write(json.dumps(diagnosis.to_dict(), indent=2) + "\n")
+        elif args.markdown:
+            sys.stdout.write("\n".join(markdown_lines(diagnosis)) + "\n")
+        else:
+            print(diagnosis.text())
+        return 0
     options = options_from_args(args)
     if args.fix:  # the default is not checked by argparse; a folder or an unwritable place is found now, not after the probes
         try:
             flags.creatable_file(str(args.fixed_config))
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--fixed-config: {exc}") from None
-    quiet = args.json or args.markdown
     require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
-
-    def progress(message: str) -> None:
-        print(message, file=sys.stderr if quiet else sys.stdout, flush=True)
-
     diagnosis = diagnose(options, progress=progress)
     result = None
     if args.fix:

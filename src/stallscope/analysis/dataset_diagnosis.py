@@ -1,0 +1,231 @@
+"""The differential diagnosis of a user's own `tf.data.Dataset` (and model), as `diagnose` runs it
+on a stallscope workload: the same probes (`probes.py`), the same split and advice (`differential.py`).
+
+What differs is only what is known about the pipeline: its stages come from the dataset's own graph
+(the chain TF runs, after its static rewrites), its files from the file names the graph holds
+(constants naming existing files, or patterns `list_files` matches), so the cold-cache probe runs
+where the files are known and says so where they are not. The end-to-end probe also profiles a few
+steps with step markers, which gives the `tf.data` stage tree and the stage that limits it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from stallscope.analysis import differential
+from stallscope.analysis.probes import probe_dataset, probe_loop
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
+from stallscope.workload.profiling import ProfileWindow, StepProfiler
+
+logger = logging.getLogger(__name__)
+
+WARMUP_STEPS = 2
+PROFILED_STEPS = 8           # end-to-end steps profiled after the measured ones, for the stage tree
+COMPUTE_CACHED_BATCHES = differential.COMPUTE_CACHED_BATCHES
+PIPELINE_BUDGET_S = 10.0
+MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
+_GLOB_CHARS = frozenset("*?[")
+MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetDiagnoseOptions:
+    """steps: measured steps of the compute and end-to-end probes (and batches of the pipeline probes).
+    accelerator: the device the compute probe emulates when no model is given ("emulated:2000").
+    files: the dataset's files, when the graph does not name them (None: found in the graph).
+    profile: profile a few end-to-end steps for the stage tree."""
+
+    steps: int = 30
+    accelerator: str = "emulated:2000"
+    files: tuple[str, ...] | None = None
+    pipeline_budget_s: float = PIPELINE_BUDGET_S
+    profile: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
+            raise UsageError(f"steps: expected an integer >= 2, got {self.steps!r}")
+        parse_accelerator(self.accelerator)
+        if self.files is not None:
+            object.__setattr__(self, "files", tuple(str(f) for f in self.files))
+            missing = [f for f in self.files if not os.path.isfile(f)]
+            if missing:
+                raise UsageError(f"files: {missing[0]!r} is not a file")
+        if not (isinstance(self.pipeline_budget_s, (int, float)) and self.pipeline_budget_s > 0):
+            raise UsageError(f"pipeline_budget_s: expected a number above 0, got {self.pipeline_budget_s!r}")
+
+
+def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | None = None,
+                     progress: Callable[[str], None] | None = None) -> differential.Diagnosis:
+    """Runs the probes on `dataset` (batches of (inputs, targets)) and splits the step as `diagnose` does."""
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise UsageError(f"dataset: expected a tf.data.Dataset, got {type(dataset).__name__}")
+    options = options or DatasetDiagnoseOptions()
+    say = progress or (lambda message: logger.info("%s", message))
+    started = time.perf_counter()
+    notes: list[str] = []
+    chain = _chain_as_run(dataset, notes)
+    files = list(options.files) if options.files is not None else dataset_files(dataset)
+    run_step, device_name = _device(model, options.accelerator)
+
+    cold = None
+    if files:
+        say(f"probe: pipeline alone, cold page cache ({len(files)} file(s) evicted)")
+        cold = probe_dataset(dataset, cache_state="cold", files=files, max_batches=options.steps,
+                             budget_s=options.pipeline_budget_s)
+    else:
+        notes.append("cold page cache not probed: the dataset's graph names no files (a dataset built from "
+                     "memory, or files= not given), so nothing could be evicted")
+    say("probe: pipeline alone, warm page cache")
+    warm = probe_dataset(dataset, cache_state="warm", files=files, max_batches=options.steps,
+                         budget_s=options.pipeline_budget_s)
+    config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
+    parts = differential.breakdown(warm, cold, config)
+    data_bytes = sum(os.path.getsize(f) for f in files)
+    steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
+
+    say("probe: compute alone")
+    cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
+    compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
+    say("probe: end to end")
+    end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=options.steps,
+                            warmup=WARMUP_STEPS)
+    analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
+    phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
+                                   batch_size=config.batch_size, cores=warm.cores, phase="train",
+                                   steady_cache=steady)
+    examples = _examples(dataset, config.batch_size)
+    advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes)
+    return differential.Diagnosis(
+        source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
+                "files": len(files), "bytes": data_bytes},
+        pipeline=config, accelerator=device_name, warm=warm, cold=cold, pipeline_breakdown=parts,
+        phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
+        notes=tuple(notes), analysis=analysis, stages=tuple(chain),
+    )
+
+
+def dataset_files(dataset) -> list[str]:
+    """The files the dataset reads, as far as its graph names them: string constants that are existing
+    files, and the files matching string constants that are glob patterns (`list_files`)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2, types_pb2
+
+    graph = graph_pb2.GraphDef()
+    try:
+        serialized = tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor,  # noqa: SLF001
+                                                 external_state_policy=0, strip_device_assignment=True)
+        graph.ParseFromString(serialized.numpy())
+    except (tf.errors.OpError, ValueError) as exc:
+        logger.warning("could not read the dataset's graph for its files: %s", exc)
+        return []
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    found: dict[str, None] = {}
+    for node in nodes:
+        if node.op != "Const" or node.attr["dtype"].type != types_pb2.DT_STRING:
+            continue
+        try:  # string tensors may be packed in tensor_content, which make_ndarray cannot read
+            proto = node.attr["value"].tensor.SerializeToString()
+            values = np.asarray(tf.io.parse_tensor(proto, tf.string).numpy(), dtype=object).reshape(-1)
+        except (tf.errors.OpError, ValueError):
+            continue
+        for raw in values[:MAX_FILES]:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            if os.path.isfile(text):
+                found[os.path.abspath(text)] = None
+            elif _GLOB_CHARS & set(text) and os.sep in text:
+                for match in sorted(glob.glob(text)):
+                    if os.path.isfile(match):
+                        found[os.path.abspath(match)] = None
+    return list(found)
+
+
+def config_from_chain(chain: Sequence[str], *, batch_size: int) -> PipelineConfig:
+    """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
+    a sequential map, no parallel read, no prefetch at the end, a cache."""
+    stages = set(chain)
+    parallel_map = "ParallelMap" in stages or not stages & set(MAP_STAGES)  # MapAndBatch: unknown, advise
+    return PipelineConfig(
+        preset="your dataset", batch_size=batch_size, shuffle_buffer=0, shuffle_at="encoded",
+        map_parallelism=AUTOTUNE if parallel_map else None,
+        read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
+        prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
+        cache="memory" if stages & {"Cache", "MemoryCache"} else "none",
+    )
+
+
+def _chain_as_run(dataset, notes: list[str]) -> list[str]:
+    import tensorflow as tf
+
+    from stallscope.pipeline.describe import pipeline_as_run
+
+    try:
+        return pipeline_as_run(dataset)
+    except (ValueError, tf.errors.OpError) as exc:
+        notes.append(f"the dataset's stages could not be read ({exc}); advice assumes a sequential pipeline")
+        return []
+
+
+def _device(model, accelerator: str):
+    """`run_step(batch)` for the compute: the model's own compiled train step, or an emulated device."""
+    if model is None:
+        device = EmulatedDevice(parse_accelerator(accelerator))
+        return device.run_step, device.accelerator.spec
+    import keras
+    import tensorflow as tf
+
+    if not isinstance(model, keras.Model):
+        raise UsageError(f"model: expected a keras.Model, got {type(model).__name__}")
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise UsageError("model: compile it first (model.compile(optimizer=..., loss=...)); the compute probe "
+                         "trains it as fit would")
+    train_step = tf.function(model.train_step)
+
+    def run_step(batch) -> None:
+        logs = train_step(batch)
+        for value in tf.nest.flatten(logs)[:1]:
+            value.numpy()  # waits for the step to finish
+
+    return run_step, f"model {model.name}"
+
+
+def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
+    """A few end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck."""
+    from stallscope.analysis.analyze import analyze_run
+    from stallscope.errors import StallscopeError
+
+    say("probe: end to end, profiled (stage tree)")
+    log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-"))  # kept: TensorBoard can open it
+    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS + 1, WARMUP_STEPS + PROFILED_STEPS), log_dir)
+    probe_loop("profiled", "train", dataset.repeat(), run_step, steps=PROFILED_STEPS, warmup=WARMUP_STEPS,
+               profiler=profiler)
+    try:
+        return analyze_run(log_dir, with_xprof=False)
+    except StallscopeError as exc:
+        notes.append(f"the profiled steps could not be analysed ({exc}); no stage tree")
+        return None
+
+
+def _examples(dataset, batch_size: int) -> int | None:
+    """Examples per pass when the dataset is finite and TF knows its length; else None."""
+    batches = int(dataset.cardinality())
+    return batches * batch_size if batches > 0 else None
+
+
+def _files_text(files: list[str]) -> str:
+    if not files:
+        return "(dataset in memory or files unknown)"
+    parent = os.path.commonpath(files) if len(files) > 1 else files[0]
+    return f"{parent} ({len(files)} file(s))"

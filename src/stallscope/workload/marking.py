@@ -1,0 +1,105 @@
+"""Step markers and a profiled window for the user's own training program.
+
+The built-in workload's `StepProfiler` already starts the profiler at a window's first step and
+stops it after its last; this module keeps one such profiler per process so that a user's loop needs
+only `with stallscope.step(i):` around each step, and adds the step marker outside a profiled window
+too (a `Trace` costs next to nothing while no profiler runs), so any profile a user takes later,
+with TensorBoard or `stallscope capture`, has steps xprof and `analyze` can find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from pathlib import Path
+
+from stallscope.errors import StallscopeError, UsageError
+from stallscope.workload.profiling import STEP_TRACE_NAME, ProfileWindow, StepProfiler
+
+log = logging.getLogger(__name__)
+
+_active: StepProfiler | None = None
+
+
+def window_of(steps: tuple[int, int] | None, *, name: str = "steps") -> ProfileWindow | None:
+    """(start, stop), 1-based inclusive, as a ProfileWindow; None profiles nothing."""
+    if steps is None:
+        return None
+    try:
+        start, stop = (int(v) for v in steps)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name}: expected (START, STOP) such as (10, 20), got {steps!r}") from None
+    return ProfileWindow(start, stop)
+
+
+@contextlib.contextmanager
+def step(number: int):
+    """Marks one training step (number is 1-based); profiled when inside an active `profile` window."""
+    if _active is not None:
+        with _active.step(int(number)):
+            yield
+        return
+    import tensorflow as tf
+
+    with tf.profiler.experimental.Trace(STEP_TRACE_NAME, step_num=int(number), _r=1):
+        yield
+
+
+class Profile:
+    """A window of `step(i)`s to capture; the profile lands under LOG_DIR/plugins/profile/."""
+
+    def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20)) -> None:
+        self.log_dir = Path(log_dir)
+        window = window_of(steps, name="stallscope.profile steps")
+        if window is None:
+            raise UsageError("stallscope.profile steps: expected (START, STOP) such as (10, 20), got None")
+        self.profiler = StepProfiler(window, self.log_dir)
+
+    def __enter__(self) -> "Profile":
+        global _active
+        if _active is not None:
+            raise UsageError("stallscope.profile: another stallscope.profile window is already open in this process")
+        _active = self.profiler
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        global _active
+        _active = None
+        self.profiler.stop()
+
+    @property
+    def captured_steps(self) -> int:
+        return self.profiler.captured_steps
+
+    def analyze(self):
+        """The same `Analysis` `stallscope analyze LOG_DIR` computes."""
+        from stallscope.analysis.analyze import analyze_run
+
+        if self.captured_steps == 0:
+            raise UsageError(f"stallscope.profile: no step of the window {self.profiler.window.text} ran; "
+                             "nothing was captured")
+        return analyze_run(self.log_dir)
+
+
+def serve_profiler(port: int) -> int:
+    """Starts TF's profiler server on `port` so `stallscope capture HOST:PORT` can attach; returns the port.
+
+    TF's own server aborts the process or fails silently when the port is taken, so the port is
+    checked first and a taken port ends in one line.
+    """
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise UsageError(f"serve_profiler: port must be an integer in 1..65535, got {port!r}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise UsageError(f"serve_profiler: port {port} cannot be bound ({exc.strerror or exc})") from None
+    import tensorflow as tf
+
+    try:
+        tf.profiler.experimental.server.start(port)
+    except Exception as exc:  # TF raises its own error types here
+        raise StallscopeError(f"serve_profiler: the profiler server did not start on port {port} ({exc})") from None
+    log.info("TF profiler server listening on port %d; capture with `stallscope capture localhost:%d`", port, port)
+    return port

@@ -1,0 +1,52 @@
+"""A custom loop with a tf.function step and stallscope.step around each step; times its own steps.
+
+usage: custom_loop.py stalled|healthy LOG_DIR [--external]
+  --external: the profile is taken with tf.profiler.experimental.start/stop, not stallscope.profile
+"""
+import contextlib
+import json
+import sys
+import time
+
+import tensorflow as tf
+
+import pipelines
+import stallscope
+from stallscope.analysis.analyze import analyze_run
+
+kind, log_dir = sys.argv[1], sys.argv[2]
+external = "--external" in sys.argv
+model = pipelines.model()
+optimizer = tf.keras.optimizers.Adam()
+loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@tf.function
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+
+own_ms = {}
+iterator = iter(pipelines.dataset(kind))
+window = contextlib.nullcontext() if external else stallscope.profile(log_dir, steps=(10, 20))
+with window:
+    for i in range(1, 25):
+        if external and i == 10:
+            tf.profiler.experimental.start(log_dir)
+        started = time.perf_counter()
+        with stallscope.step(i):
+            x, y = next(iterator)
+            train_step(x, y).numpy()
+        own_ms[i] = (time.perf_counter() - started) * 1000.0
+        if external and i == 20:
+            tf.profiler.experimental.stop()
+
+analysis = analyze_run(log_dir) if external else window.analyze()
+print("RESULT " + json.dumps({
+    "own_step_ms": own_ms,
+    "analysis": {"verdict": analysis.verdict, "input_share": analysis.input_share, "bottleneck": analysis.bottleneck,
+                 "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted}},
+}))

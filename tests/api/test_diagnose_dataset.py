@@ -1,0 +1,115 @@
+"""stallscope.diagnose and `stallscope diagnose --dataset-fn` on a user's own dataset and model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+import stallscope
+from stallscope.analysis.dataset_diagnosis import config_from_chain, dataset_files
+from stallscope.cli.main import main
+from stallscope.errors import UsageError
+
+PROGRAMS = Path(__file__).parent / "programs"
+sys.path.insert(0, str(PROGRAMS))
+import pipelines  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+
+def test_verdict_differs_between_a_stalled_and_a_healthy_dataset():
+    stalled = stallscope.diagnose(pipelines.dataset("stalled"), model=pipelines.model(), steps=8)
+    healthy = stallscope.diagnose(pipelines.dataset("healthy"), model=pipelines.model(), steps=8)
+    assert stalled.verdict == "highly" and stalled.input_share > 0.5
+    assert healthy.verdict != "highly" and healthy.input_share < stalled.input_share / 3
+    assert stalled.cause in ("fetch", "preprocessing") and healthy.verdict != stalled.verdict
+    data = stalled.to_dict()
+    json.dumps(data)  # JSON-ready
+    assert data["verdict"] == "highly" and data["bottleneck"] == "Map"
+    assert any(s["name"] == "Map" for s in data["stage_tree"])
+    assert any("cold page cache not probed" in n for n in data["notes"])  # in memory: nothing to evict
+    assert "prefetch" in [a.key for a in stalled.advice]      # its stages have none at the end
+    assert "prefetch" not in [a.key for a in healthy.advice]  # its stages end in one
+    text = stalled.text()
+    assert "highly input-bound" in text and "<- bottleneck" in text
+
+
+def _records(tmp_path, count=16):
+    path = tmp_path / "part-0.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(count):
+            writer.write(tf.io.serialize_tensor(tf.fill([32, 32, 3], float(i))).numpy())
+    return path
+
+
+def test_files_are_found_in_the_dataset_graph_and_probed_cold(tmp_path):
+    path = _records(tmp_path)
+    pattern = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False)
+    named = tf.data.TFRecordDataset([str(path)])
+    assert dataset_files(tf.data.TFRecordDataset(pattern)) == [str(path)]
+    assert dataset_files(named) == [str(path)]
+    assert dataset_files(tf.data.Dataset.range(4)) == []
+    dataset = named.map(lambda r: (tf.io.parse_tensor(r, tf.float32), 0)).batch(4)
+    diagnosis = stallscope.diagnose(dataset, accelerator="emulated:2000", steps=4)
+    assert diagnosis.cold is not None and diagnosis.source["files"] == 1
+    assert diagnosis.pipeline_breakdown.cold_ms is not None
+
+
+def test_the_pipeline_knobs_read_from_its_stages_steer_the_advice():
+    stalled = config_from_chain(["BatchV2", "Map", "TensorSlice"], batch_size=8)
+    assert stalled.map_parallelism is None and stalled.prefetch is None
+    healthy = config_from_chain(["Prefetch", "ParallelMap", "ParallelInterleave"], batch_size=8)
+    assert healthy.map_parallelism is not None and healthy.prefetch is not None
+    assert healthy.read_parallelism is not None
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(UsageError, match="dataset: expected a tf.data.Dataset"):
+        stallscope.diagnose([1, 2, 3])
+    with pytest.raises(UsageError, match="steps"):
+        stallscope.diagnose(tf.data.Dataset.range(4), steps=1)
+    with pytest.raises(UsageError, match="accelerator"):
+        stallscope.diagnose(tf.data.Dataset.range(4), accelerator="fast")
+    uncompiled = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    with pytest.raises(UsageError, match="model: compile it first"):
+        stallscope.diagnose(tf.data.Dataset.range(4).batch(2), model=uncompiled)
+
+
+def test_cli_dataset_fn_and_model_fn(capsys):
+    code = main(["diagnose", "--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:stalled",
+                 "--model-fn", f"{PROGRAMS / 'pipelines.py'}:model", "--probe-steps", "6", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["verdict"] == "highly" and report["bottleneck"] == "Map"
+    assert report["accelerator"].startswith("model ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset-fn", "nocolon"], "--dataset-fn: expected MODULE:FUNCTION"),
+    (["--dataset-fn", "missing_dir/missing.py:make"], "--dataset-fn: 'missing_dir/missing.py' is not a file"),
+    (["--dataset-fn", "no_such_module_xyz:make"], "--dataset-fn: cannot import 'no_such_module_xyz'"),
+    (["--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:nothing"], "has no 'nothing'"),
+    (["--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:broken"], "raised ValueError: unknown pipeline"),
+    (["--model-fn", f"{PROGRAMS / 'pipelines.py'}:model"], "--model-fn: needs --dataset-fn"),
+    (["--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:stalled", "--fix"], "--fix: applies to stallscope's own"),
+])
+def test_cli_errors_are_one_line(args, message, capsys):
+    assert main(["diagnose", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_serve_profiler_reports_a_taken_port_in_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UsageError, match=f"serve_profiler: port {port} cannot be bound"):
+            stallscope.serve_profiler(port)
+    with pytest.raises(UsageError, match="port must be an integer"):
+        stallscope.serve_profiler(70000)
