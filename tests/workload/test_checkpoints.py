@@ -86,7 +86,7 @@ def _train_argv(tree, directory, tmp_path, *extra):
 def test_a_real_run_on_an_emulated_runs_checkpoints_says_what_differs(checkpoint_dirs, tiny_tree, tmp_path, capsys):
     directory = _copy(checkpoint_dirs["emulated"], tmp_path)
     err = _one_line_error(capsys, _train_argv(tiny_tree, directory, tmp_path))
-    assert f"--checkpoint-path: {directory} holds checkpoints of an emulated-accelerator run" in err
+    assert f"--checkpoint_path: {directory} holds checkpoints of an emulated-accelerator run" in err
     assert "this run trains mobilenet (alpha 0.25, 32 px, 3 classes, fine-tune head) with --accelerator real" in err
 
 
