@@ -17,6 +17,11 @@ from stallscope.errors import UsageError
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="RUN_DIR_OR_PROFILE", help="run directory, capture directory or .xplane.pb")
+    add_report_flags(parser)
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """--json, --markdown, --html, --no-xprof: how an analysis is shown (also used by `capture`)."""
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the analysis as JSON (input_share, bottleneck, ...)")
     output.add_argument("--markdown", action="store_true", help="print the analysis as Markdown")
@@ -29,9 +34,19 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.analyze import analyze_run
 
+    check_report_flags(args)
+    print_report(analyze_run(args.path, with_xprof=not args.no_xprof), args)
+    return 0
+
+
+def check_report_flags(args: argparse.Namespace) -> None:
+    """Before any work: a --html that cannot be a file name."""
     if args.html is not None and args.html.is_dir():
         raise UsageError(f"--html: {str(args.html)!r} is a directory; expected a file name such as report.html")
-    analysis = analyze_run(args.path, with_xprof=not args.no_xprof)
+
+
+def print_report(analysis, args: argparse.Namespace) -> None:
+    """Prints the analysis as the report flags ask (text by default) and writes --html."""
     if args.json:
         sys.stdout.write(analysis.to_json() + "\n")
     elif args.markdown:
@@ -50,4 +65,3 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--html: cannot write {str(args.html)!r} ({exc.strerror})") from None
         print(f"HTML report written to {args.html}", file=sys.stderr if args.json else sys.stdout)
-    return 0

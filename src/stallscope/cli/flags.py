@@ -127,3 +127,18 @@ def existing_path(text: str) -> Path:
     if not path.exists():
         raise argparse.ArgumentTypeError(f"path {text!r} does not exist")
     return path
+
+
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """A time span in seconds: 5s, 500ms, 2m, 1h, or a plain number of seconds."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _TIME_UNITS:
+        raise _type_error("a time such as 5s, 500ms or 2m", text)
+    value = float(match.group(1)) * _TIME_UNITS[unit]
+    if value <= 0:
+        raise _type_error("a time above 0", text)
+    return value
