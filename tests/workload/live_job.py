@@ -2,8 +2,9 @@
 model stepped by a `tf.function`, the one line that starts a profiler server, and a step marker.
 
 It writes its own wall-clock time of every step to --timing (JSON lines: step, step_ms), so a test
-can hold the profile's step time against it. It stops itself at --seconds, when --stop-file
-appears, or (to play a job that ends during a capture) exits abruptly at --die-after seconds.
+can hold the profile's step time against it. It stops itself at --seconds or when --stop-file
+appears. --start-file keeps it idle (server up, no steps) until that file appears;
+--die-during-capture makes it exit abruptly after 20 steps run while a capture traces it.
 
 --stalled gives the seeds' slow input: a sequential JPEG decode and resize, no prefetch, TF's
 automatic rewrites off. Without it the decoded batches are cached in memory and prefetched.
@@ -43,20 +44,29 @@ def dataset(stalled: bool) -> tf.data.Dataset:
     return tf.data.Dataset.range(BATCH * 4).map(decode).batch(BATCH).cache().repeat().prefetch(2)
 
 
+def tracing() -> bool:
+    """Whether a profiler session records now (TF has no public call for it)."""
+    from tensorflow.python.profiler import trace
+
+    return bool(trace.enabled())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--timing", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--stop-file", type=Path)
-    parser.add_argument("--die-after", type=float)
+    parser.add_argument("--start-file", type=Path)
+    parser.add_argument("--die-during-capture", action="store_true")
     parser.add_argument("--stalled", action="store_true")
     args = parser.parse_args()
 
     tf.profiler.experimental.server.start(args.port)  # the one line a user adds
     model = tf.keras.Sequential([
         tf.keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3)),
-        tf.keras.layers.Conv2D(16, 3, activation="relu"),
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
         tf.keras.layers.GlobalAveragePooling2D(),
         tf.keras.layers.Dense(4),
     ])
@@ -72,13 +82,19 @@ def main() -> None:
 
     iterator = iter(dataset(args.stalled))
     began = time.monotonic()
+
+    def stopped() -> bool:
+        return time.monotonic() - began > args.seconds or bool(args.stop_file and args.stop_file.exists())
+
+    while args.start_file is not None and not args.start_file.exists() and not stopped():
+        time.sleep(0.05)
+    traced_steps = 0
     with args.timing.open("w", encoding="utf-8") as timing:
         step = 0
-        while time.monotonic() - began < args.seconds:
-            if args.stop_file is not None and args.stop_file.exists():
-                break
-            if args.die_after is not None and time.monotonic() - began > args.die_after:
+        while not stopped():
+            if args.die_during_capture and traced_steps >= 20:
                 os._exit(3)
+            traced_steps += int(tracing())
             with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
                 start = time.perf_counter()
                 images, labels = next(iterator)
