@@ -3,7 +3,8 @@
 The job serves its profiler with one line, `tf.profiler.experimental.server.start(PORT)`.
 TF's client (`tf.profiler.experimental.client.trace`) waits on its own clock (20 s to connect per
 attempt, a 60 s session) and prints to stdout, so it runs in a child process that is killed at our
-deadline; the port is tried first, so a job that is not there is named at once. Each capture is
+deadline; the port is tried first, so a job that is not there is named at once. One attempt: TF's
+retries would stretch a capture past the window the user asked for. Each capture is
 written to a hidden staging folder and moved to `LOG_PATH/plugins/profile/<time>/` only when
 complete; a failed or interrupted capture leaves nothing behind.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import logging
 import os
 import shutil
@@ -229,17 +231,33 @@ def default_log_path(now: datetime.datetime | None = None) -> Path:
 
 def _client_main(argv: list[str]) -> int:
     """The child: TF's profiler client, its error reduced to one line for the parent."""
-    from stallscope.tfimport import import_tensorflow
-
     address, logdir, duration_ms = argv
-    tf = import_tensorflow()
     try:
-        tf.profiler.experimental.client.trace(address, logdir, int(duration_ms), num_tracing_attempts=1)
+        _profiler_trace(address, logdir, int(duration_ms))
     except Exception as exc:  # TF raises RuntimeError or its own errors from C++
         message = " ".join(str(exc).split())
         print(f"{_FAILED}{type(exc).__name__}: {message}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _profiler_trace(address: str, logdir: str, duration_ms: int) -> None:
+    """`tf.profiler.experimental.client.trace` with one attempt. Its extension module is loaded from
+    its file when it is there: it needs only TF's shared libraries, not TensorFlow's package init
+    (seconds per capture). Otherwise the public call is used."""
+    spec = importlib.util.find_spec("tensorflow")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "python" / "profiler" / "internal" if spec else None
+    files = sorted(folder.glob("_pywrap_profiler_plugin*.so")) if folder and folder.is_dir() else []
+    if not files:
+        from stallscope.tfimport import import_tensorflow
+
+        import_tensorflow().profiler.experimental.client.trace(address, logdir, duration_ms, num_tracing_attempts=1)
+        return
+    module_spec = importlib.util.spec_from_file_location("_pywrap_profiler_plugin", files[0])
+    plugin = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(plugin)
+    # The arguments TF's public `trace` passes: no grpc:// prefix, no TPU worker list, dataset ops on.
+    plugin.trace(address.removeprefix("grpc://"), logdir, "", True, duration_ms, 1, {})
 
 
 if __name__ == "__main__":
