@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -159,6 +160,27 @@ def test_watch_prints_one_line_per_capture(healthy_job, stalled_job, tmp_path, c
     assert all(0 <= row["input_share"] < 0.05 and row["step_ms"] > 0 for row in rows)
     assert len({row["capture"] for row in rows}) == 2
     assert len(list((tmp_path / "plugins" / "profile").iterdir())) == 4   # both watches' captures kept
+
+
+def test_ctrl_c_stops_a_watch_cleanly(healthy_job, tmp_path):
+    watching = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "capture", healthy_job.address, "--watch", "--duration", "2s",
+         "--interval", "1s", "--log_path", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's Ctrl-C finds it
+    )
+    try:
+        first = watching.stdout.readline()     # the second capture is under way now
+        watching.send_signal(signal.SIGINT)
+        rest, err = watching.communicate(timeout=60)
+    finally:
+        if watching.poll() is None:
+            watching.kill()
+            watching.wait()
+    assert "not input-bound" in first and rest == ""
+    assert watching.returncode == 0 and err.splitlines()[-1] == "stopped after 1 capture(s)"
+    assert [p.name for p in tmp_path.iterdir()] == ["plugins"]     # the interrupted capture left nothing
+    assert len(list((tmp_path / "plugins" / "profile").iterdir())) == 1
 
 
 def test_a_job_without_steps_then_one_that_ends_during_the_capture(tmp_path, capsys):
