@@ -192,6 +192,10 @@ def test_a_job_without_steps_then_one_that_ends_during_the_capture(tmp_path, cap
         line = one_error_line(capsys.readouterr())
         assert job.address in line and "recorded nothing in the 1s window" in line
         assert not log_path.exists()          # made by the capture, removed with nothing in it
+        assert main(["capture", job.address, "--duration", "1s", "--watch", "--count", "1", "--json",
+                     "--log_path", str(log_path)]) == 0   # a watch reports such a window and goes on
+        row = json.loads(capsys.readouterr().out)
+        assert row["steps"] == 0 and row["verdict"] is None and "recorded nothing" in row["error"]
 
         job.start_file.touch()
         job.wait_until_stepping()
