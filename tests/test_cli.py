@@ -47,6 +47,17 @@ def test_byte_size_rejects(bad):
         flags.byte_size(bad)
 
 
+@pytest.mark.parametrize("text, expected", [("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1.5", 1.5), ("1h", 3600.0)])
+def test_duration(text, expected):
+    assert flags.duration(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "soon", "0s", "-5s", "5 fortnights"])
+def test_duration_rejects(bad):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a duration"):
+        flags.duration(bad)
+
+
 def test_int_or_autotune():
     assert flags.int_or_autotune("autotune") == -1
     assert flags.int_or_autotune("4") == 4

@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     ("train", "stallscope.cli.train", "fine-tune a model from JPEG files or TFRecords, measuring input wait"),
     ("evaluate", "stallscope.cli.evaluate", "top-1/top-5 accuracy of a checkpoint, once or on every new one"),
     ("analyze", "stallscope.cli.analyze", "diagnose a run or a profile: input share, bottleneck stage, fix"),
+    ("capture", "stallscope.cli.capture", "attach to a running job's profiler server: capture a profile and diagnose it"),
     ("diagnose", "stallscope.cli.diagnose", "differential stall analysis by short probes; --fix applies the advice"),
     ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
 )
