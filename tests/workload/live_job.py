@@ -3,7 +3,8 @@ model stepped by a `tf.function`, the one line that starts a profiler server, an
 
 It writes its own wall-clock time of every step to --timing (JSON lines: step, step_ms), so a test
 can hold the profile's step time against it. It stops itself at --seconds or when --stop-file
-appears. --start-file keeps it idle (server up, no steps) until that file appears;
+appears. --start-file keeps it idle (server up, no steps) until that file appears; it touches
+--idle-file once the idle job has settled (its prefetch filled), so a capture then records nothing;
 --die-during-capture makes it exit abruptly after 20 steps run while a capture traces it.
 
 --stalled gives the seeds' slow input: a sequential JPEG decode and resize, no prefetch, TF's
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--start-file", type=Path)
+    parser.add_argument("--idle-file", type=Path)
     parser.add_argument("--die-during-capture", action="store_true")
     parser.add_argument("--stalled", action="store_true")
     args = parser.parse_args()
@@ -86,7 +88,10 @@ def main() -> None:
     def stopped() -> bool:
         return time.monotonic() - began > args.seconds or bool(args.stop_file and args.stop_file.exists())
 
+    idle_since = time.monotonic()
     while args.start_file is not None and not args.start_file.exists() and not stopped():
+        if args.idle_file is not None and time.monotonic() - idle_since > 1.0:
+            args.idle_file.touch()
         time.sleep(0.05)
     traced_steps = 0
     with args.timing.open("w", encoding="utf-8") as timing:

@@ -65,6 +65,16 @@ class LiveJob:
                 time.sleep(0.2)
         raise AssertionError(f"the live job did not serve its profiler on port {self.port}")
 
+    def wait_until_idle(self) -> None:
+        """Until the job (run with --idle-file FOLDER/idle) has built everything and sits without steps."""
+        self.wait_until_listening()
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if (self.start_file.parent / "idle").exists():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the live job did not settle idle (exit code {self.process.poll()})")
+
     def wait_until_stepping(self, steps: int = 20) -> None:
         self.wait_until_listening()
         deadline = time.monotonic() + READY_SECONDS
@@ -184,9 +194,10 @@ def test_ctrl_c_stops_a_watch_cleanly(healthy_job, tmp_path):
 
 
 def test_a_job_without_steps_then_one_that_ends_during_the_capture(tmp_path, capsys):
-    job = LiveJob(tmp_path / "job", "--start-file", str(tmp_path / "job" / "start"), "--die-during-capture")
+    job = LiveJob(tmp_path / "job", "--start-file", str(tmp_path / "job" / "start"),
+                  "--idle-file", str(tmp_path / "job" / "idle"), "--die-during-capture")
     try:
-        job.wait_until_listening()
+        job.wait_until_idle()
         log_path = tmp_path / "captures"
         assert main(["capture", job.address, "--duration", "1s", "--log_path", str(log_path)]) == 2
         line = one_error_line(capsys.readouterr())
@@ -264,11 +275,11 @@ def test_a_bad_address_names_it(address, tmp_path):
 def test_flags_are_checked_before_any_capture(tmp_path, capsys):
     with pytest.raises(SystemExit, match="2"):
         main(["capture", "localhost:1", "--duration", "soon"])
-    assert "argument --duration: expected a time such as 5s, 500ms or 2m, got 'soon'" in capsys.readouterr().err
+    assert "--duration: expected a duration such as 30s, 500ms or 2m, got 'soon'" in capsys.readouterr().err
     assert main(["capture", "localhost:1", "--count", "2", "--log_path", str(tmp_path / "c")]) == 2
     assert "--count: only with --watch" in capsys.readouterr().err
     assert main(["capture", "localhost:1", "--watch", "--markdown", "--log_path", str(tmp_path / "c")]) == 2
     assert "--markdown and --html need a single capture" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     assert main(["capture", "localhost:1", "--log_path", str(tmp_path / "file")]) == 2
-    assert "--log-path" in capsys.readouterr().err
+    assert "--log_path: " in (err := capsys.readouterr().err) and "expected a directory" in err

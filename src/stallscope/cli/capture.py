@@ -64,9 +64,8 @@ def _watch(options, args: argparse.Namespace) -> int:
     done = 0
     try:
         for summary in watch(options, interval_s=args.interval, count=args.count):
-            line = json.dumps(summary.to_dict()) if args.json else _line(summary)
-            print(line, flush=True)
-            done += 1
+            done += 1            # before the print: a Ctrl-C just after the line must count it
+            print(json.dumps(summary.to_dict()) if args.json else _line(summary), flush=True)
     except KeyboardInterrupt:
         print(f"stopped after {done} capture(s)", file=sys.stderr)
     return 0
