@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     ("analyze", "stallscope.cli.analyze", "diagnose a run or a profile: input share, bottleneck stage, fix"),
     ("capture", "stallscope.cli.capture", "attach to a running job's profiler server: capture a profile and diagnose it"),
     ("diagnose", "stallscope.cli.diagnose", "differential stall analysis by short probes; --fix applies the advice"),
+    ("sweep", "stallscope.cli.sweep", "run an experiment grid (format x latency x pipeline x accelerator x lr) with repeats"),
     ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
 )
 NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnose", "serve"})

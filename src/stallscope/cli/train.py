@@ -140,15 +140,26 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
                         f"(default: {_DEFAULT_PRESET})")
     flags.add_flag(group, "pipeline_config", type=flags.existing_file, default=None, metavar="FILE",
                    help="a saved PipelineConfig JSON (e.g. from `diagnose --fix`); knob flags override it")
+    add_knob_flags(group)
+    flags.add_flag(group, "data_service_timeout", type=flags.duration, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer "
+                                            f"within this long (default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+
+
+def add_knob_flags(group: argparse._ActionsContainer) -> None:
+    """One flag per PipelineConfig knob (dest knob_NAME, default None: not given)."""
     for field in dataclasses.fields(PipelineConfig):
         if field.name in _NOT_KNOBS:
             continue
         kwargs = _knob_flag(field)
         flags.add_flag(group, field.name, default=None, dest=f"knob_{field.name}", help=_knob_help(field.name),
                        **kwargs)
-    flags.add_flag(group, "data_service_timeout", type=flags.duration, default=DEFAULT_CONNECT_TIMEOUT_S,
-                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer "
-                                            f"within this long (default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+
+
+def knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The knob flags the user gave, as {knob: value} ('off' switches a knob off)."""
+    return {field.name: getattr(args, f"knob_{field.name}") for field in dataclasses.fields(PipelineConfig)
+            if getattr(args, f"knob_{field.name}", None) is not None}
 
 
 def require_data_service(pipeline: PipelineConfig, args: argparse.Namespace, out=None) -> None:

@@ -1,0 +1,227 @@
+"""Run an experiment grid: formats x storage latency x pipelines x accelerators x learning rates.
+
+Each cell is `stallscope train` with those settings, run --repeats times (each in its own process,
+one at a time), each run a normal run directory under SWEEP_DIR/cells/. The sweep writes
+results.csv and results.md (per cell: medians of images/s, step time, input share, the verdict, the
+bottleneck stage from a profile of each run's last --profile-last steps, the spread over repeats),
+TensorBoard HParams (`tensorboard --logdir SWEEP_DIR/hparams`, HParams tab) and report.html
+(images/s vs per-request latency; input share vs accelerator speed, with the knee).
+
+The `records` format converts the data once into SWEEP_DIR/records, shared by every cell.
+--latency local reads the folder on local disk; a latency (0ms, 10ms) serves it through the
+storage emulator with that delay per request (--store picks the kind of store).
+
+Stopped (Ctrl-C, a crash, a reboot), the same command resumes: complete runs are kept, partial
+ones run again. A different grid is refused in the same folder unless --replace-grid says so.
+Figures leave out the warm-up and profiled steps of every run.
+
+examples:
+  stallscope sweep --data images --out sweeps/format --format files,records --pipeline seed,tuned \\
+      --accelerator emulated:500,emulated:2000 --steps 40 --repeats 3
+  stallscope sweep --data images --out sweeps/lr --accelerator real --learning-rate 1e-4,1e-3 --steps 100
+  stallscope sweep --data images --out sweeps/storage --format files,records --latency local,0ms,10ms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from stallscope.cli import flags
+from stallscope.cli.train import add_knob_flags, knob_overrides, resolve_model_flags
+from stallscope.errors import DataError, UsageError
+from stallscope.workload.models import MODELS
+
+DEFAULT_STEPS = 20
+DEFAULT_REPEATS = 3
+DEFAULT_PROFILE_LAST = 2
+LOCK_NAME = "sweep.lock"
+_BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|b|kb|mb|gb)(?:/s|ps)?\s*", re.I)
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "b": 8, "kb": 8e3, "mb": 8e6, "gb": 8e9}
+
+
+def bandwidth(text: str) -> float:
+    """Bits per second: 200Mbit, 1Gbit, 25MB (bytes, x8)."""
+    match = _BANDWIDTH.fullmatch(text)
+    if not match or not float(match.group(1)) > 0:
+        raise argparse.ArgumentTypeError(f"expected a bandwidth such as 200Mbit, 1Gbit or 25MB, got {text!r}")
+    return float(match.group(1)) * _BITS[match.group(2).lower()]
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    from stallscope.sweep.storage import STORE_KINDS
+
+    where = parser.add_argument_group("data and output")
+    flags.add_flag(where, "dataset_path", "--data", type=flags.existing_dir, required=True, metavar="DIR",
+                   help="the image tree: {label}/* or {split}/{label}/*")
+    flags.add_flag(where, "out", type=flags.creatable_dir, required=True, metavar="SWEEP_DIR",
+                   help="the sweep folder: cells, records, table, HParams and report (resumed when it holds this grid)")
+    flags.add_flag(where, "split", default="train", help="split to train on (default: train)")
+    flags.add_flag(where, "shards", type=flags.positive_int, default=None, metavar="N",
+                   help="shards per split for the records format (default: convert's, 50 MiB per shard)")
+    flags.add_flag(where, "replace_grid", action="store_true",
+                   help="SWEEP_DIR holds another grid: run this one there (its cells with the same settings are kept)")
+    axes = parser.add_argument_group("axes (comma-separated values; every combination is a cell)")
+    flags.add_flag(axes, "format", default="files", metavar="files,records", help="data formats (default: files)")
+    flags.add_flag(axes, "latency", default="local", metavar="local,0ms,10ms",
+                   help="per-request storage latency: local (local disk) or a delay per request of an emulated store "
+                        "(a bare number is ms; default: local)")
+    flags.add_flag(axes, "pipeline", default="tuned", metavar="seed,tuned",
+                   help="pipeline presets (seed, autotune, tuned; default: tuned); knob flags below apply to each")
+    flags.add_flag(axes, "accelerator", default="real", metavar="emulated:500,emulated:2000",
+                   help="real, emulated:IMAGES_PER_SECOND or emulated:MSms (default: real)")
+    flags.add_flag(axes, "learning_rate", "--lr", default="0.0001", metavar="1e-4,1e-3",
+                   help="Adam learning rates, as seed-003 sweeps them (default: 1e-4)")
+    runs = parser.add_argument_group("runs")
+    flags.add_flag(runs, "steps", type=flags.positive_int, default=DEFAULT_STEPS, metavar="N",
+                   help=f"steps per run (default: {DEFAULT_STEPS})")
+    flags.add_flag(runs, "repeats", type=flags.positive_int, default=DEFAULT_REPEATS, metavar="N",
+                   help=f"runs per cell; the table shows their medians (default: {DEFAULT_REPEATS})")
+    flags.add_flag(runs, "warmup_steps", type=flags.non_negative_int, default=2, metavar="N",
+                   help="first steps of each run left out of the figures (default: 2)")
+    flags.add_flag(runs, "profile_last", type=flags.non_negative_int, default=DEFAULT_PROFILE_LAST, metavar="N",
+                   help="profile each run's last N steps to name the bottleneck stage; they are left out of the "
+                        f"figures; 0: no profile, no bottleneck (default: {DEFAULT_PROFILE_LAST})")
+    flags.add_flag(runs, "run_timeout", type=flags.duration, default=None, metavar="DURATION",
+                   help="stop a run that takes longer (it counts as failed and runs again on resume; default: none)")
+    flags.add_flag(runs, "store", choices=STORE_KINDS, default="gcs",
+                   help="the emulated store a latency other than local uses (default: gcs)")
+    flags.add_flag(runs, "bandwidth", type=bandwidth, default=None, metavar="RATE",
+                   help="the emulated store's shared bandwidth cap, e.g. 200Mbit (default: none)")
+    model = parser.add_argument_group("model (with --accelerator real)")
+    flags.add_flag(model, "model", choices=sorted(MODELS), default=None, help="keras.applications base (default: mobilenet)")
+    flags.add_flag(model, "alpha", type=flags.positive_float, default=1.0, help="MobileNet width multiplier (default: 1.0)")
+    flags.add_flag(model, "weights", default=None, metavar="none|imagenet|PATH", help="base weights (default: none)")
+    flags.add_flag(model, "fine_tune", default="head", metavar="head|full|last:N", help="what trains (default: head)")
+    add_knob_flags(parser.add_argument_group("pipeline knobs (override every preset of --pipeline)"))
+
+
+def build_grid(args: argparse.Namespace):
+    """The Grid the flags describe; every bad value is one line naming its flag."""
+    from stallscope.pipeline.presets import apply_overrides, get_preset
+    from stallscope.sweep.grid import Axes, Grid
+
+    axes = Axes.parse(formats=args.format, latencies=args.latency, pipelines=args.pipeline,
+                      accelerators=args.accelerator, learning_rates=args.learning_rate)
+    knobs = knob_overrides(args)
+    for preset in axes.pipelines:
+        apply_overrides(get_preset(preset), knobs)  # a knob a preset cannot take fails now, not in a cell
+    least = args.warmup_steps + args.profile_last + 2
+    if args.steps < least:
+        raise UsageError(f"--steps: expected at least {least} (--warmup-steps {args.warmup_steps} + --profile-last "
+                         f"{args.profile_last} + 2 measured), got {args.steps}")
+    model, weights = resolve_model_flags(args.model, None, args.weights)
+    shared: dict[str, Any] = {
+        "dataset_path": str(Path(args.dataset_path).resolve()), "split": args.split, "steps": args.steps,
+        "warmup_steps": args.warmup_steps, "profile_last": args.profile_last, "knobs": knobs, "model": model,
+        "alpha": args.alpha, "weights": weights, "fine_tune": args.fine_tune, "store": args.store,
+        "bandwidth_bps": args.bandwidth, "shards": args.shards,
+    }
+    return Grid(axes=axes, repeats=args.repeats, shared=json.loads(json.dumps(shared)))
+
+
+def _check_folder(out: Path, grid, replace: bool) -> None:
+    """A new folder, an empty one, or one of our sweeps holding this grid (or --replace-grid)."""
+    from stallscope.sweep.grid import differences
+    from stallscope.sweep.runner import GRID_NAME
+
+    saved_path = out / GRID_NAME
+    if not saved_path.exists():
+        others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.exists() else []
+        if others:
+            raise UsageError(f"--out: expected a new folder or a sweep folder, got {str(out)!r} holding "
+                             f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''} and no {GRID_NAME}")
+        return
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{saved_path}: not a readable sweep grid ({exc}); expected the sweep.json a sweep wrote")
+    changed = differences(saved, grid.to_dict())
+    if changed and not replace:
+        raise UsageError(f"--out: {str(out)!r} holds another grid ({'; '.join(changed)}); expected the same flags "
+                         f"to resume it, or --replace-grid to run this grid there")
+
+
+def _convert_records(args: argparse.Namespace, out: Path) -> Path:
+    from stallscope.records.convert import ConvertOptions, convert_tree
+    from stallscope.sweep.runner import RECORDS_DIR
+
+    report = convert_tree(ConvertOptions(dataset_path=args.dataset_path, output_path=out / RECORDS_DIR,
+                                         shards=args.shards))
+    reused = f", {report.reused_shards} reused" if report.reused_shards else ""
+    print(f"records: {report.examples} images in {report.shards} shard(s) in {report.output_path}{reused}", flush=True)
+    return report.output_path
+
+
+def resume_command(grid, out: Path) -> str:
+    """The command line that runs (or resumes) this grid."""
+    axes, shared = grid.axes, grid.shared
+    words = ["stallscope", "sweep", "--data", shared["dataset_path"], "--out", str(out),
+             "--format", ",".join(axes.formats), "--latency", ",".join(axes.latencies),
+             "--pipeline", ",".join(axes.pipelines), "--accelerator", ",".join(axes.accelerators),
+             "--learning-rate", ",".join(f"{v:g}" for v in axes.learning_rates),
+             "--steps", str(shared["steps"]), "--repeats", str(grid.repeats)]
+    for flag, key, default in (("--warmup-steps", "warmup_steps", 2), ("--profile-last", "profile_last",
+                                DEFAULT_PROFILE_LAST), ("--split", "split", "train"), ("--shards", "shards", None)):
+        if shared[key] != default:
+            words += [flag, str(shared[key])]
+    for knob, value in shared["knobs"].items():
+        words += [f"--{knob.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.records.lock import exclusive_lock
+    from stallscope.records.manifest import write_json_atomic
+    from stallscope.report.sweep import REPORT_NAME, render_sweep_html
+    from stallscope.sweep.hparams import write_hparams
+    from stallscope.sweep.results import sweep_results
+    from stallscope.sweep.runner import GRID_NAME, Sweep
+    from stallscope.sweep.storage import require_emulator
+    from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
+
+    grid = build_grid(args)
+    require_emulator(grid.axes.latencies)
+    out = Path(args.out)
+    command = resume_command(grid, out)
+    _check_folder(out, grid, args.replace_grid)
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out / LOCK_NAME, what=f"another `stallscope sweep` into {str(out)!r}"):
+        _check_folder(out, grid, args.replace_grid)  # again: the holder of the lock may have written it
+        write_json_atomic(out / GRID_NAME, grid.to_dict())
+        records = _convert_records(args, out) if "records" in grid.axes.formats else None
+        sweep = Sweep(grid, out, records_path=records, run_timeout_s=args.run_timeout,
+                      on_event=lambda line: print(line, flush=True))
+        try:
+            outcomes = sweep.run()
+        except KeyboardInterrupt:
+            print(f"stallscope sweep: stopped; complete runs are kept, run the same command to resume:\n  {command}",
+                  file=sys.stderr)
+            raise
+        results = sweep_results(out, grid)
+        notes = [f"each run: {grid.shared['steps']} steps, the first {grid.shared['warmup_steps']} (warm-up) and the "
+                 f"last {grid.shared['profile_last']} (profiled) left out of its figures",
+                 "accelerator speed on the input-share plot is measured: batch / median compute time per step"]
+        if any(latency != "local" for latency in grid.axes.latencies):
+            notes.append(f"latencies other than local: an emulated {grid.shared['store']} store serving the same data")
+        write_csv(out / CSV_NAME, results)
+        write_markdown(out / MARKDOWN_NAME, results, title="stallscope sweep", notes=notes)
+        hparams = write_hparams(out, grid, results)
+        (out / REPORT_NAME).write_text(render_sweep_html(results, grid, command=command, notes=notes), encoding="utf-8")
+    ran = sum(1 for o in outcomes if o.ran)
+    failed = [o for o in outcomes if o.failure]
+    print("\n".join(markdown_table(results)))
+    print(f"runs: {ran} ran, {len(outcomes) - ran} already complete, {len(failed)} failed")
+    print(f"table    {out / CSV_NAME}  {out / MARKDOWN_NAME}")
+    print(f"report   {out / REPORT_NAME}")
+    print(f"hparams  tensorboard --logdir {shlex.quote(str(hparams))}  (HParams tab)")
+    if failed:
+        print(f"stallscope sweep: {len(failed)} run(s) failed (see their logs); run the same command to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
