@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
         results = sweep_results(out, grid)
         notes = [f"each run: {grid.shared['steps']} steps, the first {grid.shared['warmup_steps']} (warm-up) and the "
                  f"last {grid.shared['profile_last']} (profiled) left out of its figures",
-                 "accelerator speed on the input-share plot is measured: batch / median compute time per step"]
+                 "accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
+                 "batch / median compute time per step"]
         if any(latency != "local" for latency in grid.axes.latencies):
             notes.append(f"latencies other than local: an emulated {grid.shared['store']} store serving the same data")
         write_csv(out / CSV_NAME, results)

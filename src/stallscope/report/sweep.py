@@ -55,7 +55,8 @@ def throughput_vs_latency_png(results: list[CellResult], grid: Grid) -> bytes:
         panel.set_xticks(range(len(latencies)), ["local disk" if l == LOCAL else l for l in latencies])
         panel.set_xlabel("per-request latency")
         panel.set_ylabel("images/s (median)")
-        panel.set_ylim(bottom=0)
+        top = max((v for line in lines.values() for v in line.values()), default=1.0)
+        panel.set_ylim(0, top * 1.12)
         panel.set_title(f"accelerator {accelerator}")
         panel.grid(alpha=0.3)
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
@@ -100,7 +101,7 @@ def input_share_vs_accelerator_png(results: list[CellResult], grid: Grid) -> tup
     speeds = [p[0] for points in lines.values() for p in points]
     if speeds and max(speeds) / min(speeds) > 3:
         ax.set_xscale("log")
-    ax.set_xlabel("accelerator speed, images/s (batch / compute time)")
+    ax.set_xlabel("accelerator speed, images/s (emulated: as set; real: batch / compute time)")
     ax.set_ylabel("input share, % of step time")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
@@ -124,7 +125,7 @@ def render_sweep_html(results: list[CellResult], grid: Grid, *, command: str, no
         ("accelerator", axes.accelerators), ("learning rate", [f"{v:g}" for v in axes.learning_rates]))]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>stallscope sweep</title>"
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{_STYLE}pre{{white-space:pre-wrap}}</style></head><body>",
         "<h1>Sweep</h1>",
         f"<pre>$ {e(command)}</pre>",
         _table(["axis", "values"], grid_rows),

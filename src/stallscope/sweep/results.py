@@ -20,6 +20,7 @@ from stallscope.sweep.grid import Cell, Grid
 from stallscope.sweep.runner import CELLS_DIR, profile_window, repeat_complete, repeat_dir
 from stallscope.verdict import verdict_for
 from stallscope.workload import rundir
+from stallscope.workload.accelerator import parse_accelerator
 from stallscope.workload.timing import summarize_steps
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class CellResult:
     spread: float | None                 # (max - min) / median of images/s over repeats; None with one
     images_per_second_min: float | None
     images_per_second_max: float | None
-    device_images_per_second: float | None  # batch / median compute time: the accelerator's own speed
+    device_images_per_second: float | None  # the accelerator's own speed: an emulated one's, or batch / compute
     final_loss: float | None
     run_dirs: tuple[str, ...]
 
@@ -122,10 +123,22 @@ def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
         bottleneck=blamed.most_common(1)[0][0] if blamed else None,
         spread=(max(ips) - min(ips)) / median_ips if len(ips) > 1 and median_ips else None,
         images_per_second_min=min(ips) if ips else None, images_per_second_max=max(ips) if ips else None,
-        device_images_per_second=batch * 1000.0 / compute if batch and compute else None,
+        device_images_per_second=_device_speed(cell.accelerator, batch, compute),
         final_loss=_median([f.final_loss for f in figures]),
         run_dirs=tuple(str(r.relative_to(out)) for r in complete),
     )
+
+
+def _device_speed(accelerator: str, batch: int | None, compute_ms: float | None) -> float | None:
+    """Images/s of the device alone: an emulated device's set speed (its waits jitter by a few %),
+    a real one's measured batch / median compute time."""
+    spec = parse_accelerator(accelerator)
+    if spec.images_per_second:
+        return float(spec.images_per_second)
+    if not batch:
+        return None
+    step_ms = spec.ms_per_step or compute_ms
+    return batch * 1000.0 / step_ms if step_ms else None
 
 
 def sweep_results(out: Path, grid: Grid) -> list[CellResult]:

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -194,12 +195,13 @@ class Sweep:
             shutil.rmtree(run_dir)
         log_path = folder / f"repeat-{repeat}.log"
         label = f"[{index}/{total}] {cell.name} repeat {repeat}/{self.grid.repeats}"
-        self.on_event(f"{label}: running")
         with cell_data(self.local_data(cell), cell.latency, store=self.grid.shared["store"],
                        bandwidth_bps=self.grid.shared["bandwidth_bps"]) as data:
             command = train_command(self.grid, cell, data.path, folder / PIPELINE_NAME, run_dir)
+            started = time.perf_counter()
             code = self._execute(command, _child_env(data.env), log_path)
         if code == 0 and repeat_complete(run_dir, self.grid.shared["steps"]):
+            self.on_event(f"{label}: done in {time.perf_counter() - started:.1f} s")
             return RunOutcome(cell, repeat, run_dir, ran=True, failure=None)
         reason = _last_error_line(log_path)
         if code == 2:

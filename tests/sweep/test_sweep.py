@@ -1,0 +1,226 @@
+"""`stallscope sweep` on tiny data: a 2x2 grid (format x pipeline), one repeat, a few steps, each run a
+real `stallscope train` process. Checks the table, resuming, refusals, HParams and the HTML report."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stallscope.cli.main import main
+
+STEPS = 6
+TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "16"]
+
+
+def sweep_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["sweep", "--data", str(data), "--out", str(out), "--format", "files,records", "--pipeline", "seed,tuned",
+            "--accelerator", "emulated:400", "--steps", str(STEPS), "--warmup-steps", "1", "--repeats", "1",
+            *TINY_KNOBS, *extra]
+
+
+def run_cli(argv: list[str]) -> int:
+    """main(), with argparse's own refusals (SystemExit) turned into their exit code."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+def csv_rows(out: Path) -> list[dict[str, str]]:
+    with open(out / "results.csv", newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def data(tiny_tree) -> Path:
+    return tiny_tree  # read only: the sweep writes into its own folder
+
+
+@pytest.fixture(scope="module")
+def swept(data, tmp_path_factory) -> Path:
+    """The 2x2 grid, run once for the module (the cells are real train processes)."""
+    out = tmp_path_factory.mktemp("sweeps") / "grid"
+    assert run_cli(sweep_args(data, out)) == 0
+    return out
+
+
+def test_grid_writes_one_row_per_cell_with_medians(swept):
+    rows = csv_rows(swept)
+    assert sorted((r["format"], r["pipeline"]) for r in rows) == [
+        ("files", "seed"), ("files", "tuned"), ("records", "seed"), ("records", "tuned")]
+    for row in rows:
+        assert row["complete"] == "True" and row["repeats"] == "1"
+        assert float(row["images_per_second"]) > 0 and float(row["step_time_ms"]) > 0
+        assert 0.0 <= float(row["input_share"]) <= 1.0
+        assert row["verdict"] in ("highly", "moderately", "not")
+        assert row["bottleneck"], "the profiled last steps name a stage"
+        assert float(row["device_images_per_second"]) == 400.0
+        run_dir = swept / row["run_dirs"]
+        assert (run_dir / "summary.json").exists() and (run_dir / "steps.csv").exists()
+    markdown = (swept / "results.md").read_text(encoding="utf-8").splitlines()
+    assert len([line for line in markdown if line.startswith("| files") or line.startswith("| records")]) == 4
+    assert (swept / "records" / "manifest.json").exists(), "records converted once into the sweep folder"
+
+
+def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
+    from stallscope.sweep.results import run_figures
+    from stallscope.workload import rundir
+
+    row = csv_rows(swept)[0]
+    run_dir = swept / row["run_dirs"]
+    shared = {"steps": STEPS, "profile_last": 2}
+    figures = run_figures(run_dir, shared)
+    assert figures.measured_steps == STEPS - 1 - 2
+    steps = [s for s in rundir.read_steps(run_dir) if not s.warmup and s.step <= STEPS - 2]
+    expected = sum(s.images for s in steps) / (sum(s.step_ms for s in steps) / 1000.0)
+    assert figures.images_per_second == pytest.approx(expected)
+    assert float(row["images_per_second"]) == pytest.approx(expected)
+
+
+def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, capsys):
+    rows = csv_rows(swept)
+    partial = swept / rows[1]["run_dirs"]
+    (partial / "summary.json").unlink()  # as if killed before its record was written
+    others = {r["cell"]: (swept / r["run_dirs"] / "summary.json").stat().st_mtime_ns for r in rows if r is not rows[1]}
+    capsys.readouterr()
+    assert run_cli(sweep_args(data, swept)) == 0
+    printed = capsys.readouterr().out
+    assert "resuming: 3 of 4 runs already complete, 1 to run" in printed
+    assert "runs: 1 ran, 3 already complete, 0 failed" in printed
+    assert (partial / "summary.json").exists()
+    assert {c: (swept / r["run_dirs"] / "summary.json").stat().st_mtime_ns
+            for r in csv_rows(swept) for c in [r["cell"]] if c in others} == others
+    assert len(csv_rows(swept)) == 4
+
+
+def test_a_different_grid_is_refused_in_one_line(swept, data, capsys):
+    argv = sweep_args(data, swept)
+    argv[argv.index("seed,tuned")] = "seed"
+    capsys.readouterr()
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith("stallscope sweep: error: --out: ")
+    assert "pipelines: seed,tuned -> seed" in err and "--replace-grid" in err
+
+
+def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(swept, out)
+    argv = sweep_args(data, out, "--replace-grid")
+    argv[argv.index("files,records")] = "files"
+    argv[argv.index("seed,tuned")] = "seed"
+    capsys.readouterr()
+    assert run_cli(argv) == 0
+    assert "runs: 0 ran, 1 already complete" in capsys.readouterr().out
+    assert [(r["format"], r["pipeline"]) for r in csv_rows(out)] == [("files", "seed")]
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--format", "files,tar", "--format: expected files or records, got 'tar'"),
+    ("--latency", "10parsecs", "--latency: expected 'local' or a per-request latency"),
+    ("--accelerator", "emulated:fast", "--accelerator: expected 'real', 'emulated:IMAGES_PER_SECOND'"),
+    ("--lr", "1e-4,-1", "--lr: expected positive numbers"),
+    ("--pipeline", "seed,seed", "--pipeline: expected each value once"),
+    ("--latency", "10ms,0.01s", "--latency: expected each value once"),
+    ("--pipeline", "fastest", "--pipeline: expected presets from"),
+    ("--steps", "3", "--steps: expected at least 5"),
+    ("--repeats", "0", "--repeats: expected a positive integer"),
+])
+def test_bad_axis_values_are_one_line_exit_2(data, tmp_path, capsys, flag, value, expected):
+    argv = ["sweep", "--data", str(data), "--out", str(tmp_path / "s"), "--warmup-steps", "1", flag, value]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith("stallscope sweep: error: ") and expected in err, err
+    assert not (tmp_path / "s").exists(), "nothing written for a refused command"
+
+
+def test_a_folder_of_other_files_is_refused(data, tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("the user's", encoding="utf-8")
+    assert run_cli(["sweep", "--data", str(data), "--out", str(tmp_path), "--accelerator", "emulated:100"]) == 2
+    assert "--out: expected a new folder or a sweep folder" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text(encoding="utf-8") == "the user's"
+
+
+def _emulator_installed() -> bool:
+    from stallscope.sweep.storage import _emulate
+
+    return _emulate() is not None
+
+
+@pytest.mark.skipif(_emulator_installed(),
+                    reason="the storage emulator is installed, so a latency runs instead of being refused")
+def test_a_latency_without_the_emulator_is_one_line(data, tmp_path, capsys):
+    assert run_cli(["sweep", "--data", str(data), "--out", str(tmp_path / "s"), "--latency", "local,10ms"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--latency: 10ms needs the storage emulator" in err
+
+
+def test_hparams_read_back(swept):
+    """The event files hold what TensorBoard's HParams tab reads: the experiment's axes and metrics at
+    the root, one session per cell with its axis values and its medians as scalars."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    from tensorboard.util import tensor_util
+
+    def values(folder: Path):
+        (path,) = [p for p in folder.iterdir() if p.name.startswith("events.out.tfevents")]
+        for event in EventFileLoader(str(path)).Load():
+            yield from event.summary.value
+
+    root = [v for v in values(swept / "hparams") if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME]
+    (experiment,) = [plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content).experiment
+                     for v in root]
+    assert {h.name for h in experiment.hparam_infos} == {"format", "latency", "pipeline", "accelerator",
+                                                         "learning_rate"}
+    assert "images_per_second" in {m.name.tag for m in experiment.metric_infos}
+    for row in csv_rows(swept):
+        session = {v.tag: v for v in values(swept / "hparams" / row["cell"])}
+        start = plugin_data_pb2.HParamsPluginData.FromString(
+            session[metadata.SESSION_START_INFO_TAG].metadata.plugin_data.content).session_start_info
+        assert start.hparams["format"].string_value == row["format"]
+        assert start.hparams["pipeline"].string_value == row["pipeline"]
+        assert start.hparams["learning_rate"].number_value == pytest.approx(float(row["learning_rate"]))
+        measured = tensor_util.make_ndarray(session["images_per_second"].tensor).item()
+        assert measured == pytest.approx(float(row["images_per_second"]))
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Appended to a copy of the report: after load, writes what the page shows into the DOM that
+# --dump-dom prints (images decoded and their sizes, table rows).
+_PROBE = """<script>window.addEventListener('load', () => {
+  const images = [...document.images].map(i => `${i.complete && i.naturalWidth > 0}:${i.naturalWidth}x${i.naturalHeight}`);
+  const cells = [...document.querySelectorAll('#cells tr.cell')].map(r => r.dataset.cell);
+  const out = document.createElement('pre'); out.id = 'probe';
+  out.textContent = JSON.stringify({images, cells}); document.body.appendChild(out);
+});</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium; "
+                                             "`make` installs it where it can), so the report cannot be rendered")
+def test_report_renders_in_a_headless_browser(swept, tmp_path):
+    import json
+    import re
+
+    page = tmp_path / "report.html"
+    page.write_text((swept / "report.html").read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
+                    encoding="utf-8")
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=90)
+    match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout)
+    assert match, f"the page did not finish loading: {result.stderr[-500:]}"
+    probe = json.loads(match.group(1).replace("&quot;", '"'))
+    assert len(probe["images"]) == 2
+    for image in probe["images"]:
+        loaded, size = image.split(":")
+        width, height = map(int, size.split("x"))
+        assert loaded == "true" and width > 300 and height > 200, image
+    assert sorted(probe["cells"]) == sorted(r["cell"] for r in csv_rows(swept))
