@@ -7,7 +7,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean chromium
 
 venv: $(STAMP)
 
@@ -20,8 +20,15 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/python -m stallscope.demo --out demo-output
 
-test: venv
+test: venv chromium
 	$(BIN)/python -m pytest -q
+
+# The sweep report's test renders it in headless Chromium: installed from Debian where we are root
+# with apt; otherwise that test skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
+	  echo "note: chromium not installed (needs root and apt); the sweep report's browser test will skip"
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py

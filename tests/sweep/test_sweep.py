@@ -4,12 +4,17 @@ real `stallscope train` process. Checks the table, resuming, refusals, HParams a
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import sys
+import time
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import stallscope
 from stallscope.cli.main import main
 
 STEPS = 6
@@ -81,20 +86,72 @@ def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
     assert float(row["images_per_second"]) == pytest.approx(expected)
 
 
-def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, capsys):
-    rows = csv_rows(swept)
-    partial = swept / rows[1]["run_dirs"]
-    (partial / "summary.json").unlink()  # as if killed before its record was written
-    others = {r["cell"]: (swept / r["run_dirs"] / "summary.json").stat().st_mtime_ns for r in rows if r is not rows[1]}
+def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, capsys):
+    """Ctrl-C during the second of two missing runs: the first is kept, the second is partial; the
+    same command then runs only the second."""
+    out = tmp_path / "interrupted"
+    shutil.copytree(swept, out)
+    rows = csv_rows(out)
+    missing = [out / rows[i]["run_dirs"] for i in (1, 2)]
+    for run_dir in missing:
+        shutil.rmtree(run_dir)
+    kept = {r["cell"]: (out / r["run_dirs"] / "summary.json").stat().st_mtime_ns for i, r in enumerate(rows)
+            if i not in (1, 2)}
+    env = dict(os.environ, PYTHONPATH=str(Path(stallscope.__file__).parents[1]))
+    sweep = subprocess.Popen([sys.executable, "-m", "stallscope", *sweep_args(data, out)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = []
+        for line in sweep.stdout:  # ends when the sweep does, whatever happens
+            lines.append(line)
+            if " done in " in line:
+                time.sleep(2)  # into the second run
+                sweep.send_signal(signal.SIGINT)
+                break
+        code = sweep.wait(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert "resuming: 2 of 4 runs already complete, 2 to run" in "".join(lines)
+    assert code == 130
+    assert "run the same command to resume" in sweep.stderr.read()
+    assert (missing[0] / "summary.json").exists()
+    from stallscope.sweep.runner import repeat_complete
+
+    assert not repeat_complete(missing[1], STEPS), "the interrupted run is not taken for complete"
+    assert not (out / "results.csv").exists() or len(csv_rows(out)) == 4
+
     capsys.readouterr()
-    assert run_cli(sweep_args(data, swept)) == 0
+    assert run_cli(sweep_args(data, out)) == 0
     printed = capsys.readouterr().out
     assert "resuming: 3 of 4 runs already complete, 1 to run" in printed
     assert "runs: 1 ran, 3 already complete, 0 failed" in printed
-    assert (partial / "summary.json").exists()
-    assert {c: (swept / r["run_dirs"] / "summary.json").stat().st_mtime_ns
-            for r in csv_rows(swept) for c in [r["cell"]] if c in others} == others
-    assert len(csv_rows(swept)) == 4
+    assert repeat_complete(missing[1], STEPS)
+    assert {r["cell"]: (out / r["run_dirs"] / "summary.json").stat().st_mtime_ns
+            for r in csv_rows(out) if r["cell"] in kept} == kept
+    assert all(r["complete"] == "True" for r in csv_rows(out))
+
+
+def test_a_run_is_complete_only_when_its_record_says_so(tmp_path):
+    import json
+
+    from stallscope.sweep.runner import repeat_complete
+
+    def record(**summary):
+        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
+        run_dir.mkdir()
+        (run_dir / "steps.csv").write_text("step\n", encoding="utf-8")
+        (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+        return run_dir
+
+    assert repeat_complete(record(interrupted=False, last_step=6), 6)
+    assert not repeat_complete(record(interrupted=True, last_step=6), 6)
+    assert not repeat_complete(record(interrupted=False, last_step=4), 6)
+    broken = record(interrupted=False, last_step=6)
+    (broken / "summary.json").write_text("{", encoding="utf-8")
+    assert not repeat_complete(broken, 6)
+    assert not repeat_complete(tmp_path / "absent", 6)
 
 
 def test_a_different_grid_is_refused_in_one_line(swept, data, capsys):
@@ -224,3 +281,35 @@ def test_report_renders_in_a_headless_browser(swept, tmp_path):
         width, height = map(int, size.split("x"))
         assert loaded == "true" and width > 300 and height > 200, image
     assert sorted(probe["cells"]) == sorted(r["cell"] for r in csv_rows(swept))
+
+
+def test_hparams_tab_lists_every_cell(swept):
+    """TensorBoard's own HParams plugin, over its own event reader, serves one session group per cell
+    with its axis values and medians (what the HParams tab shows)."""
+    import json
+
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import hparams_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    logdir = str(swept / "hparams")
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    plugin = hparams_plugin.HParamsPlugin(base_plugin.TBContext(
+        logdir=logdir, multiplexer=multiplexer,
+        data_provider=data_provider.MultiplexerDataProvider(multiplexer, logdir)))
+    request = {"experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN"], "colParams": [], "startIndex": 0,
+               "sliceSize": 100}
+    response = Client(plugin.get_plugin_apps()["/session_groups"], Response).post(
+        "/", data=json.dumps(request), content_type="application/json")
+    assert response.status_code == 200
+    groups = {g["name"]: g for g in json.loads(response.get_data(as_text=True))["sessionGroups"]}
+    rows = {r["cell"]: r for r in csv_rows(swept)}
+    assert set(groups) == set(rows)
+    for name, group in groups.items():
+        assert group["hparams"]["pipeline"] == rows[name]["pipeline"]
+        metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
+        assert metrics["images_per_second"] == pytest.approx(float(rows[name]["images_per_second"]), rel=1e-5)
