@@ -47,3 +47,10 @@ def test_knee_interpolates_the_crossing_on_log_speed():
     assert knee([(1000, 0.5), (100, 0.01), (300, 0.1)]) > 300
     assert knee([(100, 0.01), (1000, 0.1)]) is None
     assert knee([(100, 0.3), (1000, 0.6)]) is None
+
+
+def test_profiled_steps_are_the_last_ones_or_none():
+    from stallscope.sweep.runner import profile_window
+
+    assert profile_window({"steps": 20, "profile_last": 2}) == (19, 20)
+    assert profile_window({"steps": 20, "profile_last": 0}) is None

@@ -197,6 +197,12 @@ def test_bad_axis_values_are_one_line_exit_2(data, tmp_path, capsys, flag, value
     assert not (tmp_path / "s").exists(), "nothing written for a refused command"
 
 
+def test_a_sweep_folder_inside_the_data_is_refused(data, capsys):
+    assert run_cli(["sweep", "--data", str(data), "--out", str(data / "sweep"), "--accelerator", "emulated:100"]) == 2
+    assert "--out: expected a folder outside --data" in capsys.readouterr().err
+    assert not (data / "sweep").exists()
+
+
 def test_a_folder_of_other_files_is_refused(data, tmp_path, capsys):
     (tmp_path / "mine.txt").write_text("the user's", encoding="utf-8")
     assert run_cli(["sweep", "--data", str(data), "--out", str(tmp_path), "--accelerator", "emulated:100"]) == 2

@@ -170,6 +170,14 @@ def resume_command(grid, out: Path) -> str:
                                 DEFAULT_PROFILE_LAST), ("--split", "split", "train"), ("--shards", "shards", None)):
         if shared[key] != default:
             words += [flag, str(shared[key])]
+    for flag, key, default in (("--model", "model", "mobilenet"), ("--alpha", "alpha", 1.0),
+                               ("--weights", "weights", "none"), ("--fine-tune", "fine_tune", "head")):
+        if shared[key] != default:
+            words += [flag, str(shared[key])]
+    if any(latency != "local" for latency in axes.latencies):
+        words += ["--store", shared["store"]]
+        if shared["bandwidth_bps"]:
+            words += ["--bandwidth", f"{shared['bandwidth_bps'] / 1e6:g}Mbit"]
     for knob, value in shared["knobs"].items():
         words += [f"--{knob.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
     return shlex.join(words)
@@ -188,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     grid = build_grid(args)
     require_emulator(grid.axes.latencies)
     out = Path(args.out)
+    if out.resolve().is_relative_to(Path(args.dataset_path).resolve()):
+        raise UsageError(f"--out: expected a folder outside --data {str(args.dataset_path)!r} (its runs and records "
+                         f"would be read as images), got {str(out)!r}")
     command = resume_command(grid, out)
     _check_folder(out, grid, args.replace_grid)
     out.mkdir(parents=True, exist_ok=True)
