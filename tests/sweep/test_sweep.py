@@ -87,7 +87,7 @@ def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
 
 
 def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, capsys):
-    """Ctrl-C during the second of two missing runs: the first is kept, the second is partial; the
+    """Stopped during the second of two missing runs: the first is kept, the second is partial; the
     same command then runs only the second."""
     out = tmp_path / "interrupted"
     shutil.copytree(swept, out)
@@ -106,7 +106,7 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
             lines.append(line)
             if " done in " in line:
                 time.sleep(2)  # into the second run
-                sweep.send_signal(signal.SIGINT)
+                sweep.send_signal(signal.SIGTERM)  # as a scheduler stops it; Ctrl-C takes the same path
                 break
         code = sweep.wait(timeout=120)
     finally:
@@ -319,3 +319,38 @@ def test_hparams_tab_lists_every_cell(swept):
         assert group["hparams"]["pipeline"] == rows[name]["pipeline"]
         metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
         assert metrics["images_per_second"] == pytest.approx(float(rows[name]["images_per_second"]), rel=1e-5)
+
+
+def test_a_run_ends_when_the_sweep_is_killed(tmp_path):
+    """SIGKILL leaves the sweep no time to stop its run: the run is sent SIGINT by the kernel instead
+    (a real process started the way the sweep starts each run)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, subprocess, sys, time\n"
+         "from stallscope.sweep.runner import interrupt_when_parent_dies\n"
+         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+         "                         preexec_fn=interrupt_when_parent_dies(os.getpid()))\n"
+         "print(child.pid, flush=True)\n"
+         "time.sleep(60)\n"],
+        env=dict(os.environ, PYTHONPATH=str(Path(stallscope.__file__).parents[1])), stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert Path(f"/proc/{child_pid}").exists()
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "the run outlived the killed sweep"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    """True while the process runs (a zombie, ended but not yet reaped by init, counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -25,9 +25,11 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,20 @@ def resume_command(grid, out: Path) -> str:
     return shlex.join(words)
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler, `kill`) stops a sweep as Ctrl-C does: the running train process is stopped by
+    its PID first, and the resume command is printed (exit 130 either way)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     from stallscope.records.lock import exclusive_lock
     from stallscope.records.manifest import write_json_atomic
@@ -205,11 +221,12 @@ def run(args: argparse.Namespace) -> int:
     with exclusive_lock(out / LOCK_NAME, what=f"another `stallscope sweep` into {str(out)!r}"):
         _check_folder(out, grid, args.replace_grid)  # again: the holder of the lock may have written it
         write_json_atomic(out / GRID_NAME, grid.to_dict())
-        records = _convert_records(args, out) if "records" in grid.axes.formats else None
-        sweep = Sweep(grid, out, records_path=records, run_timeout_s=args.run_timeout,
-                      on_event=lambda line: print(line, flush=True))
         try:
-            outcomes = sweep.run()
+            with _sigterm_as_interrupt():
+                records = _convert_records(args, out) if "records" in grid.axes.formats else None
+                sweep = Sweep(grid, out, records_path=records, run_timeout_s=args.run_timeout,
+                              on_event=lambda line: print(line, flush=True))
+                outcomes = sweep.run()
         except KeyboardInterrupt:
             print(f"stallscope sweep: stopped; complete runs are kept, run the same command to resume:\n  {command}",
                   file=sys.stderr)

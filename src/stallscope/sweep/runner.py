@@ -216,7 +216,8 @@ class Sweep:
         with open(log_path, "w", encoding="utf-8") as output:
             output.write("$ " + " ".join(command) + "\n")
             output.flush()
-            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=interrupt_when_parent_dies(os.getpid()))
             try:
                 return child.wait(timeout=self.run_timeout_s)
             except subprocess.TimeoutExpired:
@@ -225,6 +226,23 @@ class Sweep:
             except KeyboardInterrupt:
                 _stop(child)
                 raise
+
+
+def interrupt_when_parent_dies(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: in the child, before exec (Linux), SIGINT when the sweep dies, even by SIGKILL, so
+    no run goes on unwatched beside a resumed sweep (the run writes its record, marked interrupted);
+    elsewhere nothing. A sweep that died before the child asked: the child ends before it runs."""
+    def arm() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:
+            os._exit(130)  # the sweep is gone already: this run would be unwatched
+
+    return arm
 
 
 def _stop(child: subprocess.Popen) -> None:
