@@ -262,3 +262,36 @@ def test_storage_advice_replaces_a_plain_parallel_interleave():
     storage = [Advice("reads_in_flight", "t", {"read_parallelism": 9}, "", "", "")]
     assert [a.key for a in merge_advice(local, storage)] == ["reads_in_flight", "prefetch"]
     assert [a.key for a in merge_advice(local, [])] == ["parallel_interleave", "prefetch"]
+
+
+def test_text_markdown_and_html_show_the_figures_and_the_table():
+    from html.parser import HTMLParser
+
+    from stallscope.report.html import storage_html
+    from stallscope.report.markdown import storage_markdown
+    from stallscope.report.text import storage_lines
+
+    what = _named("10ms,200Mbit", SEED)
+    figures = storage_figures(JPEG, sw.tf_gcs_client(1), wait_ms_per_image=0.25, read_calls=2.12, files_opened=1.0)
+    text = "\n".join(storage_lines(figures, what))
+    assert "modelled for tf-gcs" in text and "2.12 read calls" in text and "0.25 ms waiting" in text
+    assert "files (yours)" in text and "records" in text
+    markdown = storage_markdown(figures, what)
+    table = [line for line in markdown if line.startswith("| 10ms,200Mbit")]
+    assert len(table) == 2 and all(line.count("|") == 8 for line in table)
+
+    class Cells(HTMLParser):
+        rows: list = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+
+        def handle_data(self, data):
+            if self.rows and self.lasttag == "td":
+                self.rows[-1].append(data)
+
+    parser = Cells()
+    parser.feed(storage_html(figures, what))
+    body = [row for row in parser.rows if row]
+    assert len(body) == 2 and body[0][0] == "10ms,200Mbit" and body[1][1] == "records"

@@ -63,7 +63,7 @@ def _storage_scenarios(text: str):
 def storage_presets_help() -> str:
     from stallscope.analysis.storage_whatif import PRESETS
 
-    return "; ".join(f"{name} = {p.meaning} ({p.latency_ms:g} ms)" for name, p in PRESETS.items())
+    return "; ".join(f"{name} = {p.meaning}" for name, p in PRESETS.items())
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -87,9 +87,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     storage = parser.add_argument_group("storage what-if")
     flags.add_flag(storage, "what_if_storage", type=_storage_scenarios, action="append", default=None,
                    metavar="LATENCY,BANDWIDTH|PRESET",
-                   help="predict files vs records, sequential vs parallel reads on this store (repeatable; "
-                        "storage advice follows where it dominates): " + storage_presets_help() + "; "
-                        "default: the presets are shown, no storage advice")
+                   help="predict files vs records, sequential vs parallel reads on this store, e.g. "
+                        "10ms,200Mbit (latency in us/ms/s, bandwidth in Kbit/Mbit/Gbit, MB/s, MiB/s or "
+                        "'unlimited'; repeat the flag or list pairs: 10ms,200Mbit,30ms,1Gbit) or a preset: "
+                        + storage_presets_help() + ". Storage advice follows where the store dominates. "
+                        "Default: the presets are shown, no storage advice")
     flags.add_flag(storage, "storage_client", choices=("tf-gcs", "s3fs"), default=None,
                    help="the object-store client the what-if models: tf-gcs (TF's gs://, blocks of "
                         "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64) or s3fs (5 MiB blocks, pooled connections) "
@@ -305,6 +307,11 @@ def fix_lines(result) -> list[str]:
     return lines
 
 
+def _md_knobs(advice) -> str:
+    knobs = ", ".join(f"{k}={v}" for k, v in advice.knobs.items()) or advice.command
+    return f" (`{knobs}`)" if knobs else ""
+
+
 def markdown_lines(diagnosis, result=None) -> list[str]:
     parts = diagnosis.pipeline_breakdown
     lines = [
@@ -339,7 +346,7 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
 
         lines += ["", *storage_markdown(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "## Advice", ""]
-    lines += [f"{n}. **{a.title}** (`{', '.join(f'{k}={v}' for k, v in a.knobs.items()) or a.command}`): {a.reason}"
+    lines += [f"{n}. **{a.title}**{_md_knobs(a)}: {a.reason}"
               for n, a in enumerate(diagnosis.advice, 1)] or ["None: the pipeline keeps up."]
     if result is not None:
         lines += ["", "## Fix", "", "```", *fix_lines(result), "```"]
