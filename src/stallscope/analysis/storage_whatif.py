@@ -389,11 +389,13 @@ def resolved_calls(reads: Reads) -> int:
 
 def requests_in_flight(reads: Reads, c: Costs) -> float:
     """C: parallel calls, at most the pool's threads, each holding a request only while it is not
-    decoding (a thread that also decodes waits on storage w / (w + d) of its time)."""
+    decoding: the pool's threads run the decode map too, even where the read is a stage of its own
+    (measured here, benchmarks/storage.py: 16 reads on a 2-thread shared pool keep ~1.4 in flight
+    at 10 ms, as T w / (w + d) says), so a thread waits on storage w / (w + d) of its time."""
     if reads.parallel_calls is None:
         return 1.0
     calls = resolved_calls(reads)
-    held = c.cpu_ms if reads.reads_in_decode_map else c.client_cpu_ms
+    held = c.cpu_ms
     busy = c.wait_ms + c.transfer_ms
     share = busy / (busy + held) if busy + held > 0 else 1.0
     return max(1.0, min(float(calls), reads.pool_threads * share))
@@ -506,6 +508,11 @@ class Workload:
     batch_size: int
     overlapped: bool           # the pipeline as written overlaps the step (prefetch)
     examples: int
+    machine_cores: int | None = None  # cores the machine has: tf.data's shared pool size (None: cores)
+
+    @property
+    def shared_pool_threads(self) -> int:
+        return max(1, int(self.machine_cores if self.machine_cores else round(self.cores)))
 
 
 def predict_format(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, config: PipelineConfig,
@@ -525,9 +532,9 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
-    reads = reads_of(config, pattern.format, int(round(cores)))
+    reads = reads_of(config, pattern.format, workload.shared_pool_threads)
     if reads.parallel_calls is None:
-        reads = autotuned_reads(pattern.format, int(round(cores)))
+        reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
     shards = max(1, round(workload.examples * pattern.objects_per_image))
     if pattern.format == "records" and resolved_calls(reads) > shards:  # an interleave reads at most every shard
         reads = dataclasses.replace(reads, parallel_calls=shards)
