@@ -31,6 +31,7 @@ bench: venv
 	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
+	$(BIN)/python benchmarks/storage.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

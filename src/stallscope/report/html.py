@@ -70,3 +70,19 @@ def render_html(analysis: Analysis) -> str:
     parts += [f"<p><i>note: {e(n)}</i></p>" for n in analysis.notes]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def storage_html(figures, what) -> str:
+    """The diagnosis' storage section as an HTML fragment (per-image figures and the what-if table)."""
+    from stallscope.report.text import STORAGE_HEADER, storage_figure_line, storage_rows
+
+    e = html.escape
+    parts = ["<h2>Storage</h2>"]
+    if figures is not None:
+        parts.append(f"<p>{e(storage_figure_line(figures))}</p>")
+    if what is not None:
+        parts.append(_table(STORAGE_HEADER, [[e(cell) for cell in row] for row in storage_rows(what)]))
+        parts.append("<p>Cells: images/s of the pipeline alone, input share of the step, C = requests in flight, "
+                     "and what limits it.</p>")
+        parts += [f"<p><i>note: {e(n)}</i></p>" for n in what.notes]
+    return "\n".join(parts)

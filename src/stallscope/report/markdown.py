@@ -53,3 +53,19 @@ def render_markdown(analysis: Analysis) -> str:
         out += ["", "   ```python", *[f"   {line}" for line in item.code.splitlines()], "   ```", ""]
     out += [f"> note: {n}" for n in analysis.notes]
     return "\n".join(out) + "\n"
+
+
+def storage_markdown(figures, what) -> list[str]:
+    """The diagnosis' storage section: per-image figures and the what-if as a table."""
+    from stallscope.report.text import STORAGE_HEADER, storage_figure_line, storage_rows
+
+    out = ["## Storage", ""]
+    if figures is not None:
+        out += [storage_figure_line(figures) + ".", ""]
+    if what is not None:
+        out += ["| " + " | ".join(STORAGE_HEADER) + " |", "|" + "---|" * len(STORAGE_HEADER)]
+        out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in storage_rows(what)]
+        out += ["", "Cells: images/s of the pipeline alone, input share of the step, C = requests in flight, "
+                "and what limits it."]
+        out += [f"> note: {note}" for note in what.notes]
+    return out

@@ -133,3 +133,57 @@ def render_text(analysis: Analysis) -> str:
     for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+STORAGE_HEADER = ["store", "format", "client", "requests/image", "sequential", "parallel", "enough in flight"]
+
+
+def fmt_rate(images_per_second: float) -> str:
+    return "unbounded" if images_per_second == float("inf") else f"{images_per_second:,.0f}/s"
+
+
+def _cell(cell) -> str:
+    """'125/s 90% (C=1.6, requests)': images/s, input share, reads in flight and the limiting term."""
+    return (f"{fmt_rate(cell.images_per_second)} {cell.prediction.input_share * 100:.0f}% "
+            f"(C={cell.in_flight:.3g}, {cell.bound})")
+
+
+def storage_figure_line(figures) -> str:
+    """Per image: requests, connections, bytes, waiting; measured by the store or modelled."""
+    local = ""
+    if figures.read_calls is not None:
+        local = f"; locally {figures.read_calls:.2f} read calls, {figures.files_opened:.3g} files opened"
+    what = "measured by the store" if figures.basis == "measured" else f"modelled for {figures.client}"
+    return (f"storage per image ({what}): requests {figures.requests:.3g}, connections opened "
+            f"{figures.connections:.3g}, {figures.bytes / 1024:.1f} KiB, {figures.wait_ms:.2f} ms waiting for "
+            f"storage{local}")
+
+
+def storage_rows(what) -> list[list[str]]:
+    """The storage what-if as rows of STORAGE_HEADER (one per store and format)."""
+    rows = []
+    for row in what.scenarios:
+        for f in row.formats:
+            mark = " (yours)" if f.format == what.source_format else ""
+            rows.append([row.scenario.label, f.format + mark, f.client,
+                         f"{f.requests_per_image:.3g} {f.basis}", _cell(f.sequential), _cell(f.parallel),
+                         _cell(f.enough_in_flight) + f", pool {f.enough_in_flight.private_threadpool_size}"])
+    return rows
+
+
+def storage_lines(figures, what) -> list[str]:
+    """The terminal section: per-image figures and the what-if table, columns aligned."""
+    lines = []
+    if figures is not None:
+        lines.append(storage_figure_line(figures))
+    if what is None:
+        return lines
+    rows = [STORAGE_HEADER, *storage_rows(what)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(STORAGE_HEADER))]
+    lines.append("storage what-if (images/s of the pipeline alone, input share of the step, C = requests in "
+                 "flight, what limits it):")
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"  note: {note}" for note in what.notes]
+    if not any(row.named for row in what.scenarios):
+        lines.append("  (presets; name your store with --what-if-storage 10ms,200Mbit to get storage advice)")
+    return lines
