@@ -9,7 +9,7 @@ import re
 import sys
 
 from stallscope import __version__
-from stallscope.cli.flags import add_common_flags, spelled_as_typed
+from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
         if args.command in NEEDS_TENSORFLOW:
             import_tensorflow()
         return int(args.handler(args) or 0)

@@ -18,6 +18,7 @@ from typing import Any
 from stallscope.config import AUTOTUNE, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage.location import as_path
 from stallscope.workload.checkpoints import checkpoint_holds_model, list_checkpoints, restore_model
 from stallscope.workload.models import MODEL_SPEC_NAME, ModelSpec
 
@@ -107,7 +108,7 @@ class EvaluateOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint_path", Path(self.checkpoint_path))
-        object.__setattr__(self, "dataset_path", Path(self.dataset_path))
+        object.__setattr__(self, "dataset_path", as_path(self.dataset_path))
         if self.checkpoint_path.exists() and not self.checkpoint_path.is_dir():
             raise UsageError(f"--checkpoint-path: expected a checkpoint folder, got {str(self.checkpoint_path)!r} "
                              f"(a file)")

@@ -1,0 +1,96 @@
+"""The storage layer against a real loopback S3 server: parsing, one listing, reads, writes, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stallscope.storage import location
+from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
+
+from .conftest import BUCKET
+
+
+def test_urls_become_remote_paths_and_local_paths_stay_paths(tmp_path):
+    path = as_path("s3://bucket/some/prefix/")
+    assert isinstance(path, S3Path) and str(path) == "s3://bucket/some/prefix"
+    assert path.bucket == "bucket" and path.key == "some/prefix"
+    child = path / "train" / "a.jpg"
+    assert str(child) == "s3://bucket/some/prefix/train/a.jpg" and child.suffix == ".jpg" and child.name == "a.jpg"
+    assert str(child.relative_to(path)) == "train/a.jpg" and child.parent.parent == path
+    assert as_path("gs://bucket/x") != as_path("s3://bucket/x") and isinstance(as_path("gs://b/x"), GsPath)
+    assert as_path(str(tmp_path)) == tmp_path and isinstance(as_path(str(tmp_path)), Path)
+    with pytest.raises(location.UsageError, match="no bucket"):
+        as_path("s3:///prefix")
+    with pytest.raises(location.UsageError, match="hdfs://"):
+        as_path("hdfs://namenode/data")
+
+
+def test_one_listing_answers_every_question_about_the_tree(s3_env, monkeypatch):
+    tree = s3_env["tree"]
+    root = as_path(f"s3://{BUCKET}/tree")
+    calls = []
+    store = location.backend(root)
+    original = store.list
+    monkeypatch.setattr(store, "list", lambda path: calls.append(path) or original(path))
+    assert root.is_dir() and not root.is_file()
+    assert [p.name for p in root.iterdir()] == sorted(p.name for p in tree.iterdir())
+    local_files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+    assert [p.relative_to(root).as_posix() for p in root.walk_files()] == local_files
+    first = root / local_files[0]
+    assert first.is_file() and first.stat().st_size == (tree / local_files[0]).stat().st_size
+    assert not (root / "no-such-folder").exists()
+    assert calls == [root]  # listed once, whatever was asked
+
+
+def test_reads_return_the_local_bytes_with_many_requests_in_flight(s3_env):
+    tree = s3_env["tree"]
+    root = as_path(f"s3://{BUCKET}/tree")
+    files = list(root.walk_files())
+    expected = [(tree / p.relative_to(root).as_posix()).read_bytes() for p in files]
+    assert location.read_many(files, 8) == expected
+    assert files[0].read_bytes() == expected[0]
+
+
+def test_writes_land_under_their_name_and_update_the_listing(s3_env):
+    out = as_path(f"s3://{BUCKET}/written")
+    location.write_bytes(out / "a.txt", b"hello")
+    location.forget_listings()
+    assert (out / "a.txt").read_bytes() == b"hello"
+    assert [p.name for p in out.iterdir()] == ["a.txt"]  # no temporary name left behind
+    location.delete(out / "a.txt")
+    assert not (out / "a.txt").exists()
+
+
+@pytest.mark.parametrize("url, overrides, expected", [
+    ("s3://no-such-bucket/tree", {}, "bucket 'no-such-bucket' does not exist"),
+    (f"s3://{BUCKET}/no-such-prefix", {}, "nothing is stored under this prefix"),
+    (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials (SignatureDoesNotMatch)"),
+    (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, "refused the credentials (InvalidAccessKeyId)"),
+])
+def test_store_errors_are_one_line(s3_env, monkeypatch, url, overrides, expected):
+    for name, value in overrides.items():
+        monkeypatch.setenv(name, value)
+    location.set_timeout(5)  # a fresh client that reads the changed environment
+    with pytest.raises(StorageError) as caught:
+        as_path(url).exists()
+    message = str(caught.value)
+    assert expected in message and message.startswith(url) and "\n" not in message
+
+
+def test_no_credentials_and_a_dead_endpoint_are_one_line(s3_env, monkeypatch):
+    from .conftest import free_port
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    location.set_timeout(5)
+    with pytest.raises(StorageError, match="no credentials for s3://; expected AWS_ACCESS_KEY_ID"):
+        as_path(f"s3://{BUCKET}/tree").exists()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_env["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env["secret"])
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    location.set_timeout(2)
+    with pytest.raises(StorageError, match=f"the store at {dead} did not answer"):
+        as_path(f"s3://{BUCKET}/tree").exists()
