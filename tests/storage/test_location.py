@@ -41,7 +41,8 @@ def test_one_listing_answers_every_question_about_the_tree(s3_env, monkeypatch):
     first = root / local_files[0]
     assert first.is_file() and first.stat().st_size == (tree / local_files[0]).stat().st_size
     assert not (root / "no-such-folder").exists()
-    assert calls == [root]  # listed once, whatever was asked
+    assert not as_path(f"s3://{BUCKET}/no-such-prefix").exists()  # an empty prefix: not there (yet)
+    assert calls == [root, as_path(f"s3://{BUCKET}/no-such-prefix")]  # the tree listed once, whatever was asked
 
 
 def test_reads_return_the_local_bytes_with_many_requests_in_flight(s3_env):
@@ -65,7 +66,6 @@ def test_writes_land_under_their_name_and_update_the_listing(s3_env):
 
 @pytest.mark.parametrize("url, overrides, expected", [
     ("s3://no-such-bucket/tree", {}, "bucket 'no-such-bucket' does not exist"),
-    (f"s3://{BUCKET}/no-such-prefix", {}, "nothing is stored under this prefix"),
     (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials (SignatureDoesNotMatch)"),
     (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, "refused the credentials (InvalidAccessKeyId)"),
 ])

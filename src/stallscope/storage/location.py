@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import ClassVar, TypeVar
 
@@ -201,10 +201,6 @@ def as_path(value: "str | os.PathLike[str]") -> "Path | RemotePath":
     if not bucket:
         raise UsageError(f"{text!r}: expected {scheme}://BUCKET/prefix, got no bucket")
     return _PATH_TYPES[scheme]("/" + rest.rstrip("/"))
-
-
-def location_text(value: object) -> str:
-    return str(value)
 
 
 # --- listings -------------------------------------------------------------------------------------
@@ -416,7 +412,7 @@ class _GcsStore(_Store):
             bucket = as_path(f"gs://{root.bucket}")
             if root.key and not self._call(root, lambda: tf.io.gfile.exists(str(bucket))):
                 raise StorageError(f"{root}: bucket {root.bucket!r} does not exist (or these credentials cannot see it); expected an existing bucket")
-            raise StorageError(f"{root}: nothing is stored under this prefix; expected a folder of images or records")
+            return Listing(root, {})  # an empty prefix: it does not exist (yet)
         if not self._call(root, lambda: tf.io.gfile.isdir(url)):
             stat = self._call(root, lambda: tf.io.gfile.stat(url))
             return Listing(root, {"": ObjectInfo(stat.length, stat.mtime_nsec)})
@@ -536,7 +532,7 @@ class _S3Store(_Store):
         found = with_deadline(lambda: self._call(root, find), _deadline(), str(root))
         if not found:
             self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
-            raise StorageError(f"{root}: nothing is stored under this prefix; expected a folder of images or records")
+            return Listing(root, {})  # an empty prefix: it does not exist (yet)
         files = {}
         for name, info in found.items():
             rel = name[len(key):].lstrip("/")
@@ -584,9 +580,3 @@ _GCS = _GcsStore()
 _S3 = _S3Store()
 
 
-def open_readable(values: Iterable[object]) -> None:
-    """Touches each remote location once (its listing), so errors surface before any work starts."""
-    for value in values:
-        path = as_path(value)  # type: ignore[arg-type]
-        if isinstance(path, RemotePath):
-            path.exists()
