@@ -111,3 +111,83 @@ def test_convert_into_a_bucket_publishes_the_manifest_last(s3_env, tmp_path, mon
     location.forget_listings()
     assert main(["convert", str(s3_env["tree"]), "--output_path", out, "--shards", "2", "--no-progress"]) == 2
     assert "holds 'notes.txt', which `stallscope convert` did not write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url, overrides, needle", [
+    ("s3://no-such-bucket/tree", {}, "bucket 'no-such-bucket' does not exist"),
+    (f"s3://{BUCKET}/no-such-prefix", {}, f"'s3://{BUCKET}/no-such-prefix' does not exist"),
+    (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "s3:// refused the credentials (SignatureDoesNotMatch)"),
+    (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": ""}, "no credentials for s3://"),
+    (f"s3://{BUCKET}/tree", {"AWS_ENDPOINT_URL": "dead"}, "did not answer"),
+])
+def test_store_errors_are_one_line_with_exit_2(s3_env, monkeypatch, capsys, url, overrides, needle):
+    for name, value in overrides.items():
+        if value == "dead":
+            value = f"http://127.0.0.1:{free_port()}"  # a closed port
+        monkeypatch.setenv(name, value) if value else monkeypatch.delenv(name)
+    started = time.monotonic()
+    code = main(["train", "--dataset_path", url, "--steps", "2", "--storage-timeout", "3", *TINY])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("stallscope train: error: --dataset_path: ") and needle in err
+    assert time.monotonic() - started < 30
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that accepts connections and never answers (a store that hangs)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def _run_cli(args: list[str], env: dict[str, str], limit_s: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "stallscope", *args], env=env, capture_output=True, text=True,
+                          timeout=limit_s)
+    return done.returncode, done.stderr.strip(), time.monotonic() - started
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
+    return {name: os.environ[name] for name in keep if name in os.environ} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def test_an_s3_store_that_never_answers_fails_within_the_timeout(s3_server, silent_port):
+    env = _base_env() | s3_environment(s3_server, AWS_ENDPOINT_URL=f"http://127.0.0.1:{silent_port}")
+    code, err, seconds = _run_cli(["convert", f"s3://{BUCKET}/tree", "--output_path", "unused", "--storage-timeout", "1"],
+                                  env, 90)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "did not answer" in err and "Traceback" not in err
+    assert seconds < 60  # the deadline, not botocore's retries of a read that never ends
+
+
+@pytest.mark.parametrize("proxy", ["closed", "silent"])
+def test_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, silent_port):
+    """TF's own gs:// client through an HTTPS proxy that refuses (a closed port) or never answers."""
+    port = free_port() if proxy == "closed" else silent_port
+    env = _base_env() | {"HTTPS_PROXY": f"http://127.0.0.1:{port}", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
+                         "NO_GCE_CHECK": "true"}
+    code, err, seconds = _run_cli(["verify", "gs://some-bucket/records", "--storage-timeout", "2"], env, 120)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("stallscope verify: error: RECORDS_DIR: gs://some-bucket/records: the store did not answer")
+    assert seconds < 90  # TF's own client would retry 10 times, backing off up to 32 s

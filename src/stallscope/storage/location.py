@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -388,6 +389,8 @@ class _GcsStore(_Store):
     def _errors(self, path: RemotePath, exc: Exception) -> StorageError:
         tf = self._tf()
         text = " ".join(str(exc).split())
+        curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
+        text = curl.group(0) if curl else text
         if isinstance(exc, (tf.errors.UnauthenticatedError, tf.errors.PermissionDeniedError)) or " 401" in text or " 403" in text:
             return StorageError(f"{path}: gs:// refused the credentials ({_short(text)}); expected Application Default "
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
