@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,7 @@ def test_one_listing_answers_every_question_about_the_tree(s3_env, monkeypatch):
     assert [p.relative_to(root).as_posix() for p in root.walk_files()] == local_files
     first = root / local_files[0]
     assert first.is_file() and first.stat().st_size == (tree / local_files[0]).stat().st_size
+    assert abs(first.stat().st_mtime_ns / 1e9 - time.time()) < 3600  # the object's upload time
     assert not (root / "no-such-folder").exists()
     assert not as_path(f"s3://{BUCKET}/no-such-prefix").exists()  # an empty prefix: not there (yet)
     assert calls == [root, as_path(f"s3://{BUCKET}/no-such-prefix")]  # the tree listed once, whatever was asked
@@ -94,3 +97,40 @@ def test_no_credentials_and_a_dead_endpoint_are_one_line(s3_env, monkeypatch):
     location.set_timeout(2)
     with pytest.raises(StorageError, match=f"the store at {dead} did not answer"):
         as_path(f"s3://{BUCKET}/tree").exists()
+
+
+def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
+    from stallscope.storage.readers import describe_reader
+
+    for name in ("GCS_REQUEST_CONNECTION_TIMEOUT_SECS", "GCS_REQUEST_IDLE_TIMEOUT_SECS", "GCS_METADATA_REQUEST_TIMEOUT_SECS",
+                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", location.GCS_BLOCK_VAR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GCS_REQUEST_IDLE_TIMEOUT_SECS", "99")  # the user's own value stays
+    monkeypatch.setitem(location._settings, "gcs_set", set())
+    made = location.prepare_gcs_environment(7, small_objects=True)
+    assert "GCS_REQUEST_CONNECTION_TIMEOUT_SECS=7" in made and "GCS_READ_CACHE_BLOCK_SIZE_MB=1" in made
+    assert not any(m.startswith("GCS_REQUEST_IDLE_TIMEOUT_SECS") for m in made)
+    assert os.environ["GCS_REQUEST_IDLE_TIMEOUT_SECS"] == "99" and os.environ["GCS_RETRY_CONFIG_MAX_RETRIES"] == "2"
+    files = [as_path("gs://bucket/tree/a/1.jpg")]
+    assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
+        "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=1, set by stallscope)"
+    monkeypatch.setenv(location.GCS_BLOCK_VAR, "4")
+    monkeypatch.setitem(location._settings, "gcs_set", set())
+    assert location.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
+    assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
+        "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=4)"
+    assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == "s3fs (16 in flight)"
+    assert describe_reader("files", [Path("x.jpg")], read_parallelism=None, map_parallelism=None) == "TF local files"
+
+
+def test_shards_without_a_manifest_are_counted_and_labelled_from_the_bucket(s3_env):
+    from stallscope.pipeline.sources import open_source
+
+    client, records = s3_env["client"], s3_env["records"]
+    for shard in sorted(records.glob("*.tfrecord")):
+        client.put_object(Bucket=BUCKET, Key=f"bare/{shard.name}", Body=shard.read_bytes())
+    source = open_source("records", f"s3://{BUCKET}/bare")
+    local = open_source("records", records)
+    assert source.num_examples == local.num_examples == 24 and source.schema == local.schema
+    assert source.labels == ("0", "1", "2") and source.total_bytes == local.total_bytes
+    assert [str(p) for p in source.files] == [f"s3://{BUCKET}/bare/{p.name}" for p in local.files]

@@ -42,6 +42,7 @@ def test_diagnose_reads_from_a_bucket(s3_env, capsys):
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert 0.0 <= report["input_share"] <= 1.0 and report["phases"]
+    assert report["source"]["reader"] == "s3fs (1 in flight)" and report["source"]["path"] == f"s3://{BUCKET}/tree"
 
 
 def test_evaluate_reads_from_a_bucket(s3_env, tmp_path, capsys):

@@ -299,7 +299,9 @@ def _fetch_chunk(task: tuple) -> tuple:
         for path in paths:
             try:
                 contents.append(path.read_bytes())
-            except StorageError as exc:
+            except FileNotFoundError as exc:
+                contents.append(exc)  # vanished since the listing
+            except (StorageError, OSError) as exc:
                 contents.append(OSError(str(exc)))
     return schema_name, image_options, [(data, *item[1:]) for data, item in zip(contents, work)]
 

@@ -50,7 +50,7 @@ class StorageError(UsageError):
     """A store cannot be reached or refuses: one line naming the location and what was expected."""
 
 
-_settings = {"timeout_s": DEFAULT_TIMEOUT_S}
+_settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "gcs_set": set()}  # gcs_set: TF variables we set
 
 
 def set_timeout(seconds: float) -> None:
@@ -91,6 +91,7 @@ def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[st
     for name, value in wanted.items():
         if name not in os.environ:
             os.environ[name] = value
+            _settings["gcs_set"].add(name)
             set_now.append(f"{name}={value}")
     if set_now and "tensorflow" in sys.modules:
         logger.warning("TensorFlow was loaded before the gs:// settings %s; they apply from the next process", set_now)
@@ -98,9 +99,11 @@ def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[st
 
 
 def gcs_block_note() -> str:
-    """How TF's gs:// reads small objects here, for the run record."""
+    """TF's gs:// read block here, and who set it, for the run record."""
     value = os.environ.get(GCS_BLOCK_VAR)
-    return f"{GCS_BLOCK_VAR}={value}" if value else f"{GCS_BLOCK_VAR} unset (TF's 64 MB buffer per object)"
+    if not value:
+        return f"{GCS_BLOCK_VAR} unset: a 64 MB buffer per object"
+    return f"{GCS_BLOCK_VAR}={value}" + (", set by stallscope" if GCS_BLOCK_VAR in _settings["gcs_set"] else "")
 
 
 # --- paths ----------------------------------------------------------------------------------------
@@ -167,10 +170,16 @@ class RemotePath(PurePosixPath):
         info = _lookup(self)
         if not isinstance(info, ObjectInfo):
             raise FileNotFoundError(2, "no such object", str(self))
-        return os.stat_result((0o100644, 0, 0, 1, 0, 0, info.size, 0, info.mtime_ns // 10**9, 0,
-                               0, 0, info.mtime_ns, 0, 0, 0))
+        seconds = info.mtime_ns // 10**9
+        # (mode, ino, dev, nlink, uid, gid, size, atime, mtime, ctime, the three as floats, then in ns)
+        return os.stat_result((0o100644, 0, 0, 1, 0, 0, info.size, seconds, seconds, seconds,
+                               info.mtime_ns / 1e9, info.mtime_ns / 1e9, info.mtime_ns / 1e9,
+                               info.mtime_ns, info.mtime_ns, info.mtime_ns))
 
     def read_bytes(self) -> bytes:
+        """The object's bytes; FileNotFoundError, as for a local file, when the listing has no such object."""
+        if not isinstance(_lookup(self), ObjectInfo):
+            raise FileNotFoundError(2, "no such object", str(self))
         return backend(self).read(self)
 
     def read_text(self, encoding: str = "utf-8") -> str:
@@ -226,9 +235,8 @@ class Listing:
 
     def __post_init__(self) -> None:
         for name in self.files:
-            self._add_parents(name)
-        if self.files and "" not in self.files:
-            self.dirs.add("")
+            if name:  # "" is the root itself, an object
+                self._add_parents(name)
 
     def _add_parents(self, name: str) -> None:
         parts = name.split("/")[:-1]
@@ -238,7 +246,8 @@ class Listing:
 
     def add(self, name: str, info: ObjectInfo) -> None:
         self.files[name] = info
-        self._add_parents(name)
+        if name:
+            self._add_parents(name)
 
     def remove(self, name: str) -> None:
         self.files.pop(name, None)
@@ -280,8 +289,8 @@ def _record(path: RemotePath, info: ObjectInfo | None) -> None:
     """Keeps a cached listing that covers `path` in step with a write or delete through this module."""
     with _LOCK:
         for root, listing in _LISTINGS.items():
-            if type(root) is type(path) and root in path.parents:
-                name = path.relative_to(root).as_posix()
+            if type(root) is type(path) and (root == path or root in path.parents):
+                name = path.relative_to(root).as_posix() if root != path else ""
                 listing.add(name, info) if info is not None else listing.remove(name)
 
 
@@ -327,8 +336,16 @@ def backend(path: RemotePath) -> "_Store":
     return _GCS if path.scheme == "gs" else _S3
 
 
+def abandoned_requests() -> bool:
+    """True once a request was given up by `with_deadline`: its thread still waits inside the store's
+    client, and a normal interpreter exit would tear TF's C++ down under it (an abort). The CLI then
+    ends the process with `os._exit` after printing its line."""
+    return bool(_settings.get("abandoned"))
+
+
 def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
-    """`fn()`, or a StorageError when it has not returned within `seconds` (it runs on in a daemon thread)."""
+    """`fn()`, or a StorageError when it has not returned within `seconds` (it runs on in a daemon
+    thread; see `abandoned_requests`)."""
     box: dict[str, object] = {}
 
     def call() -> None:
@@ -341,6 +358,7 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
+        _settings["abandoned"] = True
         raise StorageError(f"{what}: the store did not answer within {seconds:.0f} s (--storage-timeout); expected a store that answers")
     if "error" in box:
         raise box["error"]  # type: ignore[misc]

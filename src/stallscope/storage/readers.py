@@ -10,13 +10,11 @@ shards streamed in large blocks by a generator that checks every record's checks
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
-from stallscope.storage.location import GCS_BLOCK_VAR, RemotePath, S3Path, as_path, backend, read_many
+from stallscope.storage.location import RemotePath, S3Path, as_path, backend, gcs_block_note, read_many
 
 # Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
 AUTOTUNE_IN_FLIGHT = 16
@@ -105,6 +103,5 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
             return f"s3fs ({requests} in flight)"
         return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks)"
     if isinstance(first, RemotePath):
-        block = os.environ.get(GCS_BLOCK_VAR)
-        return f"TF gs:// ({GCS_BLOCK_VAR}={block})" if block else f"TF gs:// ({GCS_BLOCK_VAR} unset: 64 MB per object)"
+        return f"TF gs:// ({gcs_block_note()})"
     return "TF local files"
