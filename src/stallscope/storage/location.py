@@ -35,6 +35,7 @@ SCHEMES = ("gs", "s3")
 DEFAULT_TIMEOUT_S = 30.0
 # Requests one listing keeps in flight where the store needs one request per object (gs:// stat).
 LIST_IN_FLIGHT = 32
+MAX_DEPTH = 16  # folder levels a gs:// listing descends
 # TF's gs:// client retries a failed request this many times (its own default is 10, with back-off up
 # to 32 s: minutes before a dead store is reported).
 GCS_RETRIES = 2
@@ -437,10 +438,7 @@ class _GcsStore(_Store):
         if not self._call(root, lambda: tf.io.gfile.isdir(url)):
             stat = self._call(root, lambda: tf.io.gfile.stat(url))
             return Listing(root, {"": ObjectInfo(stat.length, stat.mtime_nsec)})
-        names = []
-        for dirpath, _, filenames in self._call(root, lambda: list(tf.io.gfile.walk(url))):
-            rel = dirpath[len(url):].strip("/")
-            names += [f"{rel}/{name}" if rel else name for name in filenames]
+        names = self._names_below(root)
 
         def stat(name: str) -> tuple[str, ObjectInfo]:
             info = self._call(root, lambda: tf.io.gfile.stat(f"{url}/{name}"))
@@ -450,6 +448,21 @@ class _GcsStore(_Store):
             files = dict(pool.map(stat, names))
         logger.info("%s: listed %d objects", root, len(files))
         return Listing(root, files)
+
+    def _names_below(self, root: RemotePath) -> list[str]:
+        """Every object name below `root`, relative to it. One glob per depth: TF answers a glob with one
+        recursive, paged listing of the prefix (a walk would list each folder and ask of every entry
+        whether it is a folder, one request each)."""
+        tf = self._tf()
+        url = str(root)
+        found: set[str] = set()
+        for depth in range(1, MAX_DEPTH + 1):
+            matches = self._call(root, lambda: tf.io.gfile.glob(url + "/*" * depth))
+            if not matches:
+                break
+            found |= {m[len(url) + 1:].rstrip("/") for m in matches}
+        folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
+        return sorted(found - folders)
 
     def read(self, path: RemotePath) -> bytes:
         tf = self._tf()
