@@ -36,6 +36,7 @@ DEFAULT_TIMEOUT_S = 30.0
 # Requests one listing keeps in flight where the store needs one request per object (gs:// stat).
 LIST_IN_FLIGHT = 32
 MAX_DEPTH = 16  # folder levels a gs:// listing descends
+S3_CONNECTIONS = 64  # open connections the s3:// client keeps, so requests in flight do not queue for one
 # TF's gs:// client retries a failed request this many times (its own default is 10, with back-off up
 # to 32 s: minutes before a dead store is reported).
 GCS_RETRIES = 2
@@ -515,7 +516,9 @@ class _S3Store(_Store):
             self._fs = s3fs.S3FileSystem(
                 skip_instance_cache=True,
                 config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
-                               "retries": {"max_attempts": 2, "mode": "standard"}},
+                               "retries": {"max_attempts": 2, "mode": "standard"},
+                               # botocore's pool holds 10 connections: fewer than a pipeline keeps in flight
+                               "max_pool_connections": S3_CONNECTIONS},
             )
             self._fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
             self._pid = os.getpid()
