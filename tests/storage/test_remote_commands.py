@@ -71,6 +71,8 @@ def test_verify_checks_shards_in_a_bucket(s3_env, capsys):
     assert main(["verify", f"s3://{BUCKET}/damaged", "--no-decode"]) == 1
     out = capsys.readouterr().out
     assert shard.name in out and "sha256" in out
+    assert main(["verify", f"s3://{BUCKET}/no-such-prefix"]) == 2
+    assert "does not exist (nothing is stored under this prefix)" in capsys.readouterr().err
 
 
 def _shard_bytes(folder) -> dict[str, bytes]:

@@ -199,6 +199,8 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
 
 def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
     if not records_dir.is_dir():
+        if isinstance(records_dir, RemotePath) and not records_dir.exists():
+            raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} does not exist (nothing is stored under this prefix)")
         raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} is not a directory")
     has_manifest = (records_dir / MANIFEST_NAME).exists()
     manifest: Manifest | None = load_manifest(records_dir) if has_manifest else None
