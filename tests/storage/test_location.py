@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import location
+from stallscope.storage import gcs, location
 from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
 
 from .conftest import BUCKET
@@ -103,20 +103,20 @@ def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
     from stallscope.storage.readers import describe_reader
 
     for name in ("GCS_REQUEST_CONNECTION_TIMEOUT_SECS", "GCS_REQUEST_IDLE_TIMEOUT_SECS", "GCS_METADATA_REQUEST_TIMEOUT_SECS",
-                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", location.GCS_BLOCK_VAR):
+                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", gcs.GCS_BLOCK_VAR):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GCS_REQUEST_IDLE_TIMEOUT_SECS", "99")  # the user's own value stays
-    monkeypatch.setitem(location._settings, "gcs_set", set())
-    made = location.prepare_gcs_environment(7, small_objects=True)
+    monkeypatch.setattr(gcs, "_set_by_us", set())
+    made = gcs.prepare_gcs_environment(7, small_objects=True)
     assert "GCS_REQUEST_CONNECTION_TIMEOUT_SECS=7" in made and "GCS_READ_CACHE_BLOCK_SIZE_MB=1" in made
     assert not any(m.startswith("GCS_REQUEST_IDLE_TIMEOUT_SECS") for m in made)
     assert os.environ["GCS_REQUEST_IDLE_TIMEOUT_SECS"] == "99" and os.environ["GCS_RETRY_CONFIG_MAX_RETRIES"] == "2"
     files = [as_path("gs://bucket/tree/a/1.jpg")]
     assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
         "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=1, set by stallscope)"
-    monkeypatch.setenv(location.GCS_BLOCK_VAR, "4")
-    monkeypatch.setitem(location._settings, "gcs_set", set())
-    assert location.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
+    monkeypatch.setenv(gcs.GCS_BLOCK_VAR, "4")
+    monkeypatch.setattr(gcs, "_set_by_us", set())
+    assert gcs.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
     assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
         "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=4)"
     assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == "s3fs (16 in flight)"

@@ -277,7 +277,8 @@ def apply_storage_flags(args: argparse.Namespace) -> list[str]:
     """Before TensorFlow loads: the storage timeout, and TF's gs:// settings when a flag names gs://
     (TF reads them once, at load). A JPEG tree (`--source files`, `convert`) gets a small read block.
     Returns the gs:// settings made, as NAME=value."""
-    from stallscope.storage.location import is_remote, prepare_gcs_environment, set_timeout
+    from stallscope.storage.gcs import prepare_gcs_environment
+    from stallscope.storage.location import is_remote, set_timeout, storage_timeout
 
     timeout = getattr(args, "storage_timeout", None)
     if timeout is not None:
@@ -286,6 +287,4 @@ def apply_storage_flags(args: argparse.Namespace) -> list[str]:
     if not named_gs:
         return []
     small_objects = getattr(args, "source", None) == "files" or getattr(args, "command", None) == "convert"
-    from stallscope.storage.location import storage_timeout
-
     return prepare_gcs_environment(storage_timeout(), small_objects=small_objects)

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import datetime
 import logging
 import os
-import re
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -33,17 +30,6 @@ logger = logging.getLogger(__name__)
 
 SCHEMES = ("gs", "s3")
 DEFAULT_TIMEOUT_S = 30.0
-# Requests one listing keeps in flight where the store needs one request per object (gs:// stat).
-LIST_IN_FLIGHT = 32
-MAX_DEPTH = 16  # folder levels a gs:// listing descends
-S3_CONNECTIONS = 64  # open connections the s3:// client keeps, so requests in flight do not queue for one
-# TF's gs:// client retries a failed request this many times (its own default is 10, with back-off up
-# to 32 s: minutes before a dead store is reported).
-GCS_RETRIES = 2
-GCS_BLOCK_VAR = "GCS_READ_CACHE_BLOCK_SIZE_MB"
-# TF's gs:// gives every opened object a read buffer of this many MB (64 by default: ~46 ms of CPU per
-# small object). One MB holds a typical JPEG in one request.
-SMALL_OBJECT_BLOCK_MB = 1
 
 T = TypeVar("T")
 
@@ -52,16 +38,16 @@ class StorageError(UsageError):
     """A store cannot be reached or refuses: one line naming the location and what was expected."""
 
 
-_settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "gcs_set": set()}  # gcs_set: TF variables we set
+_settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "abandoned": False}
 
 
 def set_timeout(seconds: float) -> None:
     """Connect and read timeout for every store request from now on (s3:// at once; gs:// needs
-    `prepare_gcs_environment` before TensorFlow loads)."""
+    `gcs.prepare_gcs_environment` before TensorFlow loads)."""
     if not seconds > 0:
         raise UsageError(f"--storage-timeout: expected a number of seconds above 0, got {seconds!r}")
     _settings["timeout_s"] = float(seconds)
-    _S3.reset()
+    _STORES.pop("s3", None)  # its client is made with the timeout
 
 
 def storage_timeout() -> float:
@@ -70,42 +56,6 @@ def storage_timeout() -> float:
 
 def is_remote(text: object) -> bool:
     return isinstance(text, RemotePath) or (isinstance(text, str) and text.split("://", 1)[0] in SCHEMES and "://" in text)
-
-
-def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[str]:
-    """Sets TF's gs:// knobs the user left unset; returns them as NAME=value.
-
-    TF's GCS file system reads these once, when TensorFlow loads (tsl gcs_file_system.cc), so this
-    runs before `import tensorflow`. `small_objects` (a JPEG tree) sets the read block size to
-    SMALL_OBJECT_BLOCK_MB instead of TF's 64 MB buffer per opened object (tensorflow#30327).
-    """
-    seconds = str(max(1, round(timeout_s)))
-    wanted = {
-        "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds,
-        "GCS_REQUEST_IDLE_TIMEOUT_SECS": seconds,
-        "GCS_METADATA_REQUEST_TIMEOUT_SECS": seconds,
-        "GCS_RETRY_CONFIG_MAX_RETRIES": str(GCS_RETRIES),
-        "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
-    }
-    if small_objects:
-        wanted[GCS_BLOCK_VAR] = str(SMALL_OBJECT_BLOCK_MB)
-    set_now = []
-    for name, value in wanted.items():
-        if name not in os.environ:
-            os.environ[name] = value
-            _settings["gcs_set"].add(name)
-            set_now.append(f"{name}={value}")
-    if set_now and "tensorflow" in sys.modules:
-        logger.warning("TensorFlow was loaded before the gs:// settings %s; they apply from the next process", set_now)
-    return set_now
-
-
-def gcs_block_note() -> str:
-    """TF's gs:// read block here, and who set it, for the run record."""
-    value = os.environ.get(GCS_BLOCK_VAR)
-    if not value:
-        return f"{GCS_BLOCK_VAR} unset: a 64 MB buffer per object"
-    return f"{GCS_BLOCK_VAR}={value}" + (", set by stallscope" if GCS_BLOCK_VAR in _settings["gcs_set"] else "")
 
 
 # --- paths ----------------------------------------------------------------------------------------
@@ -334,8 +284,18 @@ def delete(path: RemotePath) -> None:
     _record(path, None)
 
 
-def backend(path: RemotePath) -> "_Store":
-    return _GCS if path.scheme == "gs" else _S3
+def backend(path: RemotePath) -> "Store":
+    """The client of `path`'s store, made on first use (s3fs is imported only for s3://)."""
+    if path.scheme not in _STORES:
+        if path.scheme == "gs":
+            from stallscope.storage.gcs import GcsStore as store_class
+        else:
+            from stallscope.storage.s3 import S3Store as store_class
+        _STORES[path.scheme] = store_class()
+    return _STORES[path.scheme]
+
+
+_STORES: dict[str, "Store"] = {}
 
 
 def abandoned_requests() -> bool:
@@ -367,7 +327,9 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
-class _Store:
+class Store:
+    """What a store's client does for this module; see gcs.py and s3.py."""
+
     def list(self, root: RemotePath) -> Listing:
         raise NotImplementedError
 
@@ -391,229 +353,15 @@ class _Store:
         raise NotImplementedError
 
 
-def _deadline() -> float:
+def deadline() -> float:
     """How long the first request of a listing may take before the store is called silent: the
     timeout plus a margin for the client's own connect/read timeouts to report first."""
     return storage_timeout() + 5.0
 
 
-class _GcsStore(_Store):
-    """gs:// through TensorFlow's own GCS file system."""
-
-    @staticmethod
-    def _tf():
-        from stallscope.tfimport import import_tensorflow
-
-        return import_tensorflow()
-
-    def _errors(self, path: RemotePath, exc: Exception) -> StorageError:
-        tf = self._tf()
-        text = " ".join(str(exc).split())
-        curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
-        text = curl.group(0) if curl else text
-        if isinstance(exc, (tf.errors.UnauthenticatedError, tf.errors.PermissionDeniedError)) or " 401" in text or " 403" in text:
-            return StorageError(f"{path}: gs:// refused the credentials ({_short(text)}); expected Application Default "
-                                "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
-                                "that may read this bucket")
-        if "libcurl" in text or isinstance(exc, (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
-            return StorageError(f"{path}: the store did not answer ({_short(text)}); expected a reachable "
-                                "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")
-        return StorageError(f"{path}: gs:// failed ({_short(text)})")
-
-    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
-        tf = self._tf()
-        try:
-            return fn()
-        except tf.errors.OpError as exc:
-            raise self._errors(path, exc) from None
-
-    def list(self, root: RemotePath) -> Listing:
-        tf = self._tf()
-        url = str(root)
-        exists = with_deadline(lambda: self._call(root, lambda: tf.io.gfile.exists(url)), _deadline(), str(root))
-        if not exists:
-            bucket = as_path(f"gs://{root.bucket}")
-            if root.key and not self._call(root, lambda: tf.io.gfile.exists(str(bucket))):
-                raise StorageError(f"{root}: bucket {root.bucket!r} does not exist (or these credentials cannot see it); expected an existing bucket")
-            return Listing(root, {})  # an empty prefix: it does not exist (yet)
-        if not self._call(root, lambda: tf.io.gfile.isdir(url)):
-            stat = self._call(root, lambda: tf.io.gfile.stat(url))
-            return Listing(root, {"": ObjectInfo(stat.length, stat.mtime_nsec)})
-        names = self._names_below(root)
-
-        def stat(name: str) -> tuple[str, ObjectInfo]:
-            info = self._call(root, lambda: tf.io.gfile.stat(f"{url}/{name}"))
-            return name, ObjectInfo(int(info.length), int(info.mtime_nsec))
-
-        with concurrent.futures.ThreadPoolExecutor(LIST_IN_FLIGHT) as pool:
-            files = dict(pool.map(stat, names))
-        logger.info("%s: listed %d objects", root, len(files))
-        return Listing(root, files)
-
-    def _names_below(self, root: RemotePath) -> list[str]:
-        """Every object name below `root`, relative to it. One glob per depth: TF answers a glob with one
-        recursive, paged listing of the prefix (a walk would list each folder and ask of every entry
-        whether it is a folder, one request each)."""
-        tf = self._tf()
-        url = str(root)
-        found: set[str] = set()
-        for depth in range(1, MAX_DEPTH + 1):
-            matches = self._call(root, lambda: tf.io.gfile.glob(url + "/*" * depth))
-            if not matches:
-                break
-            found |= {m[len(url) + 1:].rstrip("/") for m in matches}
-        folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
-        return sorted(found - folders)
-
-    def read(self, path: RemotePath) -> bytes:
-        tf = self._tf()
-
-        def read() -> bytes:
-            with tf.io.gfile.GFile(str(path), "rb") as handle:
-                return handle.read()
-
-        return self._call(path, read)
-
-    def write(self, path: RemotePath, data: bytes) -> None:
-        tf = self._tf()
-
-        def write() -> None:
-            with tf.io.gfile.GFile(str(path), "wb") as handle:
-                handle.write(data)
-
-        self._call(path, write)
-
-    def upload(self, local: Path, path: RemotePath) -> None:
-        tf = self._tf()
-        self._call(path, lambda: tf.io.gfile.copy(str(local), str(path), overwrite=True))
-
-    def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        tf = self._tf()
-        self._call(dst, lambda: tf.io.gfile.rename(str(src), str(dst), overwrite=True))
-
-    def delete(self, path: RemotePath) -> None:
-        tf = self._tf()
-        self._call(path, lambda: tf.io.gfile.remove(str(path)))
-
-
-class _S3Store(_Store):
-    """s3:// through fsspec/s3fs; one client per process, made on first use."""
-
-    def __init__(self) -> None:
-        self._fs = None
-        self._pid = 0
-
-    def reset(self) -> None:
-        self._fs = None
-
-    def fs(self):
-        if self._fs is None or self._pid != os.getpid():
-            try:
-                import s3fs
-            except ImportError:
-                raise UsageError("s3:// needs the s3fs package: pip install 'stallscope[storage]'") from None
-            seconds = storage_timeout()
-            self._fs = s3fs.S3FileSystem(
-                skip_instance_cache=True,
-                config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
-                               "retries": {"max_attempts": 2, "mode": "standard"},
-                               # botocore's pool holds 10 connections: fewer than a pipeline keeps in flight
-                               "max_pool_connections": S3_CONNECTIONS},
-            )
-            self._fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
-            self._pid = os.getpid()
-        return self._fs
-
-    def _error(self, path: RemotePath, exc: BaseException) -> StorageError:
-        name = type(exc).__name__
-        text = " ".join(str(exc).split())
-        cause = exc.__cause__ or exc.__context__
-        code = ""
-        for candidate in (exc, cause):
-            response = getattr(candidate, "response", None)
-            if isinstance(response, dict):
-                code = response.get("Error", {}).get("Code", "") or code
-        if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
-            return StorageError(f"{path}: no credentials for s3://; expected AWS_ACCESS_KEY_ID and "
-                                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials")
-        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccessDenied") \
-                or isinstance(exc, PermissionError):
-            why = code or _short(text)
-            return StorageError(f"{path}: s3:// refused the credentials ({why}); expected AWS credentials that may read this bucket")
-        if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
-            return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
-        if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
-                or "connect" in text.lower() or "timeout" in text.lower() or isinstance(exc, (TimeoutError, ConnectionError)):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
-            return StorageError(f"{path}: the store at {endpoint} did not answer ({_short(text)}); "
-                                "expected a reachable S3 endpoint within --storage-timeout")
-        if isinstance(exc, FileNotFoundError):
-            return StorageError(f"{path}: no such object or prefix; expected one that exists")
-        return StorageError(f"{path}: s3:// failed ({name}: {_short(text)})")
-
-    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except StorageError:
-            raise
-        except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
-            raise self._error(path, exc) from None
-
-    def list(self, root: RemotePath) -> Listing:
-        fs = self.fs()
-        key = f"{root.bucket}/{root.key}".rstrip("/")
-
-        def find() -> dict:
-            return fs.find(key, detail=True, withdirs=False)
-
-        found = with_deadline(lambda: self._call(root, find), _deadline(), str(root))
-        if not found:
-            self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
-            return Listing(root, {})  # an empty prefix: it does not exist (yet)
-        files = {}
-        for name, info in found.items():
-            rel = name[len(key):].lstrip("/")
-            modified = info.get("LastModified")
-            mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
-            files[rel] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
-        logger.info("%s: listed %d objects", root, len(files))
-        return Listing(root, files)
-
-    def _key(self, path: RemotePath) -> str:
-        return f"{path.bucket}/{path.key}"
-
-    def read(self, path: RemotePath) -> bytes:
-        return self._call(path, lambda: self.fs().cat_file(self._key(path)))
-
-    def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
-        keys = [self._key(p) for p in paths]
-        found = self._call(paths[0], lambda: self.fs().cat(keys, batch_size=max(1, in_flight), on_error="return"))
-        out = []
-        for path, key in zip(paths, keys):
-            value = found.get(key)
-            if isinstance(value, BaseException) or value is None:
-                raise self._error(path, value or FileNotFoundError(key))
-            out.append(value)
-        return out
-
-    def write(self, path: RemotePath, data: bytes) -> None:
-        self._call(path, lambda: self.fs().pipe_file(self._key(path), data))
-
-    def upload(self, local: Path, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().put_file(str(local), self._key(path)))
-
-    def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        self._call(dst, lambda: self.fs().mv(self._key(src), self._key(dst)))
-
-    def delete(self, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().rm_file(self._key(path)))
-
-
-def _short(text: str, limit: int = 160) -> str:
+def short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_GCS = _GcsStore()
-_S3 = _S3Store()
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
-from stallscope.storage.location import RemotePath, S3Path, as_path, backend, gcs_block_note, read_many
+from stallscope.storage.gcs import gcs_block_note
+from stallscope.storage.location import RemotePath, S3Path, as_path, backend, read_many
 
 # Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
 AUTOTUNE_IN_FLIGHT = 16
