@@ -194,3 +194,19 @@ def test_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, silent_port)
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("stallscope verify: error: RECORDS_DIR: gs://some-bucket/records: the store did not answer")
     assert seconds < 90  # TF's own client would retry 10 times, backing off up to 32 s
+
+
+def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypatch):
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage import readers
+
+    source = open_source("files", f"s3://{BUCKET}/tree")
+    config = get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8)
+    fetched = []
+    original = readers.read_many
+    monkeypatch.setattr(readers, "read_many", lambda paths, n: fetched.extend(paths) or original(paths, n))
+    batches = list(build_dataset(config, source, skip_examples=20))
+    assert len(batches) == 1 and batches[0][0].shape[0] == 4
+    assert len(fetched) == 4  # the 20 images skipped were never fetched

@@ -130,6 +130,8 @@ def build_dataset(
         if why:
             raise UsageError(f"skip_examples: this pipeline cannot skip before decoding: {why}")
         dataset = dataset.skip(skip_examples)
+    if element == "s3 path":
+        dataset, element = _fetch_s3(dataset, config), "encoded"
     dataset = dataset.map(
         _decode_fn(config, source, element, num_classes, one_hot),
         num_parallel_calls=_calls(config.map_parallelism),
@@ -199,7 +201,8 @@ def _shuffled_paths(config: PipelineConfig, source: DataSource) -> bool:
 
 
 def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, separate_read: bool):
-    """(dataset, element kind): "path" elements (path, label, path) or "encoded" (bytes, label, path)."""
+    """(dataset, element kind): "path" elements (path, label, path), "encoded" (bytes, label, path) or
+    "s3 path" (path, label: the s3:// fetch comes later)."""
     paths = [str(p) for p in source.files]
     dataset = tf.data.Dataset.from_tensor_slices((paths, list(source.file_labels)))
     if config.shuffle_files:
@@ -212,10 +215,9 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
             config.interleave_cycle_length,
         )
     if readers.needs_own_reader(source.files):
-        # s3://: TF cannot open it; s3fs fetches groups of files, as many at once as the read's parallelism.
-        parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
-        dataset = readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
-        return dataset, "encoded"
+        # s3://: TF cannot open it; s3fs fetches groups of files (see `_fetch_s3`), here when something sits
+        # between read and decode, else just before the decode map, after any skip of a resumed run.
+        return (_fetch_s3(dataset, config), "encoded") if separate_read else (dataset, "s3 path")
     if config.read_parallelism in (None, config.map_parallelism) and not separate_read:
         # Read inside the decode map, with its parallelism: one stage less per image (measured
         # ~0.08 ms of CPU per image less than a separate read map of the same parallelism).
@@ -229,6 +231,13 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
         name="read",
     )
     return dataset, "encoded"
+
+
+def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    """(path, label) -> (bytes, label, path) through s3fs, as many requests at once as the read's (or
+    else the map's) parallelism asks."""
+    parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
+    return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
 
 
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
