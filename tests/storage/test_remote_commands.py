@@ -210,3 +210,31 @@ def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypat
     batches = list(build_dataset(config, source, skip_examples=20))
     assert len(batches) == 1 and batches[0][0].shape[0] == 4
     assert len(fetched) == 4  # the 20 images skipped were never fetched
+
+
+def test_a_store_that_dies_mid_run_is_one_line(s3_env, monkeypatch, capsys):
+    from stallscope.pipeline.sources import open_source
+
+    open_source("files", f"s3://{BUCKET}/tree")  # listed while the store answers (the listing is kept)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # then it is gone
+    code = main(["train", "--dataset_path", f"s3://{BUCKET}/tree", "--steps", "4", "--storage-timeout", "2", *TINY])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "did not answer" in err
+
+
+def test_shards_whose_store_dies_mid_run_fail_with_a_storage_error(s3_env, monkeypatch, tmp_path):
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage import location
+    from stallscope.storage.location import StorageError
+    from stallscope.workload.train import TrainOptions, run_training
+
+    source = open_source("records", f"s3://{BUCKET}/records")  # the listing and manifest, while it answers
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    location.set_timeout(2)  # a new client, for the endpoint that is gone
+    options = TrainOptions(source="records", dataset_path=source.path, accelerator="emulated:1ms", steps=4,
+                           pipeline=get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8),
+                           log_path=tmp_path / "run")
+    with pytest.raises(StorageError, match=f"s3://{BUCKET}/records/train-0000.-of-00002.tfrecord: .*did not answer"):
+        run_training(options, source=source)

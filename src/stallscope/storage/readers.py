@@ -10,12 +10,14 @@ shards streamed in large blocks by a generator that checks every record's checks
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
-from stallscope.storage.location import RemotePath, S3Path, as_path, backend, read_many
+from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, read_many
 
 # Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
 AUTOTUNE_IN_FLIGHT = 16
@@ -60,7 +62,15 @@ def _shard_frames(url: bytes):
     """Yields the serialized records of one s3:// shard, checking both checksums of every frame."""
     path = as_path(url.decode())
     store = backend(path)
-    fs = store.fs()
+    try:
+        yield from _frames(path, store.fs())
+    except (ValueError, StorageError):
+        raise
+    except Exception as exc:  # botocore, aiohttp, OSError: the store failed mid-shard
+        raise store.error(path, exc) from None
+
+
+def _frames(path: RemotePath, fs):
     with fs.open(f"{path.bucket}/{path.key}", "rb", block_size=SHARD_BLOCK_BYTES, cache_type="readahead") as handle:
         offset = 0
         while True:
@@ -106,3 +116,13 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
     if isinstance(first, RemotePath):
         return f"TF gs:// ({gcs_block_note()})"
     return "TF local files"
+
+
+_FAILURE = re.compile(r"StorageError: ([^\n]+)")
+
+
+def storage_failure(exc: Exception) -> StorageError | None:
+    """The StorageError an s3:// read raised inside the pipeline, out of the TF error that carries it
+    (TF reports a Python function's exception as an UnknownError with its text); None if it is not one."""
+    found = _FAILURE.search(getattr(exc, "message", None) or str(exc))
+    return StorageError(found.group(1).strip()) if found else None

@@ -8,9 +8,11 @@ AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,34 +30,43 @@ T = TypeVar("T")
 
 
 class S3Store(Store):
-    """s3:// through fsspec/s3fs; one client per process, made on first use."""
+    """s3:// through fsspec/s3fs; one client per process, made on first use, with an event loop of its
+    own: requests a failed run left behind (a pipeline's reads, retrying a store that went away) stay
+    on the loop of the client they were made by, not on fsspec's shared one, where they held up the
+    next client's requests."""
 
     def __init__(self) -> None:
         self._fs = None
         self._pid = 0
-
-    def reset(self) -> None:
-        self._fs = None
+        self._lock = threading.Lock()
 
     def fs(self):
-        if self._fs is None or self._pid != os.getpid():
-            try:
-                import s3fs
-            except ImportError:
-                raise UsageError("s3:// needs the s3fs package: pip install 'stallscope[storage]'") from None
-            seconds = storage_timeout()
-            self._fs = s3fs.S3FileSystem(
-                skip_instance_cache=True,
-                config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
-                               "retries": {"max_attempts": 2, "mode": "standard"},
-                               # botocore's pool holds 10 connections: fewer than a pipeline keeps in flight
-                               "max_pool_connections": S3_CONNECTIONS},
-            )
-            self._fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
-            self._pid = os.getpid()
-        return self._fs
+        with self._lock:  # tf.data threads ask at once on the first read
+            if self._fs is None or self._pid != os.getpid():
+                self._fs = self._new_client()
+                self._pid = os.getpid()
+            return self._fs
 
-    def _error(self, path: RemotePath, exc: BaseException) -> StorageError:
+    def _new_client(self):
+        try:
+            import s3fs
+        except ImportError:
+            raise UsageError("s3:// needs the s3fs package: pip install 'stallscope[storage]'") from None
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="s3-io", daemon=True).start()
+        seconds = storage_timeout()
+        fs = s3fs.S3FileSystem(
+            loop=loop,
+            skip_instance_cache=True,
+            config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
+                           "retries": {"max_attempts": 2, "mode": "standard"},
+                           # botocore's pool holds 10 connections: fewer than a pipeline keeps in flight
+                           "max_pool_connections": S3_CONNECTIONS},
+        )
+        fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
+        return fs
+
+    def error(self, path: RemotePath, exc: BaseException) -> StorageError:
         name = type(exc).__name__
         text = " ".join(str(exc).split())
         cause = exc.__cause__ or exc.__context__
@@ -88,7 +99,7 @@ class S3Store(Store):
         except StorageError:
             raise
         except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
-            raise self._error(path, exc) from None
+            raise self.error(path, exc) from None
 
     def list(self, root: RemotePath) -> Listing:
         fs = self.fs()
@@ -123,7 +134,7 @@ class S3Store(Store):
         for path, key in zip(paths, keys):
             value = found.get(key)
             if isinstance(value, BaseException) or value is None:
-                raise self._error(path, value or FileNotFoundError(key))
+                raise self.error(path, value or FileNotFoundError(key))
             out.append(value)
         return out
 

@@ -439,6 +439,12 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
                             from stallscope.pipeline.input_errors import input_error
                             raise input_error(source, exc) from None  # names the shard or image
+                        except tf.errors.UnknownError as exc:
+                            from stallscope.storage.readers import storage_failure
+                            failure = storage_failure(exc)  # the store failed mid-run: one line
+                            if failure is None:
+                                raise
+                            raise failure from None
                         clock.batch_received()
                         if accelerator.emulated:
                             with tf.profiler.experimental.Trace(TRACE_NAME):
