@@ -78,12 +78,19 @@ def evaluate_model(model, dataset) -> EvalResult:
 
     started = time.perf_counter()
     total = correct1 = correctk = loss_sum = 0.0
-    for images, labels in dataset:
-        top1, topk, loss, count = batch_metrics(images, labels)
-        correct1 += float(top1)
-        correctk += float(topk)
-        loss_sum += float(loss)
-        total += int(count)
+    try:
+        for images, labels in dataset:
+            top1, topk, loss, count = batch_metrics(images, labels)
+            correct1 += float(top1)
+            correctk += float(topk)
+            loss_sum += float(loss)
+            total += int(count)
+    except tf.errors.UnknownError as exc:
+        from stallscope.storage.readers import storage_failure
+        failure = storage_failure(exc)  # the store failed mid-run: one line
+        if failure is None:
+            raise
+        raise failure from None
     if total == 0:
         raise DataError("evaluation: the split yielded no examples")
     return EvalResult(examples=int(total), top1=correct1 / total, top5=correctk / total, loss=loss_sum / total,
