@@ -514,6 +514,8 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                     batch_size=config.batch_size, cores=warm.cores, phase=phase,
                                     steady_cache=steady))
     phases = tuple(phases)
+    from stallscope.storage.readers import describe_reader
+
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served)
     advice = merge_advice(advice, storage_advice(
@@ -521,7 +523,9 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         local_images_per_second=warm.images_per_second, dataset_path=str(source.path)))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
-                "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes},
+                "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
+                "reader": describe_reader(source.kind, source.files, read_parallelism=config.read_parallelism,
+                                          map_parallelism=config.map_parallelism)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=notes,
         storage=figures, storage_whatif=what,

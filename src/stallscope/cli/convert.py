@@ -11,21 +11,29 @@ examples:
   stallscope convert images --output_path tfrecords
   stallscope convert --dataset_path=images --size_per_record=52428800 --output_path=tfrecords
   stallscope convert data --shards 16 --validation-shards 4 --schema seed --max-side 512
+  stallscope convert s3://bucket/images --output_path s3://bucket/tfrecords --shards 16
 """
 
 from __future__ import annotations
 
 import argparse
 
-from stallscope.cli.flags import add_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int
+from stallscope.cli.flags import (
+    add_flag, add_storage_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int,
+)
 from stallscope.cli.progress import ProgressBar
 from stallscope.data.images import CHECK_CHOICES
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", nargs="?", metavar="DATASET_PATH", help="the image tree (same as --dataset_path)")
-    add_flag(parser, "dataset_path", default=None, help="the image tree: {label}/* or {split}/{label}/* (default: images)")
-    add_flag(parser, "output_path", default="tfrecords", help="directory for the shards and manifest.json (default: tfrecords)")
+    add_flag(parser, "dataset_path", default=None,
+             help="the image tree: {label}/* or {split}/{label}/*, a folder, gs://bucket/prefix or s3://bucket/prefix "
+                  "(default: images)")
+    add_flag(parser, "output_path", default="tfrecords",
+             help="directory for the shards and manifest.json: a folder, gs://bucket/prefix or s3://bucket/prefix "
+                  "(default: tfrecords)")
+    add_storage_flag(parser)
     add_flag(parser, "labels", type=existing_file, default=None, metavar="FILE",
              help="one label per line; the line order fixes the label indices (default: sorted folder names)")
     sharding = parser.add_mutually_exclusive_group()

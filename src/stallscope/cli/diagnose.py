@@ -234,6 +234,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
     lines = [
         f"diagnosis of {source['kind']} {source['path']} ({source['examples']} examples, "
         f"{source['bytes'] / 1e6:.1f} MB), pipeline {diagnosis.pipeline.preset}, accelerator {diagnosis.accelerator}",
+        *([f"reader: {source['reader']}"] if source.get("reader", "TF local files") != "TF local files" else []),
         f"probes took {diagnosis.seconds:.1f} s",
         "",
         "pipeline alone (per batch of %d)" % diagnosis.pipeline.batch_size,
