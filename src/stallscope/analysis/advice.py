@@ -50,7 +50,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None) -> lis
     stage = tree.bottleneck_stage
     stage_names = [s.name for s in tree.stages]
     checks = {item.key: item for item in analysis.checklist}
-    input_bound = analysis.steps.verdict != "not"
+    input_bound = analysis.input_bound
     no_prefetch = checks["prefetch_at_end"].answer == "no"
     cpu_saturated = checks["cpu_saturated"].answer == "yes"
     evidence = checks["bottleneck"].evidence

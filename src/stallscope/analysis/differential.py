@@ -287,9 +287,38 @@ def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
     return data
 
 
+def free_cores(probe: PipelineProbe) -> float:
+    """The cores the pipeline can have here: the machine's, less what other processes kept busy
+    during the probe (never below one). The more-cores what-if starts from these, and so does the
+    fix's prediction, so its '+0' row and the predicted column are one figure."""
+    return max(1.0, probe.cores - probe.other_cores_busy)
+
+
+def thread_ms_per_image(parts: PipelineBreakdown, batch_size: int) -> float:
+    """A pipeline thread's time per image: its CPU work plus the waiting (reads, latency) it does
+    in between; parallel stages spread both over their threads."""
+    return parts.cpu_ms_per_image + parts.waiting_ms / batch_size
+
+
+def floor_ms_per_image(parts: PipelineBreakdown, batch_size: int, *, cold: bool) -> float:
+    """What more threads cannot remove: a cold page cache's storage reads per image."""
+    return parts.storage_ms / batch_size if cold else 0.0
+
+
+def parallel_pipeline_ms(parts: PipelineBreakdown, config: PipelineConfig, *, cores: float, cold: bool) -> float:
+    """Pipeline time per batch of `config` on `cores` cores: the one model behind the fix's
+    prediction and the more-cores what-if (whose rows are this for a fully parallel config)."""
+    threads = pipeline_threads(config, cores)
+    return whatif.pipeline_ms_with_cores(
+        cpu_ms_per_image=thread_ms_per_image(parts, config.batch_size), cores=threads,
+        batch_size=config.batch_size, floor_ms_per_image=floor_ms_per_image(parts, config.batch_size, cold=cold))
+
+
 def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreakdown, batch_size: int,
-              cores: int, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
+              cores: float, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
     """The per-step split of one phase (pure arithmetic on measured figures).
+
+    `cores`: the cores free for the pipeline (`free_cores`), where the more-cores what-if starts.
 
     The end-to-end wait (measured with a warm cache) is split by the warm pipeline's share of CPU
     work and waiting; a cold cache adds the storage reads as far as the overlap model says they
@@ -318,7 +347,6 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
     else:
         cause = "fetch" if fetch > preprocessing else "preprocessing"
     pipeline_ms = parts.cold_ms if cold else parts.warm_ms
-    cpu_ms_per_image = parts.cpu_ms_per_image
     return PhaseDiagnosis(
         phase=phase, compute=compute, end_to_end=end_to_end, overlapped=overlapped,
         compute_ms=compute_ms, steady_cache=steady_cache, preprocessing_stall_ms=preprocessing,
@@ -331,8 +359,8 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
         devices=tuple(whatif.accelerator_sweep(pipeline_ms=pipeline_ms, batch_size=batch_size,
                                                overlapped=overlapped)),
         cores=tuple(whatif.cores_sweep(
-            cpu_ms_per_image=cpu_ms_per_image, cores=cores, batch_size=batch_size, compute_ms=compute_ms,
-            floor_ms_per_image=parts.storage_ms / batch_size if cold else 0.0)),
+            cpu_ms_per_image=thread_ms_per_image(parts, batch_size), cores=cores, batch_size=batch_size,
+            compute_ms=compute_ms, floor_ms_per_image=floor_ms_per_image(parts, batch_size, cold=cold))),
         from_storage=from_storage,
         cached=warm_model,
     )
@@ -404,19 +432,14 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
     return advice
 
 
-def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, old: PipelineConfig, new: PipelineConfig,
+def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig,
                   *, cores: float) -> whatif.Prediction:
-    """The step the fixed config should give: CPU work spread over the cores its stages can now use,
-    waiting spread over parallel reads, and the overlap a prefetch brings."""
-    batch = new.batch_size
-    cpu_total = parts.cpu_ms_per_image * batch
-    threads = pipeline_threads(new, max(1, int(round(cores))))
-    waiting = parts.waiting_ms
-    if old.read_parallelism is None and new.read_parallelism is not None:
-        waiting /= threads
-    pipeline_ms = cpu_total / threads + waiting
+    """The step the fixed config should give: the model of the more-cores what-if (`parallel_pipeline_ms`)
+    on the same free cores, its stages as parallel as the new config makes them, and the overlap a
+    prefetch brings. A fix that makes every stage parallel and prefetches predicts the what-if's '+0' row."""
+    pipeline_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=phase.steady_cache == "cold")
     overlapped = phase.overlapped or new.prefetch is not None
-    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=batch,
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
                           overlapped=overlapped)
 
 
@@ -511,7 +534,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
             say(f"probe: end to end ({phase})")
             end_to_end = prober.end_to_end(config, phase)
             phases.append(attribute(compute=compute, end_to_end=end_to_end, parts=parts,
-                                    batch_size=config.batch_size, cores=warm.cores, phase=phase,
+                                    batch_size=config.batch_size, cores=free_cores(warm), phase=phase,
                                     steady_cache=steady))
     phases = tuple(phases)
     from stallscope.storage.readers import describe_reader
@@ -600,6 +623,12 @@ class FixResult:
     config_path: Path | None
 
     @property
+    def config_changes(self) -> dict[str, Any]:
+        """The knobs the fix changed, with their new values."""
+        old = self.diagnosis.pipeline.to_dict()
+        return {k: v for k, v in self.config.to_dict().items() if k != "preset" and old.get(k) != v}
+
+    @property
     def held(self) -> bool:
         """Whether the fix lowered the input share in every phase (the advice held)."""
         return all(p.after.input_share <= p.before.input_share for p in self.phases)
@@ -631,7 +660,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
     new = apply_advice(old, applicable).replace(preset="custom" if old.preset == "custom" else f"{old.preset}+fix")
     train = options.train
     source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
-    cores = max(1.0, diagnosis.warm.cores - diagnosis.warm.other_cores_busy)
+    cores = free_cores(diagnosis.warm)
     phases = []
     with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
@@ -640,8 +669,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
             say(f"re-run with the fixed pipeline ({phase.phase})")
             after = prober.end_to_end(new, phase.phase)
             phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
-                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, old, new,
-                                                           cores=cores),
+                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, new, cores=cores),
                                    after=after))
     result = FixResult(diagnosis=diagnosis, applied=applicable, config=new, phases=tuple(phases),
                        config_path=Path(save_to) if save_to is not None else None)

@@ -115,7 +115,7 @@ def run_queue_delay_s() -> float | None:
     return total / 1e9 if found else None
 
 
-def pipeline_threads(config: PipelineConfig, cores: int) -> float:
+def pipeline_threads(config: PipelineConfig, cores: float) -> float:
     """How many cores the pipeline's stages can keep busy: one for a sequential chain (it runs
     inside get_next), the parallelism of its parallel stages otherwise, at most the pool size."""
     widths = [1]

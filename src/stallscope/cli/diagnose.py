@@ -30,6 +30,7 @@ from pathlib import Path
 from stallscope.cli import flags
 from stallscope.cli.train import add_pipeline_flags, add_workload_flags, require_data_service, train_options_from_args
 from stallscope.errors import UsageError
+from stallscope.report.text import fmt_knobs
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
@@ -266,8 +267,9 @@ def report_lines(diagnosis, result=None) -> list[str]:
             "  what if the device ran at:   "
             + ", ".join(f"{d.device_images_per_second:,.0f} -> {_pct(d.prediction.input_share)}"
                         for d in phase.devices),
-            "  what if more CPU cores, stages parallel (pipeline images/s, input share): "
-            + ", ".join(f"+{c.extra_cores} -> {c.pipeline_images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
+            f"  what if more CPU cores than the {_cores(phase)} free here, stages parallel and prefetched "
+            "(training images/s, input share): "
+            + ", ".join(f"+{c.extra_cores} -> {c.prediction.images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
                         for c in phase.cores),
             f"  data cached in memory:       {_ms(phase.cached.step_ms)} step, {_pct(phase.cached.input_share)} input"
             + (f"  (from storage: {_ms(phase.from_storage.step_ms)}, {_pct(phase.from_storage.input_share)})"
@@ -279,15 +281,21 @@ def report_lines(diagnosis, result=None) -> list[str]:
         lines += ["", *storage_lines(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "advice" if diagnosis.advice else "advice: none, the pipeline keeps up"]
     for number, advice in enumerate(diagnosis.advice, 1):
-        knobs = ", ".join(f"{k}={v}" for k, v in advice.knobs.items()) or advice.command
+        knobs = fmt_knobs(advice.knobs) or advice.command
         lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f": {advice.reason}")
     if result is not None:
         lines += ["", *fix_lines(result)]
     return lines
 
 
+def _cores(phase) -> str:
+    free = phase.cores[0].cores if phase.cores else 0
+    return f"{free:.1f}".rstrip("0").rstrip(".")
+
+
 def fix_lines(result) -> list[str]:
-    lines = [f"fix applied: {', '.join(a.key for a in result.applied)}"]
+    lines = [f"fix applied: {', '.join(a.key for a in result.applied)} ({fmt_knobs(result.config_changes)})",
+             "predicted: the what-if model above (the same free cores), for the fixed pipeline"]
     header = f"  {'':16}{'before':>12}{'predicted':>12}{'after':>12}"
     for phase in result.phases:
         lines += [
@@ -309,7 +317,7 @@ def fix_lines(result) -> list[str]:
 
 
 def _md_knobs(advice) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in advice.knobs.items()) or advice.command
+    knobs = fmt_knobs(advice.knobs) or advice.command
     return f" (`{knobs}`)" if knobs else ""
 
 
