@@ -25,6 +25,7 @@ test: venv
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/analysis.py

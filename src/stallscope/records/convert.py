@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +31,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import DATASET_INDEX, ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, FolderTree, ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
@@ -443,14 +444,18 @@ def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any]
 # --- the conversion -------------------------------------------------------------------------------
 
 
-def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
-    """Converts `options.dataset_path` into shards and a manifest in `options.output_path` (either may be
-    gs:// or s3://; an output in a bucket is staged locally, then published: `remote_output.py`)."""
-    if isinstance(options.output_path, RemotePath):
-        from stallscope.records.remote_output import convert_to_store
+@dataclasses.dataclass(frozen=True)
+class ConversionPlan:
+    """What a conversion will write, decided before any output is touched (shared with `beam_convert`)."""
 
-        return convert_to_store(options, progress)
-    started = time.perf_counter()
+    tree: FolderTree
+    candidates: list[Candidate]
+    skipped: list[dict[str, Any]]  # files the scan or the stat refused, with their reasons
+    shards: list[PlannedShard]
+
+
+def plan_conversion(options: ConvertOptions) -> ConversionPlan:
+    """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
     try:
         tree = scan_tree(options.dataset_path, labels)
@@ -468,13 +473,32 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     candidates = _candidates(root, tree.files, skipped)
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
-    plan = plan_shards(options, candidates, tree.labels)
+    return ConversionPlan(tree, candidates, skipped, plan_shards(options, candidates, tree.labels))
+
+
+@contextlib.contextmanager
+def claimed_output(options: ConvertOptions, plan: list[PlannedShard]) -> Iterator[Path]:
+    """Checks the output folder, locks it and clears what an earlier run left that `plan` has no use
+    for; yields the state folder. The lock is held for the block."""
     _check_output(options)
     state_dir = _make_state_dir(options.output_path)
     with exclusive_lock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(options.output_path)!r}"):
         _check_output(options)  # again: the run that held the lock may have changed the folder
         _reset_output(options, state_dir, plan)
-        return _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started)
+        yield state_dir
+
+
+def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
+    """Converts `options.dataset_path` into shards and a manifest in `options.output_path` (either may be
+    gs:// or s3://; an output in a bucket is staged locally, then published: `remote_output.py`)."""
+    if isinstance(options.output_path, RemotePath):
+        from stallscope.records.remote_output import convert_to_store
+
+        return convert_to_store(options, progress)
+    started = time.perf_counter()
+    plan = plan_conversion(options)
+    with claimed_output(options, plan.shards) as state_dir:
+        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress, started)
 
 
 def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started) -> ConvertReport:
