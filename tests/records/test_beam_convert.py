@@ -101,30 +101,6 @@ def test_bad_beam_options_are_one_line_exit_2(extra, needle, tiny_tree, tmp_path
     assert not out.exists()  # refused before the output folder was touched
 
 
-def test_filesystems_writer_commits_by_rename_and_aborts_without_a_trace(tmp_path):
-    """The writer used for bucket output, run through Beam's FileSystems on a local folder."""
-    from stallscope.records.beam_convert import FileSystemsShardWriter
-    from stallscope.records.writer import file_sha256
-
-    frames = [frame_record(b"one"), frame_record(b"two" * 100)]
-    final = tmp_path / "train-00000-of-00001.tfrecord"
-    seen_before_rename = []
-    with FileSystemsShardWriter(str(final)) as writer:
-        for frame in frames:
-            writer.write_framed(frame)
-        info = writer.commit(before_rename=lambda i: seen_before_rename.append(final.exists()))
-    assert seen_before_rename == [False]
-    assert final.read_bytes() == b"".join(frames)
-    assert (info.records, info.bytes, info.sha256) == (2, len(b"".join(frames)), file_sha256(final))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]
-
-    with pytest.raises(RuntimeError):
-        with FileSystemsShardWriter(str(tmp_path / "train-00000-of-00002.tfrecord")) as writer:
-            writer.write_framed(frames[0])
-            raise RuntimeError("a worker dies mid-shard")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]
-
-
 def _noisy_tree(root: Path, per_class: int = 24) -> Path:
     """Noisy 480x360 JPEGs: a one-worker conversion of these takes long enough to be killed mid-way."""
     rng = np.random.default_rng(5)

@@ -115,12 +115,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args
-        from stallscope.storage.location import RemotePath
-
-        for flag, path in (("--dataset_path", options.dataset_path), ("--output_path", options.output_path)):
-            if isinstance(path, RemotePath):
-                raise UsageError(f"{flag}: --runner beam reads and writes local or mounted folders for now; expected "
-                                 f"a local path, got {path}")
 
         report = convert_with_beam(options, pipeline_args(args.beam_option, args.beam_options_file))
     else:

@@ -19,24 +19,26 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
+import tempfile
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from stallscope.data import images
 from stallscope.errors import DataError, UsageError
+from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
-    UNREADABLE, VANISHED, ConvertOptions, ConvertReport, PlannedShard, _build_manifest, _file_entry, _report,
-    _reusable, _state_path, claimed_output, plan_conversion,
+    UNREADABLE, VANISHED, ConvertOptions, ConvertReport, PlannedShard, _build_manifest, _fetch_chunk, _file_entry,
+    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion,
 )
-from stallscope.records.manifest import MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
+from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, encode_example_bytes, frame_record
+from stallscope.storage import location
+from stallscope.storage.location import RemotePath, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,15 @@ PLAN_DIR = "beam-plan"  # in the state folder: one item list per pending shard
 INSTALL_HINT = "pip install 'stallscope[beam]' (or apache-beam)"
 # Runners whose workers run on other machines and so can never see a path of this one.
 REMOTE_ONLY_RUNNERS = ("dataflowrunner", "dataflow")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# Images a worker fetches at once from a bucket (the local convert's chunk: its requests are in flight together).
+FETCH_CHUNK = 32
 
 
 def is_remote(path: str) -> bool:
-    """`gs://bucket/x`, `s3://...`: a path Beam's FileSystems open, not the local file system."""
-    return bool(_SCHEME.match(path)) and not path.startswith("file://")
+    """`gs://bucket/x`, `s3://...`: read and written through stallscope's own store clients (TF's gs://,
+    s3fs), the same as every other command, so a worker needs nothing but stallscope and the store's
+    usual credentials."""
+    return location.is_remote(path)
 
 
 def require_beam():
@@ -149,7 +154,7 @@ def _check_reachable(options: ConvertOptions, runner: str) -> None:
         if not is_remote(str(path)):
             raise UsageError(
                 f"{flag}: {runner} workers run on other machines and cannot read {str(path)!r} on this one; "
-                "expected a bucket path (gs://...)"
+                "expected a bucket path (gs://... or s3://...)"
             )
 
 
@@ -174,31 +179,25 @@ class ShardTask:
 
 def _join(base: str, *parts: str) -> str:
     if is_remote(base):
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.join(base, *parts)
+        return "/".join([base.rstrip("/"), *parts])
     return os.path.join(base, *parts)
 
 
-def _read_bytes(path: bytes | str) -> bytes:
-    if isinstance(path, str) and is_remote(path):
-        from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:  # never by extension
-            return handle.read()
+def _read_bytes(path: str) -> bytes:
+    if is_remote(path):
+        return location.as_path(path).read_bytes()
     with open(path, "rb") as handle:
         return handle.read()
 
 
-def convert_image(path: bytes | str, name: bytes, label: int, label_text: bytes, schema_name: str,
-                  image_options: images.ImageOptions) -> tuple:
-    """One image, as the local convert's workers judge it: ("ok", frame, actions) or ("skip", reason, detail)."""
-    try:
-        data = _read_bytes(path)
-    except FileNotFoundError:
+def judge_image(data: bytes | OSError, name: bytes, label: int, label_text: bytes, schema_name: str,
+                image_options: images.ImageOptions) -> tuple:
+    """One image's bytes (or the error that stopped their read), as the local convert's workers judge
+    them: ("ok", frame, actions) or ("skip", reason, detail)."""
+    if isinstance(data, FileNotFoundError):
         return ("skip", VANISHED, "")
-    except OSError as exc:
-        return ("skip", UNREADABLE, f"{exc.__class__.__name__}: {exc.strerror or exc}")
+    if isinstance(data, OSError):
+        return ("skip", UNREADABLE, f"{data.__class__.__name__}: {data.strerror or data}")
     try:
         image = images.prepare_image(data, image_options)
     except images.UnusableImage as exc:
@@ -210,49 +209,76 @@ def convert_image(path: bytes | str, name: bytes, label: int, label_text: bytes,
     return ("ok", frame_record(payload), image.actions)
 
 
-class FileSystemsShardWriter:
-    """`ShardWriter`'s contract (temporary name, commit renames, abort removes) through Beam's
-    FileSystems, for output in a bucket. The temporary is named per attempt, so a retried or
-    speculative copy of the same shard never writes into another's file."""
+def convert_image(path: bytes | str, name: bytes, label: int, label_text: bytes, schema_name: str,
+                  image_options: images.ImageOptions) -> tuple:
+    """One image from a local or mounted path (see `judge_image`)."""
+    try:
+        with open(path, "rb") as handle:
+            data: bytes | OSError = handle.read()
+    except OSError as exc:
+        data = exc
+    return judge_image(data, name, label, label_text, schema_name, image_options)
 
-    def __init__(self, path: str) -> None:
-        from apache_beam.io.filesystems import CompressionTypes, FileSystems
 
-        self._fs = FileSystems
-        self.path = path
-        head, name = path.rsplit("/", 1)
-        self._tmp = f"{head}/.{name}.tmp-{uuid.uuid4().hex[:12]}"
-        self._handle = FileSystems.create(self._tmp, compression_type=CompressionTypes.UNCOMPRESSED)
-        self._sha = hashlib.sha256()
-        self.records = 0
-        self.bytes = 0
+def _judged_items(items: list, remote_input: bool, schema_name: str,
+                  image_options: images.ImageOptions) -> Iterator[tuple[bytes, tuple]]:
+    """(name, judgement) for each item of a shard's plan; from a bucket, FETCH_CHUNK requests at once."""
+    decoded = [(bytes.fromhex(p), bytes.fromhex(n), label, bytes.fromhex(t)) for p, n, label, t in items]
+    if not remote_input:
+        for path, name, label, text in decoded:
+            yield name, convert_image(path, name, label, text, schema_name, image_options)
+        return
+    for start in range(0, len(decoded), FETCH_CHUNK):
+        chunk = [(path.decode("utf-8", "surrogateescape"), name, label, text)
+                 for path, name, label, text in decoded[start:start + FETCH_CHUNK]]
+        _, _, fetched = _fetch_chunk((schema_name, image_options, chunk))
+        for data, name, label, text in fetched:
+            yield name, judge_image(data, name, label, text, schema_name, image_options)
+
+
+class UploadingShardWriter:
+    """`ShardWriter`'s contract (nothing visible until complete; the state saved before the shard
+    appears) for a shard in a bucket: the records go to a local temporary file, hashed as they are
+    written, then up under a temporary object name, and the rename makes the shard visible."""
+
+    def __init__(self, target: RemotePath) -> None:
+        self.target = target
+        self._scratch = tempfile.TemporaryDirectory(prefix="stallscope-shard-")
+        self._local = ShardWriter(Path(self._scratch.name) / target.name)
+        self._uploaded: RemotePath | None = None
         self._info: ShardInfo | None = None
 
+    @property
+    def records(self) -> int:
+        return self._local.records
+
     def write_framed(self, frame: bytes) -> None:
-        self._handle.write(frame)
-        self._sha.update(frame)
-        self.records += 1
-        self.bytes += len(frame)
+        self._local.write_framed(frame)
 
     def commit(self, before_rename: Callable[[ShardInfo], None] | None = None) -> ShardInfo:
-        self._handle.close()
-        info = ShardInfo(file=self.path.rsplit("/", 1)[1], records=self.records, bytes=self.bytes,
-                         sha256=self._sha.hexdigest())
+        info = self._local.commit()
+        store = location.backend(self.target)
+        tmp = location.temporary_name(self.target)
+        store.upload(self._local.path, tmp)
+        self._uploaded = tmp
         if before_rename is not None:
             before_rename(info)
-        if self._fs.exists(self.path):  # an earlier attempt's identical shard: replace it
-            self._fs.delete([self.path])
-        self._fs.rename([self._tmp], [self.path])
+        store.rename(tmp, self.target)
+        self._uploaded = None
         self._info = info
+        self._scratch.cleanup()
         return info
 
     def abort(self) -> None:
-        if not self._handle.closed:
-            self._handle.close()
-        if self._fs.exists(self._tmp):
-            self._fs.delete([self._tmp])
+        self._local.abort()
+        if self._uploaded is not None:
+            try:
+                location.backend(self.target).delete(self._uploaded)
+            except (StorageError, OSError):
+                log.warning("could not remove %s; the next run removes it", self._uploaded)
+        self._scratch.cleanup()
 
-    def __enter__(self) -> "FileSystemsShardWriter":
+    def __enter__(self) -> "UploadingShardWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -261,20 +287,14 @@ class FileSystemsShardWriter:
 
 
 def _write_json(path: str, data: Any) -> None:
-    if not is_remote(path):
+    if is_remote(path):
+        location.write_bytes(location.as_path(path), json.dumps(data, indent=2, ensure_ascii=True).encode() + b"\n")
+    else:
         write_json_atomic(Path(path), data)
-        return
-    from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-    head, name = path.rsplit("/", 1)
-    tmp = f"{head}/.{name}.tmp-{uuid.uuid4().hex[:12]}"
-    with FileSystems.create(tmp, mime_type="application/json", compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(json.dumps(data, indent=2, ensure_ascii=True).encode() + b"\n")
-    FileSystems.rename([tmp], [path])
 
 
 def _shard_writer(path: str):
-    return FileSystemsShardWriter(path) if is_remote(path) else ShardWriter(Path(path))
+    return UploadingShardWriter(location.as_path(path)) if is_remote(path) else ShardWriter(Path(path))
 
 
 def convert_shard(task: ShardTask) -> str:
@@ -287,12 +307,7 @@ def convert_shard(task: ShardTask) -> str:
     repaired: list[dict[str, Any]] = []
     remote_input = plan.get("remote_input", False)
     with _shard_writer(_join(task.output_dir, task.filename)) as writer:
-        for path_hex, name_hex, label, text_hex in plan["items"]:
-            path: bytes | str = bytes.fromhex(path_hex)
-            if remote_input:
-                path = path.decode("utf-8", "surrogateescape")
-            name = bytes.fromhex(name_hex)
-            result = convert_image(path, name, label, bytes.fromhex(text_hex), task.schema, task.image_options)
+        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options):
             if result[0] == "ok":
                 writer.write_framed(result[1])
                 if result[2]:
@@ -316,16 +331,23 @@ def convert_shard(task: ShardTask) -> str:
 # --- launcher side ---------------------------------------------------------------------------------------
 
 
-def _write_plan_files(options: ConvertOptions, state_dir: Path, pending: list[PlannedShard]) -> list[ShardTask]:
+def _write_plan_files(options: ConvertOptions, state_dir: Path | RemotePath,
+                      pending: list[PlannedShard]) -> list[ShardTask]:
+    """Each pending shard's item list, where every worker can read it: the local state folder, or
+    the bucket's when the output is in one (a Dataflow worker never sees the launcher's disk)."""
     folder = state_dir / PLAN_DIR
-    shutil.rmtree(folder, ignore_errors=True)  # item lists of an earlier plan
-    folder.mkdir()
+    if isinstance(folder, RemotePath):
+        def save(path, data):
+            location.write_bytes(path, json.dumps(data).encode())
+    else:
+        shutil.rmtree(folder, ignore_errors=True)  # item lists of an earlier plan
+        folder.mkdir()
+        save = write_json_atomic
     remote_input = is_remote(str(options.dataset_path))
     tasks = []
     for shard in pending:
         items = [[os.fsencode(c.path).hex(), c.name.hex(), c.label, os.fsencode(c.label_text).hex()] for c in shard.items]
-        write_json_atomic(folder / f"{shard.filename}.json",
-                          {"fingerprint": shard.fingerprint, "remote_input": remote_input, "items": items})
+        save(folder / f"{shard.filename}.json", {"fingerprint": shard.fingerprint, "remote_input": remote_input, "items": items})
         tasks.append(ShardTask(shard.filename, shard.fingerprint, str(options.output_path), str(state_dir),
                                options.schema, options.image_options))
     return tasks
@@ -354,17 +376,46 @@ def run_pipeline(args: Sequence[str], tasks: list[ShardTask]) -> None:
         raise DataError(f"the Beam pipeline ended {state}; completed shards are kept, run the same command again to finish")
 
 
-def _finished_state(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any]:
-    """The state a worker saved, checked against the plan and the shard it renamed into place."""
+def _saved_state(out: Path | RemotePath, state_dir: Path | RemotePath, shard: PlannedShard) -> dict[str, Any] | None:
+    """The state a worker saved for `shard`, if it matches the plan and the shard it renamed into place."""
     try:
         state = json.loads(_state_path(state_dir, shard).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        state = {}
+        return None
     info = state.get("shard", {})
     path = out / shard.filename
     if state.get("fingerprint") != shard.fingerprint or not path.is_file() or path.stat().st_size != info.get("bytes"):
-        raise DataError(f"{path}: the Beam pipeline finished without writing this shard as planned; run the same command again")
+        return None
     return state
+
+
+def _finished_state(out: Path | RemotePath, state_dir: Path | RemotePath, shard: PlannedShard) -> dict[str, Any]:
+    state = _saved_state(out, state_dir, shard)
+    if state is None:
+        raise DataError(f"{out / shard.filename}: the Beam pipeline finished without writing this shard as planned; "
+                        "run the same command again")
+    return state
+
+
+def _run_pending_shards(options: ConvertOptions, args: Sequence[str], plan, state_dir: Path | RemotePath,
+                        reusable: Callable) -> tuple[dict[str, dict[str, Any]], int]:
+    """({shard: state} for every planned shard, how many an earlier run had finished): the shards
+    `reusable` does not vouch for are written by the pipeline."""
+    out = options.output_path
+    results: dict[str, dict[str, Any]] = {}
+    for shard in plan.shards:
+        state = reusable(out, state_dir, shard)
+        if state is not None:
+            results[shard.filename] = state
+    reused = len(results)
+    pending = [s for s in plan.shards if s.filename not in results]
+    if pending:
+        log.info("running %d shard(s) on Beam (%s); %d kept from an earlier run", len(pending), " ".join(args), reused)
+        run_pipeline(args, _write_plan_files(options, state_dir, pending))
+        location.forget_listings()  # in a bucket, the workers wrote objects this process has not seen
+        for shard in pending:
+            results[shard.filename] = _finished_state(out, state_dir, shard)
+    return results, reused
 
 
 def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner={DEFAULT_RUNNER}",)) -> ConvertReport:
@@ -377,26 +428,64 @@ def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner
     _check_reachable(options, _runner_name(args))
     plan = plan_conversion(options)
     out = options.output_path
+    if isinstance(out, RemotePath):
+        return _convert_into_store(options, args, plan, started)
     with claimed_output(options, plan.shards) as state_dir:
-        results: dict[str, dict[str, Any]] = {}
-        for shard in plan.shards:
-            state = _reusable(out, state_dir, shard)
-            if state is not None:
-                results[shard.filename] = state
-        reused = len(results)
-        pending = [s for s in plan.shards if s.filename not in results]
-        if pending:
-            log.info("running %d shard(s) on Beam (%s); %d kept from an earlier run", len(pending), " ".join(args), reused)
-            run_pipeline(args, _write_plan_files(options, state_dir, pending))
-            for shard in pending:
-                results[shard.filename] = _finished_state(out, state_dir, shard)
+        results, reused = _run_pending_shards(options, args, plan, state_dir, _reusable)
         manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
         save_manifest(out, manifest)
         shutil.rmtree(state_dir, ignore_errors=True)
+    return _checked_report(options, plan, manifest, reused, started)
+
+
+def _checked_report(options: ConvertOptions, plan, manifest, reused: int, started: float) -> ConvertReport:
     report = _report(options, manifest, plan.candidates, reused, time.perf_counter() - started)
+    out = options.output_path
     if report.examples == 0:
         raise DataError(
             f"dataset path {str(plan.tree.root)!r}: no usable images; all {len(plan.candidates)} file(s) in class "
             f"folders were skipped (reasons in {out / MANIFEST_NAME})"
         )
     return report
+
+
+def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, started: float) -> ConvertReport:
+    """The Beam convert into gs:// or s3://: the workers upload their shards themselves (no staging on
+    the launcher, whose disk a cluster's workers never see). The bucket's copy keeps the local rules:
+    objects convert did not write make it refuse before any work; the state (`run.json`: the shards
+    this tool owns there; one state per written shard; the item lists) lives under the prefix's
+    `.stallscope-convert/`; an earlier manifest goes first and the new one is written last, so an
+    interrupted run never looks complete, and running the same command again reuses its finished shards."""
+    from stallscope.records import sharding
+    from stallscope.records.remote_output import _remote_owned, check_remote_output
+    from stallscope.records.writer import is_temporary
+
+    out: RemotePath = options.output_path
+    state_dir = out / STATE_DIR
+    try:
+        check_remote_output(out)
+        owned, _ = _remote_owned(out)
+        planned = {shard.filename for shard in plan.shards}
+        command = " ".join([convert_command(options), "--runner beam",
+                            *(f"--beam-option={shlex.quote(a)}" for a in args if a != f"--runner={DEFAULT_RUNNER}")])
+        location.write_bytes(state_dir / RUN_NAME, json.dumps({"command": command, "owned": sorted(owned | planned)}).encode())
+        if (out / MANIFEST_NAME).exists():
+            location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
+        results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state)
+        manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
+        for entry in list(out.iterdir()):
+            stale_shard = entry.name in owned - planned and sharding.SHARD_NAME.match(entry.name)
+            if entry.is_file() and (stale_shard or is_temporary(entry.name)):
+                log.info("removing %s left by an earlier conversion", entry)
+                location.delete(entry)
+        with tempfile.TemporaryDirectory(prefix="stallscope-manifest-") as scratch:
+            save_manifest(Path(scratch), manifest)
+            location.upload_file(Path(scratch) / LABELS_NAME, out / LABELS_NAME)
+            location.upload_file(Path(scratch) / MANIFEST_NAME, out / MANIFEST_NAME)  # last: now the copy is complete
+        for entry in list(state_dir.walk_files()):
+            location.delete(entry)
+    except StorageError as exc:
+        if str(exc).startswith("--output_path"):
+            raise
+        raise StorageError(f"--output_path: {exc}") from None
+    return _checked_report(options, plan, manifest, reused, started)
