@@ -25,12 +25,14 @@ test: venv
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/analysis.py
 	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
+	$(BIN)/python benchmarks/storage.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output
