@@ -3,7 +3,6 @@
 import pytest
 
 from stallscope.storage.objects import ByteRangeError, FolderBucket, parse_range
-from stallscope.storage.units import parse_bandwidth, parse_latency
 
 
 def test_parse_range_forms():
@@ -56,14 +55,3 @@ def test_listing_with_delimiter_folds_folders_and_skips_empty_ones(bucket):
     inner = bucket.list("a/", "/")
     assert [o.key for o in inner.objects] == ["a/x.txt"] and inner.prefixes == ("a/b/",)
     assert bucket.list("nothing/", "/").objects == ()
-
-
-def test_units():
-    assert parse_latency("10ms") == pytest.approx(0.01) and parse_latency("0") == 0
-    assert parse_bandwidth("200Mbit") == 200e6 and parse_bandwidth("25MB/s") == 200e6
-    for bad in ("fast", "-1ms"):
-        with pytest.raises(ValueError, match="latency"):
-            parse_latency(bad)
-    for bad in ("10mb/s", "0Mbit", "1e9"):
-        with pytest.raises(ValueError, match="bandwidth"):
-            parse_bandwidth(bad)

@@ -28,21 +28,28 @@ COUNTERS_EVERY_S = 1.0
 
 
 def _latency(text: str) -> float:
-    from stallscope.storage.units import parse_latency
+    """Seconds, from the what-if's latency form (10ms, 500us, 0.1s); a bare 0 is no latency."""
+    from stallscope.analysis.storage_whatif import parse_latency_ms
+
+    if text.strip() == "0":
+        return 0.0
+    try:
+        return parse_latency_ms(text) / 1000.0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+
+
+def _bandwidth(text: str) -> float | None:
+    """Bits per second, from the what-if's bandwidth form (200Mbit, 1Gbit, 25MB/s); 'unlimited' is None."""
+    import math
+
+    from stallscope.analysis.storage_whatif import parse_bandwidth
 
     try:
-        return parse_latency(text)
+        bytes_per_s = parse_bandwidth(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _bandwidth(text: str) -> float:
-    from stallscope.storage.units import parse_bandwidth
-
-    try:
-        return parse_bandwidth(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+    return None if math.isinf(bytes_per_s) else bytes_per_s * 8
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +68,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
              help="held per request (HTTP stores: per request burst; mount: per open, read and listing); "
                   "0 for none (default: 0)")
     add_flag(serve, "bandwidth", type=_bandwidth, default=None, metavar="RATE",
-             help="shared cap per direction, e.g. 200Mbit, 1Gbit, 25MB/s (default: none)")
+             help="shared cap per direction, e.g. 200Mbit, 1Gbit, 25MB/s (default: unlimited)")
     add_flag(serve, "bucket", default="data", help="the bucket name: gs://NAME, s3://NAME (default: data)")
     add_flag(serve, "port", type=non_negative_int, default=0,
              help="port on 127.0.0.1 readers connect to (default: 0, a free one)")
@@ -86,9 +93,12 @@ def _options(args: argparse.Namespace):
 
 
 def _print_usage(store) -> None:
-    from stallscope.storage.units import format_bandwidth, format_latency
+    from stallscope.analysis.storage_whatif import TF_GCS_DEFAULT_BLOCK_MB
+    from stallscope.storage.gcs import GCS_BLOCK_VAR
+    from stallscope.analysis.storage_whatif import format_bandwidth, format_latency
 
-    shaping = f"{format_latency(store.options.latency_s)} per request, bandwidth {format_bandwidth(store.options.bandwidth_bps)}"
+    bandwidth = store.options.bandwidth_bps / 8 if store.options.bandwidth_bps else float("inf")
+    shaping = f"{format_latency(store.options.latency_s * 1000)} per request, bandwidth {format_bandwidth(bandwidth)}"
     if store.options.kind == "mount":
         print(f"# {store.options.root} mounted read-only at {store.url} ({shaping})")
         print(f"export STALLSCOPE_STORAGE_URL={store.url}")
@@ -97,6 +107,9 @@ def _print_usage(store) -> None:
               f"read-only")
         for name, value in store.env.items():
             print(f"export {name}={value}")
+        if store.options.kind == "gcs":
+            print(f"# TF's gs:// buffers {TF_GCS_DEFAULT_BLOCK_MB} MB per opened object; for a JPEG tree read by your own "
+                  f"code also export {GCS_BLOCK_VAR}=1 (stallscope's commands set it themselves)")
         print(f"export STALLSCOPE_STORAGE_URL={store.url}")
     print("# Ctrl-C or SIGTERM stops it", flush=True)
 
@@ -143,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         if own_state:
             shutil.rmtree(state_dir, ignore_errors=True)
     print(f"# stopped: {final.requests} requests, {final.connections} connections, "
-          f"{final.bytes_sent} bytes sent", file=sys.stderr, flush=True)
+          f"{final.bytes} bytes sent", file=sys.stderr, flush=True)
     return 0
 
 

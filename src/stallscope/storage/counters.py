@@ -23,14 +23,14 @@ class StoreCounters:
     requests: requests answered (HTTP requests; for a mount, opens plus reads plus listings), each of
         which paid the emulated latency.
     connections: TCP connections accepted (for a mount: files opened).
-    bytes_sent: payload bytes sent to readers (object bodies, listings; for a mount, bytes read).
+    bytes: payload bytes sent to readers (object bodies, listings; for a mount, bytes read).
     lists: listing requests among `requests` (object listings; for a mount, directories read).
     errors: requests answered with an error (missing object or bucket, refused write, bad range).
     """
 
     requests: int = 0
     connections: int = 0
-    bytes_sent: int = 0
+    bytes: int = 0
     lists: int = 0
     errors: int = 0
 

@@ -108,12 +108,12 @@ def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
     state_dir = Path(tempfile.mkdtemp(prefix="stallscope-storage-"))
     ready, log_path = state_dir / "ready.json", state_dir / "serve.log"
     command = [sys.executable, "-m", "stallscope", "storage", "serve", str(options.root),
-               "--latency", f"{options.latency_s!r}s", "--bucket", options.bucket, "--port", str(options.port),
-               "--for", f"{float(max_duration_s)!r}s", "--ready-file", str(ready), "--state-dir", str(state_dir),
+               "--latency", f"{options.latency_s * 1000:.6f}ms", "--bucket", options.bucket, "--port", str(options.port),
+               "--for", f"{float(max_duration_s):.3f}s", "--ready-file", str(ready), "--state-dir", str(state_dir),
                "--parent-pid", str(os.getpid())]
     command += ["--mount", str(options.mount_point)] if kind == "mount" else [f"--{kind}"]
     if bandwidth_bps:
-        command += ["--bandwidth", f"{float(bandwidth_bps)!r}bit"]
+        command += ["--bandwidth", f"{float(bandwidth_bps):.3f}bit"]
     if counters_path is not None:
         command += ["--counters", str(counters_path)]
     with open(log_path, "wb") as log_file:

@@ -101,7 +101,7 @@ def _operations_class():
             data = os.pread(fh, size, offset)
             if self.throttle and data:
                 self.throttle.wait(len(data))
-            self.counters.add(requests=1, bytes_sent=len(data))
+            self.counters.add(requests=1, bytes=len(data))
             return data
 
         def release(self, path, fh):

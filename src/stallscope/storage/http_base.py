@@ -72,7 +72,7 @@ class CountingHandler(http.server.BaseHTTPRequestHandler):
         for chunk in ([body] if isinstance(body, (bytes, bytearray)) else body):
             self.wfile.write(chunk)
             sent += len(chunk)
-        self.server.counters.add(bytes_sent=sent)
+        self.server.counters.add(bytes=sent)
 
     def drain_body(self) -> None:
         """Reads and drops a request body, so the connection stays usable after a refused write."""
