@@ -228,3 +228,23 @@ def test_bad_input_is_one_line_with_exit_2(served, tmp_path, capsys, args, needl
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, tmp_path):
+    """End to end: TF's gs:// reads the JPEG tree through the emulator at 10 ms, and diagnose takes
+    the requests per image from the store's own counters file, not from its model."""
+    counters_file = tmp_path / "counters.json"
+    with emulate(served, kind="gcs", latency_s=0.01, counters_path=counters_file, max_duration_s=LIMIT_S * 2) as store:
+        done = subprocess.run(
+            [sys.executable, "-m", "stallscope", "diagnose", "--dataset_path", f"{store.url}/tree", "--pipeline", "seed",
+             "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--probe-steps", "4",
+             "--pipeline-budget", "2", "--no-cold-cache", "--storage-counters", str(counters_file), "--json"],
+            capture_output=True, text=True, timeout=LIMIT_S * 2, env=child_env(store.env))
+        served_requests = store.counters().requests
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    storage = report["storage"]
+    assert storage["basis"] == "measured" and storage["client"] == "tf-gcs"
+    # one ranged GET per JPEG (1 MB blocks), plus a share of the listings and the shuffle's refills
+    assert 1.0 <= storage["requests"] < 2.0 and storage["connections"] > 0
+    assert served_requests >= 24 and report["source"]["path"] == "gs://data/tree"

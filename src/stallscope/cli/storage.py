@@ -24,7 +24,9 @@ from pathlib import Path
 
 from stallscope.cli.flags import add_common_flags, add_flag, creatable_file, duration, non_negative_int
 
-COUNTERS_EVERY_S = 1.0
+# How often the counters file is brought up to date (rewritten only when a counter moved): often
+# enough that `diagnose --storage-counters`, reading it right after its probe, misses little.
+COUNTERS_EVERY_S = 0.02
 
 
 def _latency(text: str) -> float:
@@ -135,12 +137,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         store.start()
         _print_usage(store)
+        written = None
+        if args.counters:  # before the ready file: whoever waits for that may read the counters at once
+            written = _update_counters(store, args.counters, written)
         if args.ready_file:
             _write_json(Path(args.ready_file), store.describe())
         deadline = time.monotonic() + args.for_s if args.for_s else None
         while not stop.is_set():
             if args.counters:
-                store.counters.write_json(args.counters, kind=options.kind, url=store.url)
+                written = _update_counters(store, args.counters, written)
             if deadline is not None and time.monotonic() >= deadline:
                 break
             if args.parent_pid and not _alive(args.parent_pid):
@@ -158,6 +163,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"# stopped: {final.requests} requests, {final.connections} connections, "
           f"{final.bytes} bytes sent", file=sys.stderr, flush=True)
     return 0
+
+
+def _update_counters(store, path: Path, written):
+    """Rewrites the counters file (atomically) when a counter moved since `written`; returns what it holds."""
+    now = store.counters.snapshot()
+    if now != written:
+        store.counters.write_json(path, kind=store.options.kind, url=store.url)
+    return now
 
 
 def _alive(parent_pid: int) -> bool:
