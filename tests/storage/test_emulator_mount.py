@@ -84,3 +84,14 @@ def test_a_mount_point_that_is_not_empty_is_one_line(tiny_tree, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == (f"stallscope storage: error: --mount: expected an empty folder to mount at, "
                                    f"got {str(mount)!r} (not empty)")
+
+
+def test_without_fusermount3_the_mount_is_refused_in_one_line(tiny_tree, tmp_path):
+    """A machine without fuse3: here, a PATH on which fusermount3 cannot be found."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree), "--mount", str(mount)],
+                          capture_output=True, text=True, timeout=LIMIT_S, env=child_env({"PATH": str(tmp_path)}))
+    assert done.returncode == 2 and not os.path.ismount(mount)
+    assert done.stderr.strip() == ("stallscope storage: error: --mount: expected FUSE on this machine, got "
+                                   "fusermount3 is not installed (Debian/Ubuntu: apt-get install fuse3)")

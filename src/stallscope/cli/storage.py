@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from stallscope.cli.flags import add_common_flags, add_flag, creatable_file, duration, non_negative_int
+from stallscope.cli.flags import add_common_flags, add_flag, creatable_dir, creatable_file, duration, non_negative_int
 
 # How often the counters file is brought up to date (rewritten only when a counter moved): often
 # enough that `diagnose --storage-counters`, reading it right after its probe, misses little.
@@ -80,7 +80,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
              help="write the counters (requests, connections, bytes) as JSON here every second and at exit")
     add_flag(serve, "ready_file", type=creatable_file, default=None, metavar="FILE",
              help="write what readers need (url, env, pid) as JSON here once the store answers")
-    add_flag(serve, "state_dir", type=Path, default=None, metavar="DIR",
+    add_flag(serve, "state_dir", type=creatable_dir, default=None, metavar="DIR",
              help="where the test CA and live counters are kept (default: a temporary folder removed at exit)")
     add_flag(serve, "parent_pid", type=non_negative_int, default=0, help=argparse.SUPPRESS)
     serve.set_defaults(kind=None)
