@@ -25,7 +25,7 @@ from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
 
-from .conftest import free_port
+from .conftest import child_environment
 
 LIMIT_S = 120  # every child here is bounded
 
@@ -44,11 +44,6 @@ def digests(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
-    return {name: os.environ[name] for name in keep if name in os.environ} | {"TF_CPP_MIN_LOG_LEVEL": "2"} | extra
-
-
 TF_READS_GS = """
 import hashlib, json, sys
 import tensorflow as tf
@@ -65,7 +60,7 @@ def test_gs_through_tf_reads_the_same_bytes_as_the_folder(served):
     with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
         assert store.url == "gs://data" and store.env["CURL_CA_BUNDLE"] and store.env["NO_GCE_CHECK"] == "true"
         done = subprocess.run([sys.executable, "-c", TF_READS_GS, store.url], capture_output=True, text=True,
-                              timeout=LIMIT_S, env=child_env(store.env | {"GCS_READ_CACHE_BLOCK_SIZE_MB": "1"}))
+                              timeout=LIMIT_S, env=child_environment(store.env | {"GCS_READ_CACHE_BLOCK_SIZE_MB": "1"}))
         assert done.returncode == 0, done.stderr[-3000:]
         read = json.loads(done.stdout.strip().splitlines()[-1])
         counted = store.counters()
@@ -159,7 +154,7 @@ def test_sigterm_ends_the_store_cleanly_with_final_counters(served, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--s3",
                                 "--latency", "1ms", "--for", "60s", "--ready-file", str(ready),
                                 "--counters", str(counters_file)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env({}))
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment())
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -187,7 +182,7 @@ def test_sigterm_ends_the_store_cleanly_with_final_counters(served, tmp_path):
 def test_serve_prints_the_gcs_environment_and_stops_by_itself(served):
     done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--gcs",
                            "--latency", "10ms", "--bandwidth", "200Mbit", "--for", "1s"],
-                          capture_output=True, text=True, timeout=LIMIT_S, env=child_env({}))
+                          capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
     assert done.returncode == 0, done.stderr
     for name in ("HTTPS_PROXY", "CURL_CA_BUNDLE", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK"):
         assert f"export {name}=" in done.stdout
@@ -203,7 +198,7 @@ def test_a_port_in_use_is_one_line(served, latency):
         port = taken.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--s3",
                                "--latency", latency, "--port", str(port), "--for", "5s"],
-                              capture_output=True, text=True, timeout=LIMIT_S, env=child_env({}))
+                              capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
         with pytest.raises(UsageError, match="--port"):
             with emulate(served, kind="s3", port=port, max_duration_s=10):
                 pass
@@ -239,7 +234,7 @@ def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, 
             [sys.executable, "-m", "stallscope", "diagnose", "--dataset_path", f"{store.url}/tree", "--pipeline", "seed",
              "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--probe-steps", "4",
              "--pipeline-budget", "2", "--no-cold-cache", "--storage-counters", str(counters_file), "--json"],
-            capture_output=True, text=True, timeout=LIMIT_S * 2, env=child_env(store.env))
+            capture_output=True, text=True, timeout=LIMIT_S * 2, env=child_environment(store.env))
         served_requests = store.counters().requests
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)

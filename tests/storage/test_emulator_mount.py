@@ -3,7 +3,6 @@ folder's bytes, every open pays the latency, and SIGTERM unmounts."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -18,16 +17,12 @@ from stallscope.analysis.storage_counters import load_storage_counters
 from stallscope.storage.emulator import emulate
 from stallscope.storage.fuse_mount import why_no_fuse
 
-from .test_emulator import LIMIT_S, child_env
+from .conftest import child_environment
+from .test_emulator import LIMIT_S, digests
 
 WHY_NO_FUSE = why_no_fuse()
 pytestmark = pytest.mark.skipif(bool(WHY_NO_FUSE), reason=f"FUSE mount tests need /dev/fuse, fuse3 (libfuse3, "
                                                           f"fusermount3) and mfusepy: {WHY_NO_FUSE}")
-
-
-def digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_mount_reads_the_same_bytes_and_pays_latency_per_open(tiny_tree, tmp_path):
@@ -54,7 +49,7 @@ def test_sigterm_unmounts_and_exits_0(tiny_tree, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree),
                                 "--mount", str(mount), "--latency", "1ms", "--for", "60s",
                                 "--ready-file", str(ready), "--counters", str(counters_file)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env({}))
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment())
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -80,7 +75,7 @@ def test_a_mount_point_that_is_not_empty_is_one_line(tiny_tree, tmp_path):
     mount = tmp_path / "mnt"
     (mount / "something").mkdir(parents=True)
     done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree),
-                           "--mount", str(mount)], capture_output=True, text=True, timeout=LIMIT_S, env=child_env({}))
+                           "--mount", str(mount)], capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
     assert done.returncode == 2
     assert done.stderr.strip() == (f"stallscope storage: error: --mount: expected an empty folder to mount at, "
                                    f"got {str(mount)!r} (not empty)")
@@ -91,7 +86,7 @@ def test_without_fusermount3_the_mount_is_refused_in_one_line(tiny_tree, tmp_pat
     mount = tmp_path / "mnt"
     mount.mkdir()
     done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree), "--mount", str(mount)],
-                          capture_output=True, text=True, timeout=LIMIT_S, env=child_env({"PATH": str(tmp_path)}))
+                          capture_output=True, text=True, timeout=LIMIT_S, env=child_environment({"PATH": str(tmp_path)}))
     assert done.returncode == 2 and not os.path.ismount(mount)
     assert done.stderr.strip() == ("stallscope storage: error: --mount: expected FUSE on this machine, got "
                                    "fusermount3 is not installed (Debian/Ubuntu: apt-get install fuse3)")
