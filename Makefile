@@ -43,6 +43,7 @@ bench: venv
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
 	$(BIN)/python benchmarks/storage.py
+	$(BIN)/python benchmarks/storage_emulator.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output
