@@ -7,7 +7,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv system clean
+.PHONY: demo test bench venv system clean constraints
 
 venv: system $(STAMP)
 
@@ -21,11 +21,21 @@ system:
 	    echo "note: could not install fuse3; storage serve --mount and its tests will not run"; \
 	  else echo "note: fuse3 is not installed (apt-get install fuse3 as root); storage serve --mount and its tests will not run"; fi; }
 
-$(STAMP): pyproject.toml
+# constraints.txt is the one tested resolution; without it pip gives up on a fresh machine
+# (resolution-too-deep) on the test extra's object-store packages.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
+
+# After changing dependencies in pyproject.toml: install them into .venv, then rewrite constraints.txt
+# from what pip resolves for cpu,test with the venv's current versions as the starting point.
+constraints: venv
+	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/freeze.txt
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed -c $(VENV)/freeze.txt \
+	    --report $(VENV)/resolution.json -e ".[cpu,test]"
+	$(BIN)/python tools/write_constraints.py $(VENV)/resolution.json constraints.txt
 
 demo: venv
 	$(BIN)/python -m stallscope.demo --out demo-output
