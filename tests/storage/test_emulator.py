@@ -149,7 +149,8 @@ def test_bandwidth_cap_is_shared(served):
     assert elapsed >= size * 8 / 200e3 * 0.9
 
 
-def test_sigterm_ends_the_store_cleanly_with_final_counters(served, tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])  # SIGINT: Ctrl-C
+def test_a_signal_ends_the_store_cleanly_with_final_counters(served, tmp_path, stop_signal):
     ready, counters_file = tmp_path / "ready.json", tmp_path / "counters.json"
     process = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--s3",
                                 "--latency", "1ms", "--for", "60s", "--ready-file", str(ready),
@@ -165,7 +166,7 @@ def test_sigterm_ends_the_store_cleanly_with_final_counters(served, tmp_path):
         connection = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=10)
         _get(connection, "/data/tree/class_01/img_002.jpg")
         connection.close()
-        os.kill(process.pid, signal.SIGTERM)
+        os.kill(process.pid, stop_signal)
         out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
