@@ -77,7 +77,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(serve, "for", dest="for_s", type=duration, default=None, metavar="DURATION",
              help="stop by itself after this long, e.g. 10m (default: until Ctrl-C or SIGTERM)")
     add_flag(serve, "counters", type=creatable_file, default=None, metavar="FILE",
-             help="write the counters (requests, connections, bytes) as JSON here every second and at exit")
+             help="keep the counters (requests, connections, bytes, cumulative) as JSON here, rewritten within "
+                  "20 ms of a change and at exit: the file diagnose --storage-counters reads")
     add_flag(serve, "ready_file", type=creatable_file, default=None, metavar="FILE",
              help="write what readers need (url, env, pid) as JSON here once the store answers")
     add_flag(serve, "state_dir", type=creatable_dir, default=None, metavar="DIR",

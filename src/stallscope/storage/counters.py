@@ -2,7 +2,8 @@
 
 The servers run in a child process; the numbers live in a small memory-mapped file, so the parent
 reads them at any moment without asking the child (no socket, no wait), and a report can read the
-JSON copy the child writes every second and at exit.
+JSON copy `storage serve --counters FILE` keeps up to date: `{"requests", "connections", "bytes", ...}`,
+the shape `diagnose --storage-counters` reads (analysis/storage_counters.py; extra keys are ignored).
 """
 
 from __future__ import annotations
