@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
+from stallscope.storage.location import RemotePath, as_path
 
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
@@ -94,6 +95,10 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile]):
     """Every non-directory entry below `folder`, sorted, following no directory links twice. A
     folder that cannot be listed goes to `unreadable`, so its files are reported, not lost."""
 
+    if isinstance(folder, RemotePath):  # from the store's one listing
+        yield from folder.walk_files()
+        return
+
     def report(error: OSError) -> None:
         unreadable.append(SkippedFile(Path(error.filename or folder), f"{UNREADABLE_FOLDER} ({error.strerror or error})"))
 
@@ -111,8 +116,9 @@ def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
 
 
 def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> FolderTree:
-    """Scans an image tree. `labels` (from a labels file) fixes the label order; else sorted folder names."""
-    root = Path(root)
+    """Scans an image tree (a local folder, gs:// or s3://). `labels` (from a labels file) fixes the
+    label order; else sorted folder names."""
+    root = as_path(root)
     if not root.exists():
         raise UsageError(f"dataset path {str(root)!r} does not exist")
     if not root.is_dir():

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import re
 import warnings
 
 from stallscope.config import require_choice, require_positive
@@ -101,6 +102,15 @@ class PreparedImage:
     @property
     def repaired(self) -> bool:
         return bool(self.actions)
+
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def _without_addresses(exc: Exception) -> str:
+    """Pillow names the buffer it read (`<_io.BytesIO object at 0x7f...>`); the address differs in every
+    process, and a manifest must be the same bytes on every run."""
+    return _OBJECT_REPR.sub("", str(exc))
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -188,7 +198,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         except Exception as exc:  # Pillow raises a variety of errors for a broken header
             if fmt in ("HEIF", "AVIF"):
                 raise UnusableImage(UNSUPPORTED, f"{fmt} is not readable here ({exc})") from None
-            raise UnusableImage(CORRUPT, f"{fmt} header: {exc}") from None
+            raise UnusableImage(CORRUPT, f"{fmt} header: {_without_addresses(exc)}") from None
 
         width, height = image.size
         if width * height > options.max_pixels:

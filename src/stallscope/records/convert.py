@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +31,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import DATASET_INDEX, ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, FolderTree, ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
@@ -40,11 +41,15 @@ from stallscope.records.manifest import (
 )
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary
+from stallscope.storage.location import RemotePath, StorageError, as_path, read_many
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
 CHUNK_IMAGES = 16  # images per worker task: small enough to balance, large enough to amortise the hand-over (8: -4%)
+# A tree in a bucket: the parent fetches each chunk's bytes (CHUNK_IMAGES requests in flight), this many
+# chunks ahead of the workers, so that the workers need no store client.
+REMOTE_CHUNKS_AHEAD = 4
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
 
@@ -77,8 +82,8 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         for name in ("dataset_path", "output_path", "labels_file"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, Path):
-                object.__setattr__(self, name, Path(value))
+            if value is not None and not isinstance(value, (Path, RemotePath)):
+                object.__setattr__(self, name, Path(value) if name == "labels_file" else as_path(value))
         require_choice("schema", self.schema, SCHEMAS)
         require_positive("size_per_record", self.size_per_record, allow_none=True)
         require_positive("shards", self.shards, allow_none=True)
@@ -224,17 +229,23 @@ def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate,
 
 # --- worker side (no TensorFlow) ----------------------------------------------------------------
 
-WorkItem = tuple[str, bytes, int, bytes]  # (path, name, label, label_text)
+WorkItem = tuple[str | bytes | OSError, bytes, int, bytes]  # (path, or the bytes read or why not; name, label, label_text)
 
 
 def process_chunk(schema_name: str, image_options: images.ImageOptions, items: list[WorkItem]) -> list[tuple]:
-    """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail)."""
+    """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail).
+    An item of a tree in a bucket comes with its bytes already read (or the error reading them)."""
     schema = get_schema(schema_name)
     out: list[tuple] = []
     for path, name, label, label_text in items:
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            if isinstance(path, OSError):
+                raise path
+            if isinstance(path, bytes):
+                data = path
+            else:
+                with open(path, "rb") as handle:
+                    data = handle.read()
         except FileNotFoundError:
             out.append(("skip", VANISHED, ""))
             continue
@@ -273,6 +284,36 @@ def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tupl
         for task in tasks:
             window.append(pool.submit(fn, *task))
             if len(window) >= workers * 4:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def _fetch_chunk(task: tuple) -> tuple:
+    """The task with each path replaced by the object's bytes (or the OSError that stopped the read)."""
+    schema_name, image_options, work = task
+    paths = [as_path(item[0]) for item in work]
+    try:
+        contents: list = read_many(paths, len(paths))
+    except StorageError:  # one object failed: read them one by one, so only that one is skipped
+        contents = []
+        for path in paths:
+            try:
+                contents.append(path.read_bytes())
+            except FileNotFoundError as exc:
+                contents.append(exc)  # vanished since the listing
+            except (StorageError, OSError) as exc:
+                contents.append(OSError(str(exc)))
+    return schema_name, image_options, [(data, *item[1:]) for data, item in zip(contents, work)]
+
+
+def _fetched_ahead(tasks: Iterator[tuple]) -> Iterator[tuple]:
+    """The tasks of a tree in a bucket, their bytes fetched REMOTE_CHUNKS_AHEAD chunks ahead, in order."""
+    with concurrent.futures.ThreadPoolExecutor(REMOTE_CHUNKS_AHEAD) as pool:
+        window: collections.deque = collections.deque()
+        for task in tasks:
+            window.append(pool.submit(_fetch_chunk, task))
+            if len(window) > REMOTE_CHUNKS_AHEAD:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
@@ -403,11 +444,23 @@ def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any]
 # --- the conversion -------------------------------------------------------------------------------
 
 
-def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
-    """Converts `options.dataset_path` into shards and a manifest in `options.output_path`."""
-    started = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class ConversionPlan:
+    """What a conversion will write, decided before any output is touched (shared with `beam_convert`)."""
+
+    tree: FolderTree
+    candidates: list[Candidate]
+    skipped: list[dict[str, Any]]  # files the scan or the stat refused, with their reasons
+    shards: list[PlannedShard]
+
+
+def plan_conversion(options: ConvertOptions) -> ConversionPlan:
+    """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
-    tree = scan_tree(options.dataset_path, labels)
+    try:
+        tree = scan_tree(options.dataset_path, labels)
+    except StorageError as exc:
+        raise StorageError(f"--dataset_path: {exc}") from None
     for label in tree.labels:
         try:
             label.encode("utf-8")
@@ -420,13 +473,32 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     candidates = _candidates(root, tree.files, skipped)
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
-    plan = plan_shards(options, candidates, tree.labels)
+    return ConversionPlan(tree, candidates, skipped, plan_shards(options, candidates, tree.labels))
+
+
+@contextlib.contextmanager
+def claimed_output(options: ConvertOptions, plan: list[PlannedShard]) -> Iterator[Path]:
+    """Checks the output folder, locks it and clears what an earlier run left that `plan` has no use
+    for; yields the state folder. The lock is held for the block."""
     _check_output(options)
     state_dir = _make_state_dir(options.output_path)
     with exclusive_lock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(options.output_path)!r}"):
         _check_output(options)  # again: the run that held the lock may have changed the folder
         _reset_output(options, state_dir, plan)
-        return _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started)
+        yield state_dir
+
+
+def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
+    """Converts `options.dataset_path` into shards and a manifest in `options.output_path` (either may be
+    gs:// or s3://; an output in a bucket is staged locally, then published: `remote_output.py`)."""
+    if isinstance(options.output_path, RemotePath):
+        from stallscope.records.remote_output import convert_to_store
+
+        return convert_to_store(options, progress)
+    started = time.perf_counter()
+    plan = plan_conversion(options)
+    with claimed_output(options, plan.shards) as state_dir:
+        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress, started)
 
 
 def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started) -> ConvertReport:
@@ -453,7 +525,8 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
                 work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
                 yield (schema_name, image_options, work)
 
-    chunk_results = _ordered_map(process_chunk, tasks(), options.resolved_workers)
+    work_tasks = _fetched_ahead(tasks()) if isinstance(root, RemotePath) else tasks()
+    chunk_results = _ordered_map(process_chunk, work_tasks, options.resolved_workers)
     for shard in pending:
         shard_skipped, shard_repaired = [], []
         with ShardWriter(out / shard.filename) as writer:
