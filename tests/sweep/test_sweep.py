@@ -1,9 +1,11 @@
-"""`stallscope sweep` on tiny data: a 2x2 grid (format x pipeline), one repeat, a few steps, each run a
-real `stallscope train` process. Checks the table, resuming, refusals, HParams and the HTML report."""
+"""`stallscope sweep` on tiny data: a 2x2 grid (format x storage latency: local disk and the storage
+emulator's gs:// at 0 ms), one repeat, a few steps, each run a real `stallscope train` process. Checks
+the table, resuming, refusals, HParams and the HTML report."""
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import sys
@@ -18,12 +20,14 @@ import stallscope
 from stallscope.cli.main import main
 
 STEPS = 6
-TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "16"]
+# No shuffle: every step decodes its own 4 images (a decoded-image shuffle buffer would let a 2-step
+# profile window draw from images decoded before it and show no input wait).
+TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "0"]
 
 
 def sweep_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["sweep", "--data", str(data), "--out", str(out), "--format", "files,records", "--pipeline", "seed,tuned",
-            "--accelerator", "emulated:400", "--steps", str(STEPS), "--warmup-steps", "1", "--repeats", "1",
+    return ["sweep", "--data", str(data), "--out", str(out), "--format", "files,records", "--latency", "local,0ms", "--pipeline", "seed",
+            "--accelerator", "emulated:4000", "--steps", str(STEPS), "--warmup-steps", "1", "--repeats", "1",
             *TINY_KNOBS, *extra]
 
 
@@ -47,7 +51,8 @@ def data(tiny_tree) -> Path:
 
 @pytest.fixture(scope="module")
 def swept(data, tmp_path_factory) -> Path:
-    """The 2x2 grid, run once for the module (the cells are real train processes)."""
+    """The 2x2 grid, run once for the module (the cells are real train processes, the 0 ms ones reading
+    gs:// from an emulated store started for each run)."""
     out = tmp_path_factory.mktemp("sweeps") / "grid"
     assert run_cli(sweep_args(data, out)) == 0
     return out
@@ -55,17 +60,28 @@ def swept(data, tmp_path_factory) -> Path:
 
 def test_grid_writes_one_row_per_cell_with_medians(swept):
     rows = csv_rows(swept)
-    assert sorted((r["format"], r["pipeline"]) for r in rows) == [
-        ("files", "seed"), ("files", "tuned"), ("records", "seed"), ("records", "tuned")]
+    assert sorted((r["format"], r["latency"]) for r in rows) == [
+        ("files", "0ms"), ("files", "local"), ("records", "0ms"), ("records", "local")]
     for row in rows:
         assert row["complete"] == "True" and row["repeats"] == "1"
         assert float(row["images_per_second"]) > 0 and float(row["step_time_ms"]) > 0
         assert 0.0 <= float(row["input_share"]) <= 1.0
         assert row["verdict"] in ("highly", "moderately", "not")
-        assert row["bottleneck"], "the profiled last steps name a stage"
-        assert float(row["device_images_per_second"]) == 400.0
+        assert row["bottleneck"], "the seed pipeline feeding a 1 ms step: its profiled last steps name a stage"
+        assert float(row["device_images_per_second"]) == 4000.0
         run_dir = swept / row["run_dirs"]
         assert (run_dir / "summary.json").exists() and (run_dir / "steps.csv").exists()
+        source = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["source"]
+        storage = json.loads((run_dir / "storage.json").read_text(encoding="utf-8"))
+        if row["latency"] == "local":
+            assert not source["path"].startswith("gs://") and storage["served"] is None
+            assert row["requests_per_image"] == ""
+        else:
+            assert source["path"].startswith("gs://") and "gs://" in source["reader"], source
+            assert storage["store"] == "gcs" and storage["served"]["requests"] > 0
+            assert float(row["requests_per_image"]) > 0
+    remote = {r["format"]: float(r["requests_per_image"]) for r in rows if r["latency"] == "0ms"}
+    assert remote["records"] < remote["files"] / 2, "a shard serves many images per request"
     markdown = (swept / "results.md").read_text(encoding="utf-8").splitlines()
     assert len([line for line in markdown if line.startswith("| files") or line.startswith("| records")]) == 4
     assert (swept / "records" / "manifest.json").exists(), "records converted once into the sweep folder"
@@ -156,13 +172,13 @@ def test_a_run_is_complete_only_when_its_record_says_so(tmp_path):
 
 def test_a_different_grid_is_refused_in_one_line(swept, data, capsys):
     argv = sweep_args(data, swept)
-    argv[argv.index("seed,tuned")] = "seed"
+    argv[argv.index("local,0ms")] = "local"
     capsys.readouterr()
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
     assert err.startswith("stallscope sweep: error: --out: ")
-    assert "pipelines: seed,tuned -> seed" in err and "--replace-grid" in err
+    assert "latencies: local,0ms -> local" in err and "--replace-grid" in err
 
 
 def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, capsys):
@@ -170,11 +186,11 @@ def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, 
     shutil.copytree(swept, out)
     argv = sweep_args(data, out, "--replace-grid")
     argv[argv.index("files,records")] = "files"
-    argv[argv.index("seed,tuned")] = "seed"
+    argv[argv.index("local,0ms")] = "local"
     capsys.readouterr()
     assert run_cli(argv) == 0
     assert "runs: 0 ran, 1 already complete" in capsys.readouterr().out
-    assert [(r["format"], r["pipeline"]) for r in csv_rows(out)] == [("files", "seed")]
+    assert [(r["format"], r["latency"]) for r in csv_rows(out)] == [("files", "local")]
 
 
 @pytest.mark.parametrize("flag, value, expected", [
@@ -210,18 +226,13 @@ def test_a_folder_of_other_files_is_refused(data, tmp_path, capsys):
     assert (tmp_path / "mine.txt").read_text(encoding="utf-8") == "the user's"
 
 
-def _emulator_installed() -> bool:
-    from stallscope.sweep.storage import _emulate
-
-    return _emulate() is not None
-
-
-@pytest.mark.skipif(_emulator_installed(),
-                    reason="the storage emulator is installed, so a latency runs instead of being refused")
-def test_a_latency_without_the_emulator_is_one_line(data, tmp_path, capsys):
+def test_a_latency_without_the_emulator_is_one_line(data, tmp_path, capsys, monkeypatch):
+    """An installation without stallscope.storage (a None entry in sys.modules makes its import fail)."""
+    monkeypatch.setitem(sys.modules, "stallscope.storage.emulator", None)
     assert run_cli(["sweep", "--data", str(data), "--out", str(tmp_path / "s"), "--latency", "local,10ms"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--latency: 10ms needs the storage emulator" in err
+    assert not (tmp_path / "s").exists(), "nothing written for a refused command"
 
 
 def test_hparams_read_back(swept):
@@ -247,7 +258,7 @@ def test_hparams_read_back(swept):
         start = plugin_data_pb2.HParamsPluginData.FromString(
             session[metadata.SESSION_START_INFO_TAG].metadata.plugin_data.content).session_start_info
         assert start.hparams["format"].string_value == row["format"]
-        assert start.hparams["pipeline"].string_value == row["pipeline"]
+        assert start.hparams["latency"].string_value == row["latency"]
         assert start.hparams["learning_rate"].number_value == pytest.approx(float(row["learning_rate"]))
         measured = tensor_util.make_ndarray(session["images_per_second"].tensor).item()
         assert measured == pytest.approx(float(row["images_per_second"]))
@@ -316,7 +327,7 @@ def test_hparams_tab_lists_every_cell(swept):
     rows = {r["cell"]: r for r in csv_rows(swept)}
     assert set(groups) == set(rows)
     for name, group in groups.items():
-        assert group["hparams"]["pipeline"] == rows[name]["pipeline"]
+        assert group["hparams"]["latency"] == rows[name]["latency"]
         metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
         assert metrics["images_per_second"] == pytest.approx(float(rows[name]["images_per_second"]), rel=1e-5)
 

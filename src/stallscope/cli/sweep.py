@@ -9,9 +9,10 @@ TensorBoard HParams (`tensorboard --logdir SWEEP_DIR/hparams`, HParams tab) and 
 
 The `records` format converts the data once into SWEEP_DIR/records, shared by every cell.
 --latency local reads the folder on local disk; a latency (0ms, 10ms) serves it through the
-storage emulator with that delay per request (--store picks the kind of store).
+storage emulator with that delay per request, a fresh store per run (--store picks the kind of
+store); what it served is kept in each run's storage.json and the table adds requests per image.
 
-Stopped (Ctrl-C, a crash, a reboot), the same command resumes: complete runs are kept, partial
+Stopped (Ctrl-C, SIGTERM, a crash, a reboot), the same command resumes: complete runs are kept, partial
 ones run again. A different grid is refused in the same folder unless --replace-grid says so.
 Figures leave out the warm-up and profiled steps of every run.
 
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
 
     grid = build_grid(args)
-    require_emulator(grid.axes.latencies)
+    require_emulator(grid.axes.latencies, args.store)
     out = Path(args.out)
     if out.resolve().is_relative_to(Path(args.dataset_path).resolve()):
         raise UsageError(f"--out: expected a folder outside --data {str(args.dataset_path)!r} (its runs and records "
@@ -237,7 +238,9 @@ def run(args: argparse.Namespace) -> int:
                  "accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
                  "batch / median compute time per step"]
         if any(latency != "local" for latency in grid.axes.latencies):
-            notes.append(f"latencies other than local: an emulated {grid.shared['store']} store serving the same data")
+            notes.append(f"latencies other than local: an emulated {grid.shared['store']} store serving the same data, "
+                         "a fresh one per run; requests/image: what it served over the whole run (listing and "
+                         "read-ahead included) / images trained")
         write_csv(out / CSV_NAME, results)
         write_markdown(out / MARKDOWN_NAME, results, title="stallscope sweep", notes=notes)
         hparams = write_hparams(out, grid, results)

@@ -25,6 +25,7 @@ METRICS = (
     ("input_share", "input share (median, 0..1)"),
     ("spread", "images/s spread over repeats"),
     ("final_loss", "final loss (median)"),
+    ("requests_per_image", "storage requests per image (emulated stores)"),
 )
 
 

@@ -37,6 +37,8 @@ class RunFigures:
     batch_size: int
     bottleneck: str | None
     final_loss: float | None
+    requests_per_image: float | None     # an emulated store's requests over the whole run / images trained
+    bytes_per_image: float | None        # the same for the bytes it served (listings and read-ahead included)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,8 @@ class CellResult:
     images_per_second_max: float | None
     device_images_per_second: float | None  # the accelerator's own speed: an emulated one's, or batch / compute
     final_loss: float | None
+    requests_per_image: float | None     # emulated stores only: median over repeats
+    bytes_per_image: float | None
     run_dirs: tuple[str, ...]
 
     @property
@@ -81,10 +85,25 @@ def run_figures(run_dir: Path, shared: dict[str, Any]) -> RunFigures:
     kept = [s for s in steps if window is None or not window[0] <= s.step <= window[1]]
     stats = summarize_steps(kept)
     summary = rundir.read_json(run_dir, rundir.SUMMARY_NAME)
+    requests, served_bytes = _served_per_image(run_dir, int(summary["batch_size"]) * int(summary["last_step"]))
     return RunFigures(images_per_second=stats.images_per_second, step_time_ms=stats.step_time_ms,
                       input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms, input_share=stats.input_share,
                       measured_steps=stats.steps - stats.warmup_steps, batch_size=int(summary["batch_size"]),
-                      bottleneck=_bottleneck(run_dir) if window else None, final_loss=summary.get("final_loss"))
+                      bottleneck=_bottleneck(run_dir) if window else None, final_loss=summary.get("final_loss"),
+                      requests_per_image=requests, bytes_per_image=served_bytes)
+
+
+def _served_per_image(run_dir: Path, images: int) -> tuple[float | None, float | None]:
+    """What an emulated store served the run, per image it trained on; (None, None) on local disk."""
+    from stallscope.sweep.runner import STORAGE_NAME
+
+    try:
+        served = json.loads((run_dir / STORAGE_NAME).read_text(encoding="utf-8")).get("served")
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    if not isinstance(served, dict) or not images:
+        return None, None
+    return served.get("requests", 0) / images, served.get("bytes", 0) / images
 
 
 def _bottleneck(run_dir: Path) -> str | None:
@@ -125,6 +144,8 @@ def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
         images_per_second_min=min(ips) if ips else None, images_per_second_max=max(ips) if ips else None,
         device_images_per_second=_device_speed(cell.accelerator, batch, compute),
         final_loss=_median([f.final_loss for f in figures]),
+        requests_per_image=_median([f.requests_per_image for f in figures]),
+        bytes_per_image=_median([f.bytes_per_image for f in figures]),
         run_dirs=tuple(str(r.relative_to(out)) for r in complete),
     )
 
