@@ -60,7 +60,7 @@ def throughput_vs_latency_png(results: list[CellResult], grid: Grid) -> bytes:
         panel.set_title(f"accelerator {accelerator}")
         panel.grid(alpha=0.3)
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
-    fig.suptitle("Throughput vs storage latency")
+    fig.suptitle("Throughput vs storage latency", y=1.04)  # above the panels' own titles
     return _png(fig)
 
 
