@@ -132,6 +132,11 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
     assert "resuming: 2 of 4 runs already complete, 2 to run" in "".join(lines)
     assert code == 130
     assert "run the same command to resume" in sweep.stderr.read()
+    assert "0ms" in missing[1].parent.name, "the stopped run was reading an emulated store"
+    deadline = time.monotonic() + 15
+    while _stores_serving(data) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _stores_serving(data), "the stopped run's emulated store outlived the sweep"
     assert (missing[0] / "summary.json").exists()
     from stallscope.sweep.runner import repeat_complete
 
@@ -147,6 +152,20 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
     assert {r["cell"]: (out / r["run_dirs"] / "summary.json").stat().st_mtime_ns
             for r in csv_rows(out) if r["cell"] in kept} == kept
     assert all(r["complete"] == "True" for r in csv_rows(out))
+
+
+def _stores_serving(folder: Path) -> list[int]:
+    """PIDs of `stallscope storage serve` processes serving `folder` (this module's data, or records
+    beside it are never served by anything but the sweeps under test)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in words and b"storage" in words and str(folder.resolve()).encode() in words and _alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
 
 
 def test_a_run_is_complete_only_when_its_record_says_so(tmp_path):
