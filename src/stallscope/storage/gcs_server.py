@@ -74,12 +74,6 @@ class GcsHandler(CountingHandler):
         self.close_connection = False
 
     # ----- reads
-    def do_GET(self) -> None:  # noqa: N802
-        self._answer(head_only=False)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(head_only=True)
-
     def _answer(self, *, head_only: bool) -> None:
         url = urllib.parse.urlsplit(self.path)
         raw_path, query = url.path, urllib.parse.parse_qs(url.query)

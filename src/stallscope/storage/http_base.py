@@ -56,6 +56,16 @@ class CountingHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
 
+    # Reads only: GET and HEAD share the store's `_answer`, HEAD without the body.
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._answer(head_only=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(head_only=True)
+
+    def _answer(self, *, head_only: bool) -> None:
+        raise NotImplementedError
+
     def count_request(self, *, lists: int = 0, errors: int = 0) -> None:
         self.server.counters.add(requests=1, lists=lists, errors=errors)
 

@@ -74,10 +74,9 @@ class FolderBucket:
         self._lock = threading.Lock()
 
     # ----- objects
-    def path_of(self, key: str) -> Path | None:
-        """The file behind `key`, or None when no object has that key."""
-        if not key or key.startswith("/") or "\0" in key:
-            return None
+    def _inside(self, key: str) -> tuple[Path, Path] | None:
+        """(path, resolved path) of `key` under the root, or None for a key that names no place
+        inside it (empty parts, `..`, a link out of the folder)."""
         parts = key.split("/")
         if any(part in ("", ".", "..") for part in parts):
             return None
@@ -88,7 +87,14 @@ class FolderBucket:
             return None
         if resolved != self.root and self.root not in resolved.parents:
             return None
-        return path if path.is_file() else None
+        return path, resolved
+
+    def path_of(self, key: str) -> Path | None:
+        """The file behind `key`, or None when no object has that key."""
+        if not key or key.startswith("/") or "\0" in key:
+            return None
+        found = self._inside(key)
+        return found[0] if found is not None and found[0].is_file() else None
 
     def stat(self, key: str) -> ObjectInfo | None:
         path = self.path_of(key)
@@ -187,17 +193,10 @@ class FolderBucket:
         return sorted(entries, key=_entry_key)
 
     def path_of_folder(self, folder_key: str) -> Path | None:
-        parts = folder_key.split("/")
-        if any(part in ("", ".", "..") for part in parts):
+        found = self._inside(folder_key)
+        if found is None or found[1] == self.root or not found[0].is_dir():
             return None
-        path = self.root.joinpath(*parts)
-        try:
-            resolved = path.resolve()
-        except OSError:
-            return None
-        if self.root not in resolved.parents or not path.is_dir():
-            return None
-        return path
+        return found[0]
 
     def _info(self, path: Path, key: str) -> ObjectInfo | None:
         try:

@@ -37,12 +37,6 @@ def _iso(mtime_ns: int) -> str:
 class S3Handler(CountingHandler):
     server: S3Server
 
-    def do_GET(self) -> None:  # noqa: N802
-        self._answer(head_only=False)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(head_only=True)
-
     def _answer(self, *, head_only: bool) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
