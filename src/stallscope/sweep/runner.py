@@ -237,17 +237,20 @@ class Sweep:
                 raise
 
 
-def interrupt_when_parent_dies(parent_pid: int) -> Callable[[], None]:
+def interrupt_when_parent_dies(parent_pid: int) -> Callable[[], None] | None:
     """A preexec_fn: in the child, before exec (Linux), SIGINT when the sweep dies, even by SIGKILL, so
     no run goes on unwatched beside a resumed sweep (the run writes its record, marked interrupted);
-    elsewhere nothing. A sweep that died before the child asked: the child ends before it runs."""
-    def arm() -> None:
-        try:
-            import ctypes
+    None where there is no prctl. A sweep that died before the child asked: the child ends before it
+    runs. The C function is looked up here, in the parent, so the forked child loads nothing."""
+    try:
+        import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
         if os.getppid() != parent_pid:
             os._exit(130)  # the sweep is gone already: this run would be unwatched
 
