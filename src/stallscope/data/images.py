@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import re
 import warnings
 
 from stallscope.config import require_choice, require_positive
@@ -188,7 +189,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         except Exception as exc:  # Pillow raises a variety of errors for a broken header
             if fmt in ("HEIF", "AVIF"):
                 raise UnusableImage(UNSUPPORTED, f"{fmt} is not readable here ({exc})") from None
-            raise UnusableImage(CORRUPT, f"{fmt} header: {exc}") from None
+            raise UnusableImage(CORRUPT, f"{fmt} header: {_without_addresses(exc)}") from None
 
         width, height = image.size
         if width * height > options.max_pixels:
@@ -251,6 +252,15 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         quality = DEFAULT_JPEG_QUALITY if options.jpeg_quality == KEEP_QUALITY else options.jpeg_quality
         image.save(buffer, "JPEG", quality=quality)
     return PreparedImage(buffer.getvalue(), image.size[0], image.size[1], fmt, tuple(actions))
+
+
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def _without_addresses(exc: Exception) -> str:
+    """Pillow's message without the `<_io.BytesIO object at 0x7f...>` it names the stream by: a memory
+    address would make the manifest differ between two runs of the same conversion."""
+    return _OBJECT_REPR.sub("the data", str(exc))
 
 
 def _exif_orientation(image) -> int | None:
