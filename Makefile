@@ -7,15 +7,25 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean constraints
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# constraints.txt is the one tested resolution; without it pip gives up on a fresh machine
+# (resolution-too-deep) on the test extra's object-store packages.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
+
+# After changing dependencies in pyproject.toml: install them into .venv, then rewrite constraints.txt
+# from what pip resolves for cpu,test with the venv's current versions as the starting point.
+constraints: venv
+	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/freeze.txt
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed -c $(VENV)/freeze.txt \
+	    --report $(VENV)/resolution.json -e ".[cpu,test]"
+	$(BIN)/python tools/write_constraints.py $(VENV)/resolution.json constraints.txt
 
 demo: venv
 	$(BIN)/python -m stallscope.demo --out demo-output
@@ -25,12 +35,14 @@ test: venv
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/analysis.py
 	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
+	$(BIN)/python benchmarks/storage.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

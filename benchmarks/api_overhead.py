@@ -7,6 +7,10 @@ the model's, about 10-20 ms on a CPU):
   profiled window; target: < 1.05);
 - a custom loop plain vs with `stallscope.step(i)` (outside a window, < 1.02) vs inside
   `stallscope.profile` over every measured step (< 1.05).
+Inside a window most of the cost is TF's own profiler, which a user pays with any profile; so the
+window is also run with TF's profiler alone over the same steps (Keras' TensorBoard callback with
+profile_batch, and tf.profiler.experimental.start/stop around the loop's steps), and stallscope's
+share is the ratio to that.
 Since a shared machine's noise can exceed these costs, the marker's own cost per step is also timed
 directly (many empty `stallscope.step` blocks and StallMonitor batch calls outside a window) and given
 as a share of the baseline step. Rounds alternate the variants so machine noise hits all alike; step time is the mean over the steps
@@ -75,6 +79,9 @@ def main() -> None:
             callbacks.append(StallMonitor(profile_steps=None, log_dir=tmp / "fit-outside", verbose=False))
         elif variant == "inside":
             callbacks.append(StallMonitor(profile_steps=window, log_dir=tmp / "fit-inside", verbose=False))
+        elif variant == "tf-profiler":
+            callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(tmp / "fit-tb"), profile_batch=window,
+                                                            write_graph=False, update_freq=10**9))
         model().fit(dataset, steps_per_epoch=total, epochs=1, callbacks=callbacks, verbose=0)
         return measured_ms(stamps.ends)
 
@@ -95,20 +102,27 @@ def main() -> None:
         marker = (lambda i: contextlib.nullcontext()) if variant == "plain" else stallscope.step
         profiled = stallscope.profile(tmp / "loop-inside", steps=window) if variant == "inside" \
             else contextlib.nullcontext()
+        if variant == "tf-profiler":
+            marker = lambda i: contextlib.nullcontext()  # noqa: E731
         with profiled:
             for i in range(1, total + 1):
+                if variant == "tf-profiler" and i == window[0]:
+                    tf.profiler.experimental.start(str(tmp / "loop-tf"))
                 with marker(i):
                     x, y = next(iterator)
                     train_step(x, y).numpy()
                 ends.append(time.perf_counter())
+        if variant == "tf-profiler":
+            tf.profiler.experimental.stop()
         return measured_ms(ends)
 
-    results = {(kind, v): [] for kind in ("fit", "loop") for v in ("plain", "outside", "inside")}
+    variants = ("plain", "outside", "inside", "tf-profiler")
+    results = {(kind, v): [] for kind in ("fit", "loop") for v in variants}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         per_step_us = direct_costs_us(stallscope, StallMonitor, tmp_dir=tmp / "direct")
         for round_ in range(args.rounds):
-            order = ("plain", "outside", "inside") if round_ % 2 == 0 else ("inside", "outside", "plain")
+            order = variants if round_ % 2 == 0 else tuple(reversed(variants))
             for variant in order:
                 results[("fit", variant)].append(fit(variant, tmp / f"r{round_}"))
                 results[("loop", variant)].append(loop(variant, tmp / f"r{round_}"))
@@ -124,6 +138,10 @@ def main() -> None:
             where = "outside the window" if variant == "outside" else "inside the window "
             print(f"  {where}    {statistics.median(values):8.2f} ms/step  ratio {ratio:.3f}  "
                   f"(target < {target:.2f}; rounds {', '.join(f'{v / b:.3f}' for v, b in zip(values, plain))})")
+        values, alone = results[(kind, "inside")], results[(kind, "tf-profiler")]
+        ratio = statistics.median(v / b for v, b in zip(values, alone))
+        print(f"  TF's profiler alone     {statistics.median(alone):8.2f} ms/step  inside the window with "
+              f"stallscope vs TF's profiler alone: ratio {ratio:.3f}  (target < 1.05)")
         cost = per_step_us[kind]
         print(f"  its own cost outside a window: {cost:.1f} us per step = "
               f"{cost / 1000.0 / statistics.median(plain) * 100:.3f}% of the baseline step")

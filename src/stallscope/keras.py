@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 PROFILE_SUBDIR = "profile"
 
+# Keras 3 calls no callback when fit raises, so a monitor whose fit failed inside its window would
+# leave TF's profiler running and the next fit unable to profile: the next monitor closes it.
+_unfinished: "StallMonitor | None" = None
+
 
 class StallMonitor(keras.callbacks.Callback):
     """Marks, times and profiles training steps; analyses the window when training ends.
@@ -50,11 +54,15 @@ class StallMonitor(keras.callbacks.Callback):
         self._step_started = 0.0
 
     def on_train_begin(self, logs=None) -> None:
+        global _unfinished
+        if _unfinished is not None:
+            _unfinished._close_after_failed_fit()
+        _unfinished = self
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="stallscope-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log.info("stallscope: step times and profile go to %s", self.log_dir)
-        self._profiler = StepProfiler(self.window, self.log_dir / PROFILE_SUBDIR)
+        self._profiler = StepProfiler(self.window, self.log_dir / PROFILE_SUBDIR, owner="StallMonitor profile_steps")
         self._started = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
@@ -74,6 +82,8 @@ class StallMonitor(keras.callbacks.Callback):
         ))
 
     def on_train_end(self, logs=None) -> None:
+        global _unfinished
+        _unfinished = None
         self._profiler.stop()
         rundir.write_steps(self.log_dir, self.records)
         if self._profiler.captured_steps == 0:
@@ -87,6 +97,18 @@ class StallMonitor(keras.callbacks.Callback):
         log.info("stallscope: %s", line)
         if self.verbose:
             print(f"stallscope: {line} (profile under {self.log_dir / PROFILE_SUBDIR})")
+
+    def _close_after_failed_fit(self) -> None:
+        """Saves what a fit that raised left behind: its partial profile and the steps it timed."""
+        if self._marker is not None:
+            self._marker.__exit__(None, None, None)   # the step the error cut short
+            self._marker = None
+        if self._profiler is not None and self._profiler.active:
+            self._profiler.stop()
+            log.warning("stallscope: an earlier fit stopped inside its profile window %s; its partial profile "
+                        "(%d step(s)) is under %s", self.window.text, self._profiler.captured_steps,
+                        self.log_dir / PROFILE_SUBDIR)
+        rundir.write_steps(self.log_dir, self.records)
 
 
 def summary_line(analysis) -> str:

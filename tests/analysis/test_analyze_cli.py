@@ -26,7 +26,7 @@ def test_text_markdown_and_html(stalled_profile, tmp_path, capsys):
     assert html.count("data:image/png;base64,") == 2 and "Map" in html
     assert main(["analyze", str(stalled_profile), "--no-xprof", "--markdown"]) == 0
     markdown = capsys.readouterr().out
-    assert markdown.startswith("# Input pipeline analysis") and "**Map** |" in markdown
+    assert markdown.startswith("# Input pipeline analysis") and "**Map** (bottleneck) |" in markdown
 
 
 def test_path_without_profile_is_one_line_exit_2(tmp_path, capsys):

@@ -48,6 +48,11 @@ def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, cap
     before, after = fix["phases"][0]["before"], fix["phases"][0]["after"]
     assert after["input_share"] < before["input_share"]
     assert fix["held"] is True
+    # the predicted column is the what-if's '+0 cores' row: one model, the same free cores
+    predicted = fix["phases"][0]["predicted"]
+    plus_zero = phase["what_if"]["cores"][0]
+    assert predicted["images_per_second"] == pytest.approx(plus_zero["images_per_second"])
+    assert predicted["input_share"] == pytest.approx(plus_zero["input_share"])
     # the saved file is what `train --pipeline-config FILE` loads
     config = PipelineConfig.load(fixed)
     assert config.map_parallelism == -1 and config.prefetch == -1 and config.shuffle_at == "encoded"

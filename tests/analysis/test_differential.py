@@ -184,3 +184,44 @@ def test_options_are_validated_by_name(tree):
 def test_json_never_holds_infinity():
     assert differential.finite({"a": float("inf"), "b": [1.0, float("nan")], "c": "x"}) == \
         {"a": None, "b": [1.0, None], "c": "x"}
+
+
+def _warm_probe(*, cores, other_cores_busy, batch_size=32):
+    from stallscope.analysis.probes import PipelineProbe
+
+    # 320 images in 1.2 s on one thread, 1.0 s of CPU: a sequential, CPU-bound decode
+    return PipelineProbe(cache_state="warm", batches=10, images=320, seconds=1.2, cpu_seconds=1.0,
+                         run_queue_seconds=0.0, cores=cores, other_cores_busy=other_cores_busy,
+                         cached_before=1.0, io=None, io_per_image=None, batch_size=batch_size)
+
+
+def test_fix_prediction_is_the_more_cores_what_if_of_the_same_free_cores():
+    """On a machine where others keep a core busy, `diagnose --fix`'s predicted column and the
+    what-if's '+0 cores' row are one computation on the same free cores (they differed 2x: one
+    counted every core, the other only the free ones)."""
+    seed = get_preset("seed").replace(batch_size=32)
+    fixed = seed.replace(map_parallelism=AUTOTUNE, prefetch=AUTOTUNE)
+    warm = _warm_probe(cores=4, other_cores_busy=2.0)
+    parts = differential.breakdown(warm, None, seed)
+    cores = differential.free_cores(warm)
+    assert cores == 2.0
+    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 130.0, 120.0, 10.0),
+                      parts=parts, batch_size=32, cores=cores, phase="head")
+    predicted = differential.predict_fixed(phase, parts, fixed, cores=cores)
+    plus_zero = phase.cores[0]
+    assert plus_zero.extra_cores == 0 and plus_zero.cores == cores
+    assert predicted.images_per_second == pytest.approx(plus_zero.prediction.images_per_second)
+    assert predicted.input_share == pytest.approx(plus_zero.prediction.input_share)
+    # a fix that stays sequential (prefetch only) is predicted on one thread, below the what-if
+    prefetch_only = differential.predict_fixed(phase, parts, seed.replace(prefetch=AUTOTUNE), cores=cores)
+    assert prefetch_only.images_per_second < predicted.images_per_second
+
+
+def test_advice_is_spelled_as_the_flags_a_user_types():
+    from stallscope.analysis.advice import Advice
+    from stallscope.report.text import fmt_knobs
+
+    advice = Advice("parallel_interleave", "Read files in parallel", {"read_parallelism": AUTOTUNE,
+                                                                      "deterministic": False}, "", "", "")
+    assert fmt_knobs(advice.knobs) == "--read-parallelism autotune, --deterministic false"
+    assert fmt_knobs({"cache": "memory", "max_intra_op_parallelism": 1}) == "--cache memory, --max-intra-op-parallelism 1"

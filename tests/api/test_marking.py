@@ -36,3 +36,32 @@ def test_bad_windows_name_themselves(steps, tmp_path):
 def test_stall_monitor_rejects_a_bad_window():
     with pytest.raises(UsageError, match="StallMonitor profile_steps"):
         StallMonitor(profile_steps=(3, "x"))
+
+
+def test_a_fit_that_raises_inside_its_window_does_not_block_the_next_one(tmp_path, caplog):
+    """Keras calls no callback when fit raises: the next StallMonitor saves and closes what was left open."""
+    import numpy as np
+    import tensorflow as tf
+
+    class FailAt(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 3:
+                raise RuntimeError("the user's own callback failed")
+
+    def model():
+        net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+        net.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return net
+
+    x, y = np.zeros((64, 4), np.float32), np.zeros((64,), np.int64)
+    with pytest.raises(RuntimeError, match="own callback failed"):
+        model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+                    callbacks=[StallMonitor(profile_steps=(2, 8), log_dir=tmp_path / "failed", verbose=False),
+                               FailAt()])
+    second = StallMonitor(profile_steps=(2, 4), log_dir=tmp_path / "next", verbose=False)
+    with caplog.at_level("WARNING", logger="stallscope.keras"):
+        model().fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[second])
+    assert "an earlier fit stopped inside its profile window 2:8" in caplog.text
+    assert list((tmp_path / "failed" / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert (tmp_path / "failed" / "steps.csv").read_text().count("\n") == 1 + 4   # header and the 4 steps it ran
+    assert second.analysis is not None and second.analysis.steps.counted_steps >= 1

@@ -241,3 +241,11 @@ def test_records_that_fit_the_shuffle_buffer_are_shuffled_whole_before_the_repea
     # A buffer smaller than the data set shuffles a window over the repeated stream instead.
     chain = pipeline_as_built(build_dataset(small(PRESETS["tuned"], shuffle_buffer=5), source, repeat=True))
     assert chain.index("Shuffle") < chain.index("Repeat")
+
+
+def test_private_threadpool_knob_sets_the_datasets_options(source):
+    """The knob the storage advice sizes reaches tf.data: a private pool of that many threads."""
+    shared = build_dataset(small(PRESETS["tuned"]), source)
+    private = build_dataset(small(PRESETS["tuned"], private_threadpool_size=7), source)
+    assert shared.options().threading.private_threadpool_size in (None, 0)
+    assert private.options().threading.private_threadpool_size == 7

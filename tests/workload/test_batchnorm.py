@@ -25,7 +25,7 @@ def _train_then_evaluate(tree, tmp_path, capsys, *extra):
 
 
 @pytest.mark.parametrize("fine_tune, extra", [
-    ("full", ["--batch_size", "8", "--steps", "40", "--learning_rate", "1e-3"]),
+    ("full", ["--batch_size", "8", "--steps", "40", "--learning_rate", "3e-3"]),  # 1e-3 reached 0.80 with Keras 3.15
     ("last:6", ["--batch_size", "16", "--steps", "30", "--learning_rate", "1e-2"]),
 ])
 def test_a_base_trained_from_scratch_evaluates_as_it_trained(colour_tree, tmp_path, capsys, fine_tune, extra):

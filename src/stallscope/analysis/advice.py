@@ -16,6 +16,7 @@ from stallscope.pipeline.config import PipelineConfig
 
 if TYPE_CHECKING:
     from stallscope.analysis.analyze import Analysis
+    from stallscope.analysis.storage_whatif import StorageWhatIf
 
 ORDER = ("parallel_interleave", "parallel_map", "prefetch", "cache", "max_side", "more_shards",
          "outer_parallelism", "data_service")
@@ -49,7 +50,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None) -> lis
     stage = tree.bottleneck_stage
     stage_names = [s.name for s in tree.stages]
     checks = {item.key: item for item in analysis.checklist}
-    input_bound = analysis.steps.verdict != "not"
+    input_bound = analysis.input_bound
     no_prefetch = checks["prefetch_at_end"].answer == "no"
     cpu_saturated = checks["cpu_saturated"].answer == "yes"
     evidence = checks["bottleneck"].evidence
@@ -149,3 +150,120 @@ def _underparallel(stage) -> bool:
     if not stage.asynchronous:
         return True
     return stage.parallelism is not None and stage.parallelism != AUTOTUNE and stage.parallelism < 4
+
+
+CACHE_MEMORY_FRACTION = 0.25  # advise an in-memory cache only for data below this share of free RAM
+STORAGE_ORDER = ("convert_records", "gcs_block_size", "reads_in_flight", "cache", "connection_reuse")
+STORAGE_GAIN = 1.1          # advise a storage change only where the what-if gains at least 10%
+RECORDS_GAIN = 1.25         # advise converting to records from a 25% gain (a conversion costs a pass)
+S3_POOL_CONNECTIONS = 10    # aiobotocore's default max_pool_connections, under s3fs
+
+
+def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes: int, memory_bytes: float,
+                   local_images_per_second: float, dataset_path: str = "DATA") -> list[Advice]:
+    """The storage fixes, where the what-if at a store the user named shows storage dominating the
+    pipeline as configured (input-bound, limited by requests, bandwidth or the client's CPU rather than
+    decoding): records
+    instead of files, enough reads in flight on a private pool (latency x throughput), TF's GCS
+    block size, caching the first epoch, and connection reuse where the client has a pool."""
+    from stallscope.analysis import storage_whatif as sw
+
+    dominated = []
+    for row in what.scenarios:
+        if not row.named:
+            continue
+        current = row.format(what.source_format)
+        cell = sw.as_configured(current, config)
+        if cell.prediction.verdict != "not" and cell.bound in sw.STORAGE_BOUNDS:
+            dominated.append((cell.prediction.input_share, row, current, cell))
+    if not dominated:
+        return []
+    _, row, current, cell = max(dominated, key=lambda item: item[0])
+    scenario = row.scenario
+    evidence = (f"at {scenario.label}, {current.format} through {current.client} ({current.basis}: "
+                f"{current.requests_per_image:.3g} requests per image): {cell.reads} give "
+                f"{cell.images_per_second:,.0f} images/s, {cell.prediction.input_share * 100:.0f}% of the step "
+                f"waits for input, limited by {cell.bound}")
+    advice: list[Advice] = []
+    if current.format == "files":
+        records = sw.as_configured(row.format("records"), config)
+        if records.images_per_second >= RECORDS_GAIN * cell.images_per_second:
+            advice.append(Advice(
+                "convert_records", "Convert the images to TFRecord shards", {},
+                "# one ranged GET per block of a 50 MiB shard instead of one request per image",
+                f"records need {row.format('records').requests_per_image:.3g} requests per image instead of "
+                f"{current.requests_per_image:.3g}: {records.images_per_second:,.0f} images/s "
+                f"({records.prediction.input_share * 100:.0f}% input) instead of {cell.images_per_second:,.0f}",
+                evidence,
+                command=f"stallscope convert --dataset_path {dataset_path} --output_path RECORDS, then "
+                        f"--source records --dataset_path RECORDS"))
+    reading = current
+    if current.client == "tf-gcs" and current.format == "files":
+        block_mb = sw.tf_gcs_client().block_bytes / sw.MIB
+        if block_mb > 1:
+            small = sw.predict_format(
+                sw.IoPattern(current.format, current.bytes_per_image, 1.0), scenario,
+                sw.tf_gcs_client(1), config, what.workload)
+            better = sw.as_configured(small, config)
+            if better.images_per_second >= STORAGE_GAIN * cell.images_per_second:
+                reading, cell = small, better  # the reads in flight below are sized for 1 MB blocks
+                advice.append(Advice(
+                    "gcs_block_size", "Shrink TF's GCS read block to 1 MB", {},
+                    f"os.environ['{sw.GCS_BLOCK_ENV}'] = '1'  # before TensorFlow opens the first gs:// file",
+                    f"TF's gs:// reads each object into a {block_mb:g} MB buffer (~{0.711 * block_mb:.0f} ms of CPU "
+                    f"per image, tensorflow/tensorflow#30327); at 1 MB: {better.images_per_second:,.0f} images/s",
+                    evidence, command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ..."))
+    enough = reading.enough_in_flight
+    if cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second:
+        knobs: dict[str, Any] = {"read_parallelism": enough.read_parallelism,
+                                 "private_threadpool_size": enough.private_threadpool_size, "deterministic": False}
+        if config.map_parallelism is None:
+            knobs["map_parallelism"] = AUTOTUNE
+        if config.prefetch is None:
+            knobs["prefetch"] = AUTOTUNE
+        wait = reading.costs.wait_ms / max(reading.requests_per_image, 1e-12)
+        advice.append(Advice(
+            "reads_in_flight", f"Keep {enough.read_parallelism} reads in flight on a private thread pool", knobs,
+            "options = tf.data.Options()\n"
+            f"options.threading.private_threadpool_size = {enough.private_threadpool_size}\n"
+            f"dataset = files.interleave(read_one, cycle_length={enough.read_parallelism},\n"
+            f"                           num_parallel_calls={enough.read_parallelism}, deterministic=False)\n"
+            "dataset = dataset.with_options(options)",
+            f"{cell.in_flight:.1f} requests in flight ({cell.reads}) wait {wait:.1f} ms each; latency x throughput = "
+            f"{wait:.1f} ms x {enough.images_per_second * reading.requests_per_image:,.0f} requests/s needs "
+            f"{enough.read_parallelism} in flight, and a pool of {enough.private_threadpool_size} threads (reads + "
+            f"decode; the shared pool has one per core): {enough.images_per_second:,.0f} images/s "
+            f"({enough.prediction.input_share * 100:.0f}% input)", evidence))
+    if config.cache == "none":
+        fits = data_bytes < memory_bytes * CACHE_MEMORY_FRACTION
+        advice.append(Advice(
+            "cache", "Cache the first epoch's bytes" + (" in memory" if fits else " on local disk"),
+            {"cache": "memory", "cache_at": "encoded"} if fits else {},
+            "dataset = dataset.cache(" + ("" if fits else "'/local/ssd/stallscope-cache'")
+            + ")  # after reading, before decoding",
+            f"only the first epoch pays the store; later epochs read locally at about "
+            f"{local_images_per_second:,.0f} images/s (the data: {data_bytes / 1e6:,.0f} MB)", evidence,
+            command="" if fits else "--cache file --cache-path /local/ssd/stallscope-cache"))
+    if not sw.client_named(current.client).new_connection_per_request and current.client == "s3fs" and \
+            enough.read_parallelism and enough.read_parallelism > S3_POOL_CONNECTIONS:
+        advice.append(Advice(
+            "connection_reuse", f"Let the S3 client pool {enough.read_parallelism} connections", {},
+            f"s3fs.S3FileSystem(config_kwargs={{'max_pool_connections': {enough.read_parallelism}}})",
+            f"{enough.read_parallelism} reads in flight over aiobotocore's default pool of {S3_POOL_CONNECTIONS} "
+            "connections would open and close the rest per request", evidence))
+    elif current.client == "tf-gcs" and current.format == "files":
+        advice.append(Advice(
+            "connection_reuse", "Fewer requests: TF's gs:// opens a connection per request", {},
+            "# TF's gs:// has no connection pool: every request pays a TCP+TLS handshake (~4 round trips)",
+            f"{current.connections_per_image:.3g} connections per image; records cut them with the requests, "
+            "and an fsspec reader (gcsfs, s3fs) keeps a pool", evidence))
+    advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
+    return sorted(advice, key=lambda a: STORAGE_ORDER.index(a.key))
+
+
+def merge_advice(local: Sequence[Advice], storage: Sequence[Advice]) -> list[Advice]:
+    """The diagnosis' own advice and the storage advice, storage's version winning where both
+    touch the same thing (its cache; its reads in flight replace a plain parallel interleave)."""
+    keys = {a.key for a in storage}
+    drop = keys | ({"parallel_interleave"} if "reads_in_flight" in keys else set())
+    return [*storage, *(a for a in local if a.key not in drop)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.analysis import advice as advice_module
-from stallscope.analysis.checklist import CheckItem, checklist
+from stallscope.analysis.checklist import CheckItem, checklist, input_bound
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.tfdata import StageTree, stage_tree
@@ -74,9 +74,25 @@ class Analysis:
         return self.steps.verdict
 
     @property
-    def bottleneck(self) -> str | None:
+    def input_bound(self) -> bool:
+        """Whether the run waits for input (the verdict is 'highly' or 'moderately')."""
+        return input_bound(self.steps)
+
+    @property
+    def slowest_stage(self) -> str | None:
+        """The stage seed-004's walk stops at, whether or not the run waits for it."""
         stage = self.tree.bottleneck_stage
         return stage.name if stage else None
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The slowest stage when it holds the run back (input-bound); None when the input keeps up."""
+        return self.slowest_stage if self.input_bound else None
+
+    @property
+    def stage_label(self) -> str:
+        """What the reports call the walk's stage: a 'bottleneck' only when the run is input-bound."""
+        return "bottleneck" if self.input_bound else "slowest stage"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `input_share` (0..1) and `bottleneck` (stage name) at the top level."""
@@ -84,6 +100,8 @@ class Analysis:
         return json_ready({
             "input_share": self.input_share,
             "bottleneck": self.bottleneck,
+            "slowest_stage": self.slowest_stage,
+            "input_bound": self.input_bound,
             "verdict": self.verdict,
             "source": self.source,
             "profile": self.profile_path,

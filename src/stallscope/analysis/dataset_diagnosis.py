@@ -103,7 +103,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                             warmup=WARMUP_STEPS)
     analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
-                                   batch_size=config.batch_size, cores=warm.cores, phase="train",
+                                   batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
     examples = _examples(dataset, config.batch_size)
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes)

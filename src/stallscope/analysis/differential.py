@@ -31,8 +31,24 @@ from typing import Any
 import psutil
 
 from stallscope.analysis import whatif
-from stallscope.analysis.advice import Advice, apply_advice
+from stallscope.analysis.advice import CACHE_MEMORY_FRACTION, Advice, apply_advice, merge_advice, storage_advice
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
+from stallscope.analysis.storage_counters import (
+    StorageCounters,
+    StorageFigures,
+    load_storage_counters,
+    measured_pattern,
+    storage_figures,
+)
+from stallscope.analysis.storage_whatif import (
+    StorageScenario,
+    StorageWhatIf,
+    Workload,
+    client_for_path,
+    client_named,
+    pattern_for,
+    storage_whatif,
+)
 from stallscope.config import AUTOTUNE, json_ready, require_choice
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
@@ -46,7 +62,7 @@ CAUSES = ("fetch", "preprocessing", "none")
 STEADY_CACHE_CHOICES = ("auto", "warm", "cold")
 FITS_IN_MEMORY_FRACTION = 0.5  # "auto": the data stays in the page cache below this share of free RAM
 COMPUTE_CACHED_BATCHES = 2
-CACHE_FRACTION_OF_MEMORY = 0.25  # advise an in-memory cache only for data below this share of free RAM
+CACHE_FRACTION_OF_MEMORY = CACHE_MEMORY_FRACTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +80,12 @@ class DiagnoseOptions:
         "warm" (the data stays cached after the first epoch), "cold" (every epoch reads storage)
         or "auto" (warm when the data set fits in half the free memory).
     work_dir: where the probe runs' directories go (kept); None: a temporary directory, removed.
+    storage_scenarios: stores the storage what-if predicts for (and the storage advice weighs);
+        empty: the presets are shown and no storage advice is given.
+    storage_client: the object-store client the what-if models ("tf-gcs", "s3fs"); None: from the
+        data set path (s3:// -> s3fs, else TF's gs://).
+    storage_counters: a store's counters file (`StorageCounters`), read around the pipeline probe:
+        requests, connections and bytes per image are then measured, not modelled.
     extra_stages: builder hooks added to every probe's pipeline (library use: tests, experiments).
     """
 
@@ -74,6 +96,9 @@ class DiagnoseOptions:
     cold_cache: bool = True
     steady_cache: str = "auto"
     work_dir: Path | None = None
+    storage_scenarios: tuple[StorageScenario, ...] = ()
+    storage_client: str | None = None
+    storage_counters: Path | None = None
     extra_stages: Mapping[str, Callable] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +115,13 @@ class DiagnoseOptions:
             raise UsageError("steady_cache: 'cold' needs the cold-cache probe; cold_cache is off")
         if self.work_dir is not None:
             object.__setattr__(self, "work_dir", Path(self.work_dir))
+        object.__setattr__(self, "storage_scenarios", tuple(self.storage_scenarios))
+        if any(not isinstance(x, StorageScenario) for x in self.storage_scenarios):
+            raise UsageError(f"storage_scenarios: expected StorageScenario values, got {self.storage_scenarios!r}")
+        if self.storage_client is not None:
+            client_named(self.storage_client)
+        if self.storage_counters is not None:
+            object.__setattr__(self, "storage_counters", Path(self.storage_counters))
 
     @property
     def pipeline(self) -> PipelineConfig:
@@ -173,6 +205,8 @@ class Diagnosis:
     notes: tuple[str, ...] = ()
     analysis: Any = None             # the profile of a few end-to-end steps analysed (stage tree), if taken
     stages: tuple[str, ...] = ()     # the pipeline's stages as TF runs them, outermost first, if read
+    storage: StorageFigures | None = None          # per image: requests, connections, bytes, wait
+    storage_whatif: StorageWhatIf | None = None    # files vs records on other stores
 
     @property
     def worst(self) -> PhaseDiagnosis:
@@ -209,6 +243,8 @@ class Diagnosis:
             "stages": list(self.stages),
             "bottleneck": self.analysis.bottleneck if self.analysis is not None else None,
             "stage_tree": self.analysis.to_dict()["stages"] if self.analysis is not None else None,
+            "storage": self.storage.to_dict() if self.storage is not None else None,
+            "storage_what_if": self.storage_whatif.to_dict() if self.storage_whatif is not None else None,
         }))
 
     def text(self) -> str:
@@ -251,9 +287,38 @@ def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
     return data
 
 
+def free_cores(probe: PipelineProbe) -> float:
+    """The cores the pipeline can have here: the machine's, less what other processes kept busy
+    during the probe (never below one). The more-cores what-if starts from these, and so does the
+    fix's prediction, so its '+0' row and the predicted column are one figure."""
+    return max(1.0, probe.cores - probe.other_cores_busy)
+
+
+def thread_ms_per_image(parts: PipelineBreakdown, batch_size: int) -> float:
+    """A pipeline thread's time per image: its CPU work plus the waiting (reads, latency) it does
+    in between; parallel stages spread both over their threads."""
+    return parts.cpu_ms_per_image + parts.waiting_ms / batch_size
+
+
+def floor_ms_per_image(parts: PipelineBreakdown, batch_size: int, *, cold: bool) -> float:
+    """What more threads cannot remove: a cold page cache's storage reads per image."""
+    return parts.storage_ms / batch_size if cold else 0.0
+
+
+def parallel_pipeline_ms(parts: PipelineBreakdown, config: PipelineConfig, *, cores: float, cold: bool) -> float:
+    """Pipeline time per batch of `config` on `cores` cores: the one model behind the fix's
+    prediction and the more-cores what-if (whose rows are this for a fully parallel config)."""
+    threads = pipeline_threads(config, cores)
+    return whatif.pipeline_ms_with_cores(
+        cpu_ms_per_image=thread_ms_per_image(parts, config.batch_size), cores=threads,
+        batch_size=config.batch_size, floor_ms_per_image=floor_ms_per_image(parts, config.batch_size, cold=cold))
+
+
 def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreakdown, batch_size: int,
-              cores: int, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
+              cores: float, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
     """The per-step split of one phase (pure arithmetic on measured figures).
+
+    `cores`: the cores free for the pipeline (`free_cores`), where the more-cores what-if starts.
 
     The end-to-end wait (measured with a warm cache) is split by the warm pipeline's share of CPU
     work and waiting; a cold cache adds the storage reads as far as the overlap model says they
@@ -282,7 +347,6 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
     else:
         cause = "fetch" if fetch > preprocessing else "preprocessing"
     pipeline_ms = parts.cold_ms if cold else parts.warm_ms
-    cpu_ms_per_image = parts.cpu_ms_per_image
     return PhaseDiagnosis(
         phase=phase, compute=compute, end_to_end=end_to_end, overlapped=overlapped,
         compute_ms=compute_ms, steady_cache=steady_cache, preprocessing_stall_ms=preprocessing,
@@ -295,8 +359,8 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
         devices=tuple(whatif.accelerator_sweep(pipeline_ms=pipeline_ms, batch_size=batch_size,
                                                overlapped=overlapped)),
         cores=tuple(whatif.cores_sweep(
-            cpu_ms_per_image=cpu_ms_per_image, cores=cores, batch_size=batch_size, compute_ms=compute_ms,
-            floor_ms_per_image=parts.storage_ms / batch_size if cold else 0.0)),
+            cpu_ms_per_image=thread_ms_per_image(parts, batch_size), cores=cores, batch_size=batch_size,
+            compute_ms=compute_ms, floor_ms_per_image=floor_ms_per_image(parts, batch_size, cold=cold))),
         from_storage=from_storage,
         cached=warm_model,
     )
@@ -368,19 +432,14 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
     return advice
 
 
-def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, old: PipelineConfig, new: PipelineConfig,
+def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig,
                   *, cores: float) -> whatif.Prediction:
-    """The step the fixed config should give: CPU work spread over the cores its stages can now use,
-    waiting spread over parallel reads, and the overlap a prefetch brings."""
-    batch = new.batch_size
-    cpu_total = parts.cpu_ms_per_image * batch
-    threads = pipeline_threads(new, max(1, int(round(cores))))
-    waiting = parts.waiting_ms
-    if old.read_parallelism is None and new.read_parallelism is not None:
-        waiting /= threads
-    pipeline_ms = cpu_total / threads + waiting
+    """The step the fixed config should give: the model of the more-cores what-if (`parallel_pipeline_ms`)
+    on the same free cores, its stages as parallel as the new config makes them, and the overlap a
+    prefetch brings. A fix that makes every stage parallel and prefetches predicts the what-if's '+0' row."""
+    pipeline_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=phase.steady_cache == "cold")
     overlapped = phase.overlapped or new.prefetch is not None
-    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=batch,
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
                           overlapped=overlapped)
 
 
@@ -462,8 +521,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                   budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
             max_images = min(max_images, cold.images)  # the warm probe reads the elements now cached
         say("probe: pipeline alone, warm page cache")
+        counted_before = _read_counters(options)
         warm = probe_pipeline(config, source, cache_state="warm", max_images=max_images,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
+        served = _read_counters(options) - counted_before if counted_before is not None else None
         parts = breakdown(warm, cold, config)
         steady = steady_cache_state(options, source.total_bytes)
         phases = []
@@ -473,16 +534,54 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
             say(f"probe: end to end ({phase})")
             end_to_end = prober.end_to_end(config, phase)
             phases.append(attribute(compute=compute, end_to_end=end_to_end, parts=parts,
-                                    batch_size=config.batch_size, cores=warm.cores, phase=phase,
+                                    batch_size=config.batch_size, cores=free_cores(warm), phase=phase,
                                     steady_cache=steady))
     phases = tuple(phases)
+    from stallscope.storage.readers import describe_reader
+
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
+    figures, what, notes = storage_section(options, source, config, warm, parts, phases, served)
+    advice = merge_advice(advice, storage_advice(
+        what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
+        local_images_per_second=warm.images_per_second, dataset_path=str(source.path)))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
-                "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes},
+                "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
+                "reader": describe_reader(source.kind, source.files, read_parallelism=config.read_parallelism,
+                                          map_parallelism=config.map_parallelism)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
-        phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started,
+        phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=notes,
+        storage=figures, storage_whatif=what,
     )
+
+
+def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
+    return load_storage_counters(options.storage_counters) if options.storage_counters is not None else None
+
+
+def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,
+                    parts: PipelineBreakdown, phases: tuple[PhaseDiagnosis, ...],
+                    served: StorageCounters | None) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
+    """Storage per image (measured by the store where its counters moved, else modelled) and the
+    storage what-if, from the probes' figures: nothing here is measured twice."""
+    notes = []
+    client = options.storage_client or client_for_path(str(source.path))
+    pattern = pattern_for(source.kind, examples=source.num_examples, total_bytes=source.total_bytes,
+                          files=len(source.files))
+    if served is not None and served.requests == 0:
+        notes.append(f"the store's counters ({options.storage_counters}) did not move during the pipeline probe: "
+                     "the data was not read through it, so requests are modelled")
+    pattern = measured_pattern(pattern, served, warm.images)
+    io = warm.io_per_image
+    figures = storage_figures(pattern, client_named(client),
+                              wait_ms_per_image=(parts.waiting_ms + parts.storage_ms) / config.batch_size,
+                              read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None)
+    worst = max(phases, key=lambda p: p.input_share)
+    workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
+                        compute_ms=worst.compute_ms, batch_size=config.batch_size, overlapped=worst.overlapped,
+                        examples=source.num_examples, machine_cores=warm.cores)
+    what = storage_whatif(pattern, config, workload, scenarios=options.storage_scenarios, object_client=client)
+    return figures, what, tuple(notes)
 
 
 class _ProbeRunDirs:
@@ -524,6 +623,12 @@ class FixResult:
     config_path: Path | None
 
     @property
+    def config_changes(self) -> dict[str, Any]:
+        """The knobs the fix changed, with their new values."""
+        old = self.diagnosis.pipeline.to_dict()
+        return {k: v for k, v in self.config.to_dict().items() if k != "preset" and old.get(k) != v}
+
+    @property
     def held(self) -> bool:
         """Whether the fix lowered the input share in every phase (the advice held)."""
         return all(p.after.input_share <= p.before.input_share for p in self.phases)
@@ -555,7 +660,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
     new = apply_advice(old, applicable).replace(preset="custom" if old.preset == "custom" else f"{old.preset}+fix")
     train = options.train
     source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
-    cores = max(1.0, diagnosis.warm.cores - diagnosis.warm.other_cores_busy)
+    cores = free_cores(diagnosis.warm)
     phases = []
     with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
@@ -564,8 +669,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
             say(f"re-run with the fixed pipeline ({phase.phase})")
             after = prober.end_to_end(new, phase.phase)
             phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
-                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, old, new,
-                                                           cores=cores),
+                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, new, cores=cores),
                                    after=after))
     result = FixResult(diagnosis=diagnosis, applied=applicable, config=new, phases=tuple(phases),
                        config_path=Path(save_to) if save_to is not None else None)

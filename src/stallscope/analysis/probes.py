@@ -115,7 +115,7 @@ def run_queue_delay_s() -> float | None:
     return total / 1e9 if found else None
 
 
-def pipeline_threads(config: PipelineConfig, cores: int) -> float:
+def pipeline_threads(config: PipelineConfig, cores: float) -> float:
     """How many cores the pipeline's stages can keep busy: one for a sequential chain (it runs
     inside get_next), the parallelism of its parallel stages otherwise, at most the pool size."""
     widths = [1]
@@ -214,11 +214,14 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
                  source_kind: str, examples: int) -> PipelineProbe:
     """Iterates `dataset` with the page cache in `cache_state` until `tally(batch)` -> (images so far,
     enough) says enough or budget_s passed; measures time, CPU, run-queue delay and I/O meanwhile."""
+    from stallscope.storage.location import is_remote
+
+    local = [f for f in files if not is_remote(str(f))]  # the page cache holds local files only
     if cache_state == "cold":
-        iostats.evict_from_page_cache(files)
-    elif files and _total_bytes(files) <= WARM_BYTES_LIMIT:
-        iostats.warm_page_cache(files)
-    cached = iostats.cached_fraction(files) if files and len(files) <= MINCORE_FILES_LIMIT else None
+        iostats.evict_from_page_cache(local)
+    elif local and _total_bytes(local) <= WARM_BYTES_LIMIT:
+        iostats.warm_page_cache(local)
+    cached = iostats.cached_fraction(local) if local and len(local) <= MINCORE_FILES_LIMIT else None
     batches = images = 0
     delay_before = run_queue_delay_s()
     with ResourceMonitor(interval_s=_MONITOR_INTERVAL_S) as monitor:

@@ -25,6 +25,8 @@ ASYNC_PREFIXES = ("Prefetch", "LegacyPrefetch", "ParallelMap", "ParallelInterlea
 FUNCTION_CALLS = ("InstantiatedCapturedFunction::RunAsync", "InstantiatedCapturedFunction::Run")
 FUNCTION_EXECUTIONS = ("ExecutorState::Process", "FunctionRun")
 _INDEX = re.compile(r"\[\d+\]")
+# `...ParallelInterleaveV4[3]::FlatMap`: the parent's function made it for its input's element 3
+_PER_ELEMENT = re.compile(r"(Interleave|FlatMap)[A-Za-z0-9]*\[\d+\]::[^:]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Stage:
     parallelism: int | None    # as configured (stats), -1 for autotune; None for sequential stages
     concurrency: float         # measured: mean number of its function calls in flight while busy
     inputs: tuple[str, ...]    # long names of its direct inputs
+    per_element: bool = False  # made by its parent's function once per input element (an interleave's reader per file)
 
     @property
     def busy_ms(self) -> float:
@@ -53,7 +56,7 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class StageTree:
-    stages: tuple[Stage, ...]          # outermost first
+    stages: tuple[Stage, ...]          # outermost first, in tree order: each stage followed by its inputs
     bottleneck: str | None             # long name
     walk: tuple[str, ...]              # long names visited from the outermost stage to the bottleneck
     reason: str
@@ -83,6 +86,15 @@ class StageTree:
         return names
 
 
+def work_text(stage: Stage) -> str:
+    """A stage's time as the stage table shows it: busy (wall clock), and the work behind it when
+    several calls ran at once, so the checklist and the table quote the same labelled figures."""
+    if stage.concurrency > 1.05:
+        return (f"{stage.busy_ms:.1f} ms (work {stage.own_ms:.1f} ms over {stage.concurrency:.1f} calls at once, "
+                f"{stage.per_element_us:.0f} us per call)")
+    return f"{stage.busy_ms:.1f} ms ({stage.per_element_us:.0f} us per call)"
+
+
 def short_name(long_name: str) -> str:
     return long_name.rsplit("::", 1)[-1]
 
@@ -102,6 +114,7 @@ def stage_tree(profile: Profile) -> StageTree:
     producer_stage: dict[tuple[str, int], int] = {}
     executions: dict[int, list[Event]] = defaultdict(list)
     run_calls: dict[int, Event] = {}
+    per_element: set[str] = set()
 
     for line in host.lines:
         stack: list[Event] = []
@@ -112,6 +125,8 @@ def stage_tree(profile: Profile) -> StageTree:
                 key = _INDEX.sub("", event.name)
                 if short_name(key) not in ROOT_NAMES:
                     record = totals[key]
+                    if _PER_ELEMENT.search(event.name):
+                        per_element.add(key)
                     record[0] += 1
                     record[1] += event.duration_ps
                     parent = next((e for e in reversed(stack) if e.name.startswith(ITERATOR_PREFIX)), None)
@@ -144,7 +159,7 @@ def stage_tree(profile: Profile) -> StageTree:
         work_ps[stage] = sum(e.duration_ps for e in runs)
         concurrency[stage] = _concurrency(runs)
 
-    stages = _build_stages(totals, datasets, parallelism, work_ps, concurrency)
+    stages = _build_stages(totals, datasets, parallelism, work_ps, concurrency, per_element)
     walk, bottleneck, reason = _walk(stages)
     return StageTree(stages=stages, bottleneck=bottleneck, walk=walk, reason=reason)
 
@@ -198,12 +213,12 @@ def _concurrency(events: Sequence[Event]) -> float:
     return total / busy if busy else 1.0
 
 
-def _build_stages(totals, datasets, parallelism, work_ps, concurrency) -> tuple[Stage, ...]:
+def _build_stages(totals, datasets, parallelism, work_ps, concurrency, per_element) -> tuple[Stage, ...]:
     names = sorted(totals)
     roots = [n for n in names if short_name(n) not in ROOT_NAMES]
     base_depth = min(n.count("::") for n in roots)
     stages = []
-    for key in sorted(roots, key=lambda n: (n.count("::"), n)):
+    for key in _depth_first(roots, totals):
         calls, total_ps, nested_ps = totals[key]
         asynchronous = is_asynchronous(short_name(key))
         inputs = tuple(n for n in roots if n.startswith(key + "::") and n.count("::") == key.count("::") + 1)
@@ -218,8 +233,31 @@ def _build_stages(totals, datasets, parallelism, work_ps, concurrency) -> tuple[
             inputs_ms=ps_to_ms(sum(totals[i][1] for i in inputs)),
             per_element_us=own_ps / calls / 1e6 if calls else 0.0,
             parallelism=configured, concurrency=concurrency.get(key, 1.0), inputs=inputs,
+            per_element=key in per_element,
         ))
     return tuple(stages)
+
+
+def _depth_first(names: Sequence[str], totals: dict[str, list[float]]) -> list[str]:
+    """Long names in tree order: each stage directly followed by its inputs (and theirs), the
+    busiest input first, so that printing them indented shows who feeds whom. Sorting by depth
+    alone listed a stage under the wrong parent (an interleave's TFRecord under its file Shuffle)."""
+    known = set(names)
+
+    def parent(name: str) -> str | None:
+        head = name.rsplit("::", 1)[0]
+        return head if head in known else None
+
+    children: dict[str | None, list[str]] = defaultdict(list)
+    for name in names:
+        children[parent(name)].append(name)
+    ordered: list[str] = []
+    pending = sorted(children[None], key=lambda n: (-totals[n][1], n), reverse=True)
+    while pending:
+        name = pending.pop()
+        ordered.append(name)
+        pending.extend(sorted(children[name], key=lambda n: (-totals[n][1], n), reverse=True))
+    return ordered
 
 
 def _past_device_generators(inputs: Sequence[Stage]) -> Sequence[Stage]:
@@ -239,12 +277,10 @@ def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
     while True:
         inputs = [by_name[i] for i in current.inputs]
         if not inputs:
-            reason = (f"{current.name} is the source: its own time is {current.own_ms:.1f} ms "
-                      f"({current.per_element_us:.0f} us per call) and it has no input")
+            reason = f"{current.name} is the source: busy {work_text(current)} and it has no input"
             return tuple(walk), current.long_name, reason
         if current.busy_ms >= current.inputs_ms and current.own_ms > 0:
-            reason = (f"{current.name} spends {current.busy_ms:.1f} ms on its own work "
-                      f"({current.per_element_us:.0f} us per call) while its inputs took {current.inputs_ms:.1f} ms")
+            reason = f"{current.name} was busy {work_text(current)} while its inputs took {current.inputs_ms:.1f} ms"
             return tuple(walk), current.long_name, reason
         current = max(_past_device_generators(inputs), key=lambda s: s.total_ms)
         walk.append(current.long_name)

@@ -11,21 +11,30 @@ examples:
   stallscope convert images --output_path tfrecords
   stallscope convert --dataset_path=images --size_per_record=52428800 --output_path=tfrecords
   stallscope convert data --shards 16 --validation-shards 4 --schema seed --max-side 512
+  stallscope convert s3://bucket/images --output_path s3://bucket/tfrecords --shards 16
+  stallscope convert data --shards 64 --runner beam --beam-option --direct_num_workers=2
 """
 
 from __future__ import annotations
 
 import argparse
 
-from stallscope.cli.flags import add_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int
+from stallscope.cli.flags import (
+    add_flag, add_storage_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int,
+)
 from stallscope.cli.progress import ProgressBar
 from stallscope.data.images import CHECK_CHOICES
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", nargs="?", metavar="DATASET_PATH", help="the image tree (same as --dataset_path)")
-    add_flag(parser, "dataset_path", default=None, help="the image tree: {label}/* or {split}/{label}/* (default: images)")
-    add_flag(parser, "output_path", default="tfrecords", help="directory for the shards and manifest.json (default: tfrecords)")
+    add_flag(parser, "dataset_path", default=None,
+             help="the image tree: {label}/* or {split}/{label}/*, a folder, gs://bucket/prefix or s3://bucket/prefix "
+                  "(default: images)")
+    add_flag(parser, "output_path", default="tfrecords",
+             help="directory for the shards and manifest.json: a folder, gs://bucket/prefix or s3://bucket/prefix "
+                  "(default: tfrecords)")
+    add_storage_flag(parser)
     add_flag(parser, "labels", type=existing_file, default=None, metavar="FILE",
              help="one label per line; the line order fixes the label indices (default: sorted folder names)")
     sharding = parser.add_mutually_exclusive_group()
@@ -49,6 +58,36 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
              help="skip images with more pixels than this as too large to decode (default: 89478485, Pillow's limit)")
     add_flag(parser, "seed", type=non_negative_int, default=0, help="seed of the shuffle across shards (default: 0)")
     add_flag(parser, "no_progress", action="store_true", help="no progress bar")
+    add_flag(parser, "runner", choices=("local", "beam"), default="local",
+             help="'local': processes on this machine; 'beam': an Apache Beam pipeline, one shard per element, "
+                  "same plan, shards and manifest (default: local)")
+    add_flag(parser, "beam_option", action="append", default=[], metavar="OPTION",
+             help="an Apache Beam pipeline option, repeatable: --beam-option --runner=DataflowRunner "
+                  "--beam-option --num_workers=64 (default runner: FnApiRunner, on this machine)")
+    add_flag(parser, "beam_options_file", type=existing_file, default=None, metavar="FILE",
+             help="Beam pipeline options as on a command line, '#' comments; --beam-option values come after")
+    _values_may_look_like_flags(parser, ("--beam-option", "--beam_option"))
+
+
+def _values_may_look_like_flags(parser: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
+    """`--beam-option --runner=X`: argparse would take `--runner=X` for a flag of ours and refuse; the
+    pair is joined into `--beam-option=--runner=X` before this command's parser sees it."""
+    parse_known_args = parser.parse_known_args
+
+    def joined(args=None, namespace=None):
+        args = list(args or [])
+        out = []
+        i = 0
+        while i < len(args):
+            if args[i] in flags and i + 1 < len(args):
+                out.append(f"{args[i]}={args[i + 1]}")
+                i += 2
+            else:
+                out.append(args[i])
+                i += 1
+        return parse_known_args(out, namespace)
+
+    parser.parse_known_args = joined  # type: ignore[method-assign]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +113,15 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         seed=args.seed,
     )
-    with ProgressBar("convert", enabled=not args.no_progress) as bar:
-        report = convert_tree(options, progress=bar.to)
+    if args.runner == "beam":
+        from stallscope.records.beam_convert import convert_with_beam, pipeline_args
+
+        report = convert_with_beam(options, pipeline_args(args.beam_option, args.beam_options_file))
+    else:
+        if args.beam_option or args.beam_options_file:
+            flag = "--beam-option" if args.beam_option else "--beam-options-file"
+            raise UsageError(f"{flag}: applies to --runner beam; expected --runner beam with it, got --runner {args.runner}")
+        with ProgressBar("convert", enabled=not args.no_progress) as bar:
+            report = convert_tree(options, progress=bar.to)
     print("\n".join(format_summary(report)))
     return 0

@@ -15,6 +15,7 @@ examples:
   stallscope diagnose --source records --dataset_path records --pipeline seed --accelerator emulated:2000 --fix
   stallscope diagnose --dataset_path data --model mobilenet --image_size 128 --phases head,full --json
   stallscope diagnose --dataset-fn my_data.py:make_dataset --model-fn my_model.py:make_model
+  stallscope diagnose --dataset_path data --pipeline seed --what-if-storage 10ms,200Mbit --what-if-storage network-fs
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from stallscope.cli import flags
 from stallscope.cli.train import add_pipeline_flags, add_workload_flags, require_data_service, train_options_from_args
 from stallscope.errors import UsageError
+from stallscope.report.text import fmt_knobs
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
@@ -49,6 +51,22 @@ def _phases(text: str) -> tuple[str, ...]:
     return tuple(parse_fine_tune(phase) for phase in phases)
 
 
+def _storage_scenarios(text: str):
+    """--what-if-storage: LATENCY,BANDWIDTH pairs and preset names, comma-separated."""
+    from stallscope.analysis.storage_whatif import parse_scenarios
+
+    try:
+        return parse_scenarios(text)
+    except (ValueError, UsageError) as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+
+
+def storage_presets_help() -> str:
+    from stallscope.analysis.storage_whatif import PRESETS
+
+    return "; ".join(f"{name} = {p.meaning}" for name, p in PRESETS.items())
+
+
 def add_parser(parser: argparse.ArgumentParser) -> None:
     add_workload_flags(parser)
     probes = parser.add_argument_group("probes")
@@ -67,6 +85,21 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                    help="first probe steps left out of the means (tracing; default: 2)")
     flags.add_flag(probes, "work_dir", type=flags.creatable_dir, default=None, metavar="DIR",
                    help="keep the probe runs' directories here (default: a temporary directory, removed)")
+    storage = parser.add_argument_group("storage what-if")
+    flags.add_flag(storage, "what_if_storage", type=_storage_scenarios, action="append", default=None,
+                   metavar="LATENCY,BANDWIDTH|PRESET",
+                   help="predict files vs records, sequential vs parallel reads on this store, e.g. "
+                        "10ms,200Mbit (latency in us/ms/s, bandwidth in Kbit/Mbit/Gbit, MB/s, MiB/s or "
+                        "'unlimited'; repeat the flag or list pairs: 10ms,200Mbit,30ms,1Gbit) or a preset: "
+                        + storage_presets_help() + ". Storage advice follows where the store dominates. "
+                        "Default: the presets are shown, no storage advice")
+    flags.add_flag(storage, "storage_client", choices=("tf-gcs", "s3fs"), default=None,
+                   help="the object-store client the what-if models: tf-gcs (TF's gs://, blocks of "
+                        "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64) or s3fs (5 MiB blocks, pooled connections) "
+                        "(default: s3fs for s3:// data, else tf-gcs)")
+    flags.add_flag(storage, "storage_counters", type=flags.existing_file, default=None, metavar="FILE",
+                   help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
+                        "`stallscope storage serve`): requests per image are then measured, not modelled")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
     out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
@@ -97,6 +130,11 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     if args.fix:
         raise UsageError("--fix: applies to stallscope's own pipeline only; with --dataset-fn apply the advice "
                          "in your code")
+    for flag, value in (("--what-if-storage", args.what_if_storage), ("--storage-counters", args.storage_counters),
+                        ("--storage-client", args.storage_client)):
+        if value is not None:
+            raise UsageError(f"{flag}: applies to stallscope's own data source (--dataset-path) only, "
+                             "not to --dataset-fn")
     if args.model_fn is None and args.accelerator == "real":
         args.accelerator = OWN_DATASET_DEFAULT_ACCELERATOR
         progress(f"no --model-fn: the compute probe emulates a device ({args.accelerator})")
@@ -116,6 +154,8 @@ def options_from_args(args: argparse.Namespace):
     return DiagnoseOptions(
         train=train, phases=args.phases or (train.fine_tune,), probe_steps=args.probe_steps,
         pipeline_budget_s=args.pipeline_budget, cold_cache=not args.no_cold_cache, work_dir=args.work_dir,
+        storage_scenarios=tuple(s for group in args.what_if_storage or () for s in group),
+        storage_client=args.storage_client, storage_counters=args.storage_counters,
     )
 
 
@@ -195,6 +235,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
     lines = [
         f"diagnosis of {source['kind']} {source['path']} ({source['examples']} examples, "
         f"{source['bytes'] / 1e6:.1f} MB), pipeline {diagnosis.pipeline.preset}, accelerator {diagnosis.accelerator}",
+        *([f"reader: {source['reader']}"] if source.get("reader", "TF local files") != "TF local files" else []),
         f"probes took {diagnosis.seconds:.1f} s",
         "",
         "pipeline alone (per batch of %d)" % diagnosis.pipeline.batch_size,
@@ -226,24 +267,35 @@ def report_lines(diagnosis, result=None) -> list[str]:
             "  what if the device ran at:   "
             + ", ".join(f"{d.device_images_per_second:,.0f} -> {_pct(d.prediction.input_share)}"
                         for d in phase.devices),
-            "  what if more CPU cores, stages parallel (pipeline images/s, input share): "
-            + ", ".join(f"+{c.extra_cores} -> {c.pipeline_images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
+            f"  what if more CPU cores than the {_cores(phase)} free here, stages parallel and prefetched "
+            "(training images/s, input share): "
+            + ", ".join(f"+{c.extra_cores} -> {c.prediction.images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
                         for c in phase.cores),
             f"  data cached in memory:       {_ms(phase.cached.step_ms)} step, {_pct(phase.cached.input_share)} input"
             + (f"  (from storage: {_ms(phase.from_storage.step_ms)}, {_pct(phase.from_storage.input_share)})"
                if phase.from_storage else ""),
         ]
+    if diagnosis.storage is not None or diagnosis.storage_whatif is not None:
+        from stallscope.report.text import storage_lines
+
+        lines += ["", *storage_lines(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "advice" if diagnosis.advice else "advice: none, the pipeline keeps up"]
     for number, advice in enumerate(diagnosis.advice, 1):
-        knobs = ", ".join(f"{k}={v}" for k, v in advice.knobs.items()) or advice.command
-        lines.append(f"  {number}. {advice.title} ({knobs}): {advice.reason}")
+        knobs = fmt_knobs(advice.knobs) or advice.command
+        lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f": {advice.reason}")
     if result is not None:
         lines += ["", *fix_lines(result)]
     return lines
 
 
+def _cores(phase) -> str:
+    free = phase.cores[0].cores if phase.cores else 0
+    return f"{free:.1f}".rstrip("0").rstrip(".")
+
+
 def fix_lines(result) -> list[str]:
-    lines = [f"fix applied: {', '.join(a.key for a in result.applied)}"]
+    lines = [f"fix applied: {', '.join(a.key for a in result.applied)} ({fmt_knobs(result.config_changes)})",
+             "predicted: the what-if model above (the same free cores), for the fixed pipeline"]
     header = f"  {'':16}{'before':>12}{'predicted':>12}{'after':>12}"
     for phase in result.phases:
         lines += [
@@ -262,6 +314,11 @@ def fix_lines(result) -> list[str]:
         lines.append(f"fixed pipeline saved to {result.config_path}; reuse it with "
                      f"`stallscope train --pipeline-config {shlex.quote(str(result.config_path))}`")
     return lines
+
+
+def _md_knobs(advice) -> str:
+    knobs = fmt_knobs(advice.knobs) or advice.command
+    return f" (`{knobs}`)" if knobs else ""
 
 
 def markdown_lines(diagnosis, result=None) -> list[str]:
@@ -293,8 +350,12 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
         for d in p.devices:
             lines.append(f"| {p.phase} | {d.device_images_per_second:,.0f} | {_ms(d.prediction.step_ms)} | "
                          f"{_pct(d.prediction.input_share)} | {d.prediction.verdict} |")
+    if diagnosis.storage is not None or diagnosis.storage_whatif is not None:
+        from stallscope.report.markdown import storage_markdown
+
+        lines += ["", *storage_markdown(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "## Advice", ""]
-    lines += [f"{n}. **{a.title}** (`{', '.join(f'{k}={v}' for k, v in a.knobs.items()) or a.command}`): {a.reason}"
+    lines += [f"{n}. **{a.title}**{_md_knobs(a)}: {a.reason}"
               for n, a in enumerate(diagnosis.advice, 1)] or ["None: the pipeline keeps up."]
     if result is not None:
         lines += ["", "## Fix", "", "```", *fix_lines(result), "```"]

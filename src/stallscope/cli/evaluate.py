@@ -25,8 +25,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         "it may not exist yet)")
     flags.add_flag(parser, "source", choices=("files", "records"), default="files",
                    help="JPEG files or TFRecord shards (default: files)")
-    flags.add_flag(parser, "dataset_path", type=flags.existing_dir, required=True, metavar="DIR",
-                   help="image tree or records directory")
+    flags.add_flag(parser, "dataset_path", type=flags.existing_dir_or_url, required=True, metavar="DIR|URL",
+                   help="image tree or records directory: a folder, gs://bucket/prefix or s3://bucket/prefix")
+    flags.add_storage_flag(parser)
     flags.add_flag(parser, "split", default="validation", help="split to evaluate (default: validation)")
     flags.add_flag(parser, "labels_file", "--labels", type=flags.existing_file, default=None, metavar="FILE",
                    help="one label per line, as given to train")

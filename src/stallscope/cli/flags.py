@@ -245,3 +245,46 @@ def _why_not_creatable(folder: Path) -> str:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{str(existing)!r} cannot be written"
     return ""
+
+
+def data_location(text: str):
+    """A local path, gs://bucket/prefix or s3://bucket/prefix (a store is checked when it is opened)."""
+    from stallscope.errors import UsageError
+    from stallscope.storage.location import as_path
+
+    try:
+        return as_path(text)
+    except UsageError:
+        raise _type_error("a local path, gs://bucket/prefix or s3://bucket/prefix", text) from None
+
+
+def existing_dir_or_url(text: str):
+    """An existing local directory, or a gs:// or s3:// location (checked when it is opened)."""
+    from stallscope.storage.location import is_remote
+
+    return data_location(text) if is_remote(text) else existing_dir(text)
+
+
+def add_storage_flag(parser: argparse._ActionsContainer) -> None:
+    """--storage-timeout: how long a gs:// or s3:// request may wait for the store."""
+    from stallscope.storage.location import DEFAULT_TIMEOUT_S
+
+    add_flag(parser, "storage_timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+             help=f"connect/read timeout of gs:// and s3:// requests (default: {DEFAULT_TIMEOUT_S:.0f})")
+
+
+def apply_storage_flags(args: argparse.Namespace) -> list[str]:
+    """Before TensorFlow loads: the storage timeout, and TF's gs:// settings when a flag names gs://
+    (TF reads them once, at load). A JPEG tree (`--source files`, `convert`) gets a small read block.
+    Returns the gs:// settings made, as NAME=value."""
+    from stallscope.storage.gcs import prepare_gcs_environment
+    from stallscope.storage.location import is_remote, set_timeout, storage_timeout
+
+    timeout = getattr(args, "storage_timeout", None)
+    if timeout is not None:
+        set_timeout(timeout)
+    named_gs = any(is_remote(v) and str(v).startswith("gs://") for v in vars(args).values())
+    if not named_gs:
+        return []
+    small_objects = getattr(args, "source", None) == "files" or getattr(args, "command", None) == "convert"
+    return prepare_gcs_environment(storage_timeout(), small_objects=small_objects)

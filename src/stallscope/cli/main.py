@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import sys
 
 from stallscope import __version__
-from stallscope.cli.flags import add_common_flags, spelled_as_typed
+from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
 
@@ -79,8 +80,20 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return parser
 
 
+def _exit_now_if_a_store_hangs(code: int) -> None:
+    """A request to a store that never answered still waits in a thread inside TF's or botocore's
+    client; a normal exit would abort under it, so the process ends here, its output flushed."""
+    from stallscope.storage.location import abandoned_requests
+
+    if abandoned_requests():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    process_entry = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the command that refused it, in the one format
@@ -96,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
         if args.command in NEEDS_TENSORFLOW:
             import_tensorflow()
         return int(args.handler(args) or 0)
@@ -104,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         message = spelled_as_typed(str(exc), _command_parser(parser, args), argv)
         print(f"stallscope {args.command}: error: {message}", file=sys.stderr)
+        if process_entry:  # not when a caller (a test, a script) runs main(argv) in its own process
+            _exit_now_if_a_store_hangs(exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"stallscope {args.command}: interrupted", file=sys.stderr)

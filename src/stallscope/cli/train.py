@@ -199,8 +199,10 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data (the seeds' flags)")
     flags.add_flag(data, "source", choices=("files", "records"), default="files",
                    help="read JPEG files ({label}/* or {split}/{label}/*) or TFRecord shards (default: files)")
-    flags.add_flag(data, "dataset_path", type=Path, default=Path("images"), metavar="DIR",
-                   help="image tree or records directory (default: images, as seed-000)")
+    flags.add_flag(data, "dataset_path", type=flags.data_location, default=Path("images"), metavar="DIR|URL",
+                   help="image tree or records directory: a folder, gs://bucket/prefix or s3://bucket/prefix "
+                        "(default: images, as seed-000)")
+    flags.add_storage_flag(data)
     flags.add_flag(data, "split", default="train", help="split to train on (default: train)")
     flags.add_flag(data, "labels_file", "--labels", type=flags.existing_file, default=None, metavar="FILE",
                    help="one label per line: fixes the class order")
@@ -239,7 +241,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(training, "epochs", type=flags.positive_int, default=1, help="passes over the data (default: 1)")
     flags.add_flag(training, "learning_rate", type=flags.positive_float, default=1e-4,
                    help="Adam learning rate (default: 1e-4)")
-    flags.add_flag(training, "validation_path", type=Path, default=None, metavar="DIR",
+    flags.add_flag(training, "validation_path", type=flags.data_location, default=None, metavar="DIR|URL",
                    help="held-out data evaluated at the end (its validation split, or a {label}/* tree)")
     flags.add_flag(training, "warmup_steps", type=flags.non_negative_int, default=2,
                    help="first steps left out of the means (tracing; default: 2)")
@@ -285,6 +287,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         f"steps           {summary['first_step']}..{summary['last_step']} "
         f"({summary['measured_steps']} measured, {summary['warmup_steps']} warm-up)",
         f"pipeline        {summary['pipeline']['preset']}: {' <- '.join(summary['pipeline']['ran']) or '?'}",
+        f"reader          {summary['source'].get('reader', '?')}",
         f"accelerator     {accelerator}",
     ]
     if summary["pipeline"]["requested"].get("normalize") == "none":

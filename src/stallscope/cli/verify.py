@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 
-from stallscope.cli.flags import add_flag, existing_dir, non_negative_int
+from stallscope.cli.flags import add_flag, add_storage_flag, existing_dir_or_url, non_negative_int
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("records_dir", type=existing_dir, metavar="RECORDS_DIR", help="directory written by `stallscope convert`")
+    parser.add_argument("records_dir", type=existing_dir_or_url, metavar="RECORDS_DIR",
+                        help="directory written by `stallscope convert`: a folder, gs://bucket/prefix or s3://bucket/prefix")
     add_flag(parser, "no_decode", action="store_true", help="skip decoding the images (framing, counts and sha256 only)")
+    add_storage_flag(parser)
     add_flag(parser, "max_problems", type=non_negative_int, default=50, metavar="N", help="print at most N problems (default: 50)")
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
+from stallscope.storage.location import RemotePath, as_path
 
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
@@ -97,7 +98,11 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = Fals
     to folders, then its subfolders), following no directory links. `os.scandir` gives each entry's
     type from the listing itself, so a regular file costs no stat call here (1.28 million of them
     would cost seconds). A folder that cannot be listed goes to `unreadable`, so its files are
-    reported, not lost."""
+    reported, not lost. A gs:// or s3:// folder comes from its store's one listing."""
+    if isinstance(folder, RemotePath):
+        for path in folder.walk_files():
+            yield path, "hidden file" if hidden else _unusable_reason(path, folder)
+        return
     try:
         with os.scandir(folder) as listing:
             entries = sorted(listing, key=lambda e: e.name)
@@ -143,8 +148,9 @@ def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
 
 
 def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> FolderTree:
-    """Scans an image tree. `labels` (from a labels file) fixes the label order; else sorted folder names."""
-    root = Path(root)
+    """Scans an image tree (a local folder, gs:// or s3://). `labels` (from a labels file) fixes the
+    label order; else sorted folder names."""
+    root = as_path(root)
     if not root.exists():
         raise UsageError(f"dataset path {str(root)!r} does not exist")
     if not root.is_dir():

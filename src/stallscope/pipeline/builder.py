@@ -35,6 +35,7 @@ from stallscope.pipeline import stages
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
 from stallscope.pipeline.sources import DataSource
 from stallscope.records.schema import get_schema
+from stallscope.storage import readers
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ def build_dataset(
         if why:
             raise UsageError(f"skip_examples: this pipeline cannot skip before decoding: {why}")
         dataset = dataset.skip(skip_examples)
+    if element == "s3 path":
+        dataset, element = _fetch_s3(dataset, config), "encoded"
     dataset = dataset.map(
         _decode_fn(config, source, element, num_classes, one_hot),
         num_parallel_calls=_calls(config.map_parallelism),
@@ -198,7 +201,8 @@ def _shuffled_paths(config: PipelineConfig, source: DataSource) -> bool:
 
 
 def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, separate_read: bool):
-    """(dataset, element kind): "path" elements (path, label, path) or "encoded" (bytes, label, path)."""
+    """(dataset, element kind): "path" elements (path, label, path), "encoded" (bytes, label, path) or
+    "s3 path" (path, label: the s3:// fetch comes later)."""
     paths = [str(p) for p in source.files]
     dataset = tf.data.Dataset.from_tensor_slices((paths, list(source.file_labels)))
     if config.shuffle_files:
@@ -210,6 +214,10 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
             "interleave_cycle_length=%s does not apply to a files source (it reads with a map); ignored",
             config.interleave_cycle_length,
         )
+    if readers.needs_own_reader(source.files):
+        # s3://: TF cannot open it; s3fs fetches groups of files (see `_fetch_s3`), here when something sits
+        # between read and decode, else just before the decode map, after any skip of a resumed run.
+        return (_fetch_s3(dataset, config), "encoded") if separate_read else (dataset, "s3 path")
     if config.read_parallelism in (None, config.map_parallelism) and not separate_read:
         # Read inside the decode map, with its parallelism: one stage less per image (measured
         # ~0.08 ms of CPU per image less than a separate read map of the same parallelism).
@@ -225,17 +233,28 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
     return dataset, "encoded"
 
 
+def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    """(path, label) -> (bytes, label, path) through s3fs, as many requests at once as the read's (or
+    else the map's) parallelism asks."""
+    parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
+    return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
+
+
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
     """(dataset of serialized records, "serialized")."""
     shards = [str(p) for p in source.files]
+    own_reader = readers.needs_own_reader(source.files)  # s3://: records streamed through s3fs
     files = None
     if config.shuffle_files:
         files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)
     if config.read_parallelism is None and config.interleave_cycle_length is None:
+        if own_reader:
+            files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
+            return files.flat_map(readers.shard_records, name="read"), "serialized"
         return tf.data.TFRecordDataset(files if files is not None else shards, name="read"), "serialized"
     files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
     dataset = files.interleave(
-        lambda shard: tf.data.TFRecordDataset(shard),
+        readers.shard_records if own_reader else (lambda shard: tf.data.TFRecordDataset(shard)),
         cycle_length=_cycle_length(config),
         block_length=1,
         num_parallel_calls=_calls(config.read_parallelism),

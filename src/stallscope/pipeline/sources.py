@@ -8,6 +8,7 @@ first batch. Nothing here imports TensorFlow except the schema sniffing of manif
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import struct
 from pathlib import Path
@@ -18,6 +19,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import unfinished_conversion
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
 from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
+from stallscope.storage.location import RemotePath, StorageError, as_path
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +62,17 @@ class DataSource:
 
 
 def open_source(kind: str, path, split: str = DEFAULT_SPLIT, labels_file=None) -> DataSource:
-    """Resolves `path` (an image tree or a records directory) and `split` into a DataSource."""
+    """Resolves `path` (an image tree or a records directory, local, gs:// or s3://) and `split` into a
+    DataSource. A store that cannot be read is one line naming --dataset-path."""
     require_choice("--source", kind, SOURCE_KINDS)
-    path = Path(path)
+    path = as_path(path)
+    try:
+        return _open_source(kind, path, split, labels_file)
+    except StorageError as exc:
+        raise StorageError(f"--dataset-path: {exc}") from None
+
+
+def _open_source(kind: str, path, split: str, labels_file) -> DataSource:
     if not path.exists():
         raise UsageError(f"--dataset-path: {str(path)!r} does not exist")
     if not path.is_dir():
@@ -76,13 +86,13 @@ def open_source(kind: str, path, split: str = DEFAULT_SPLIT, labels_file=None) -
 def available_splits(kind: str, path) -> tuple[str, ...]:
     """The splits a tree or records directory holds; a plain {label}/* tree is one split, "train"."""
     require_choice("source", kind, SOURCE_KINDS)
-    path = Path(path)
+    path = as_path(path)
     if kind == "files":
         tree = scan_tree(path)
         return tree.splits if tree.has_splits else (DEFAULT_SPLIT,)
     if (path / MANIFEST_NAME).exists():
         return tuple(load_manifest(path).splits)
-    prefixed = sorted({p.name.split("-", 1)[0] for p in path.glob(f"*-*{RECORD_SUFFIX}")})
+    prefixed = sorted({p.name.split("-", 1)[0] for p in path.iterdir() if "-" in p.name and p.name.endswith(RECORD_SUFFIX)})
     return tuple(prefixed) or (DEFAULT_SPLIT,)
 
 
@@ -199,7 +209,7 @@ def count_records(shard: Path) -> int:
     """Records in one TFRecord file, from its framing (length + CRCs), without reading payloads."""
     count = 0
     size = shard.stat().st_size
-    with open(shard, "rb") as handle:
+    with (io.BytesIO(shard.read_bytes()) if isinstance(shard, RemotePath) else open(shard, "rb")) as handle:
         offset = 0
         while offset < size:
             start = offset
@@ -221,9 +231,16 @@ def _scan_records(shards: list[Path], *, need_labels: bool) -> tuple[str, int, i
 
     from stallscope.records.schema import detect_schema, parse_example
 
+    def read(paths: list[Path]) -> tf.data.Dataset:
+        if isinstance(paths[0], RemotePath) and paths[0].scheme == "s3":
+            from stallscope.storage.readers import records_dataset
+
+            return records_dataset([str(p) for p in paths])
+        return tf.data.TFRecordDataset([str(p) for p in paths], num_parallel_reads=tf.data.AUTOTUNE)
+
     first = None
     for shard in shards:
-        for record in tf.data.TFRecordDataset(str(shard)).take(1):
+        for record in read([shard]).take(1):
             first = record.numpy()
         if first is not None:
             break
@@ -235,8 +252,7 @@ def _scan_records(shards: list[Path], *, need_labels: bool) -> tuple[str, int, i
         raise DataError(f"{shards[0]}: {exc}; expected the standard or the seed schema") from None
     if not need_labels:
         return schema.name, -1, sum(count_records(s) for s in shards)
-    labels = tf.data.TFRecordDataset([str(s) for s in shards], num_parallel_reads=tf.data.AUTOTUNE)
-    labels = labels.map(lambda r: parse_example(schema, r)["label"], num_parallel_calls=tf.data.AUTOTUNE)
+    labels = read(shards).map(lambda r: parse_example(schema, r)["label"], num_parallel_calls=tf.data.AUTOTUNE)
     count, low, high = labels.reduce(
         (tf.constant(0, tf.int64), tf.constant(2**62, tf.int64), tf.constant(-1, tf.int64)),
         lambda acc, label: (acc[0] + 1, tf.minimum(acc[1], label), tf.maximum(acc[2], label)),

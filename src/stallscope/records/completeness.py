@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stallscope.records.manifest import MANIFEST_NAME
 from stallscope.records.sharding import SHARD_NAME
+from stallscope.storage.location import as_path
 
 STATE_DIR = ".stallscope-convert"  # the state of an unfinished conversion
 RUN_NAME = "run.json"  # in STATE_DIR: the command that finishes it, and the shards it owns
@@ -23,7 +24,7 @@ FALLBACK_COMMAND = "the `stallscope convert` command that wrote it"
 def read_run(records_dir: Path) -> dict:
     """The unfinished conversion's record (`command`, `owned`), or {} when there is none or it is unreadable."""
     try:
-        data = json.loads((Path(records_dir) / STATE_DIR / RUN_NAME).read_text(encoding="utf-8"))
+        data = json.loads((as_path(records_dir) / STATE_DIR / RUN_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -32,7 +33,7 @@ def read_run(records_dir: Path) -> dict:
 def unfinished_conversion(records_dir: Path | str) -> str | None:
     """Why the directory's shards are not a complete set, naming the command that finishes them (without
     the directory's name); None when complete."""
-    records_dir = Path(records_dir)
+    records_dir = as_path(records_dir)
     if (records_dir / MANIFEST_NAME).exists():
         return None  # the manifest is written last; verify checks the shards against it
     command = read_run(records_dir).get("command") or FALLBACK_COMMAND

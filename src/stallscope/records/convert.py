@@ -11,12 +11,15 @@ each worker is handed a shard (or, when there are fewer shards than workers need
 contiguous segment of one) as a list of paths, and reads, checks, repairs, encodes and writes it
 itself without TensorFlow, hashing the bytes as it writes them. No image bytes travel between
 processes; the parent only plans, joins the segments of a split shard, and writes the manifest.
+A tree in a bucket is the exception: the parent fetches the bytes a few chunks ahead and writes the
+shards, so that workers need no store client (`_write_fetched`).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -34,7 +37,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import DATASET_INDEX, ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, FolderTree, ImageFile, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
@@ -46,6 +49,7 @@ from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary,
 )
+from stallscope.storage.location import RemotePath, StorageError, as_path, read_many
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,10 @@ DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
 TASKS_PER_WORKER = 4  # shards are cut into segments until every worker has about this many tasks
 MIN_SEGMENT_IMAGES = 32  # but never into segments smaller than this
 PROGRESS_IMAGES = 16  # an in-process conversion reports progress this often
+# A tree in a bucket: the parent fetches each chunk's bytes (CHUNK_IMAGES requests in flight), this many
+# chunks ahead of the workers, so that the workers need no store client; the parent writes the shards.
+CHUNK_IMAGES = 16
+REMOTE_CHUNKS_AHEAD = 4
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
 
@@ -85,8 +93,8 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         for name in ("dataset_path", "output_path", "labels_file"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, Path):
-                object.__setattr__(self, name, Path(value))
+            if value is not None and not isinstance(value, (Path, RemotePath)):
+                object.__setattr__(self, name, Path(value) if name == "labels_file" else as_path(value))
         require_choice("schema", self.schema, SCHEMAS)
         require_positive("size_per_record", self.size_per_record, allow_none=True)
         require_positive("shards", self.shards, allow_none=True)
@@ -178,7 +186,10 @@ def _file_entry(name: bytes, **fields: Any) -> dict[str, Any]:
 
 def _candidates(root: Path, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
     """One stat per file (the size and mtime a resumed run compares); its name relative to the root is
-    cut from the path's bytes rather than computed with Path.relative_to (several microseconds a file)."""
+    cut from the path's bytes rather than computed with Path.relative_to (several microseconds a file).
+    A tree in a bucket is stat'ed from its store's listing."""
+    if isinstance(root, RemotePath):
+        return _remote_candidates(root, files, skipped)
     prefix = os.fsencode(os.path.join(root, ""))
     out = []
     for f in files:
@@ -186,6 +197,19 @@ def _candidates(root: Path, files: Iterable[ImageFile], skipped: list[dict[str, 
         name = path[len(prefix):] if path.startswith(prefix) else os.fsencode(f.path.relative_to(root))
         try:
             stat = os.stat(path)
+        except OSError as exc:
+            skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
+            continue
+        out.append(Candidate(f.path, name, f.split, f.label, f.label_text, stat.st_size, stat.st_mtime_ns))
+    return out
+
+
+def _remote_candidates(root: RemotePath, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
+    out = []
+    for f in files:
+        name = os.fsencode(f.path.relative_to(root))
+        try:
+            stat = f.path.stat()
         except OSError as exc:
             skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
             continue
@@ -236,15 +260,22 @@ def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate,
 
 # --- worker side (no TensorFlow) ----------------------------------------------------------------
 
-WorkItem = tuple[str, bytes, int, bytes]  # (path, name, label, label_text): what a worker is sent per image
+# (path, or the bytes read or why not; name, label, label_text): what a worker is sent per image.
+# A local tree's items carry paths (workers read them); a tree in a bucket's, the bytes the parent fetched.
+WorkItem = tuple[str | bytes | OSError, bytes, int, bytes]
 
 
 def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -> tuple:
     """Reads, checks, repairs and encodes one image: ("ok", payload, actions) or ("skip", reason, detail)."""
     path, name, label, label_text = item
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        if isinstance(path, OSError):
+            raise path
+        if isinstance(path, bytes):
+            data = path
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read()
     except FileNotFoundError:
         return ("skip", VANISHED, "")
     except OSError as exc:
@@ -261,7 +292,8 @@ def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -
 
 
 def process_chunk(schema_name: str, image_options: images.ImageOptions, items: list[WorkItem]) -> list[tuple]:
-    """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail)."""
+    """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail).
+    An item of a tree in a bucket comes with its bytes already read (or the error reading them)."""
     schema = get_schema(schema_name)
     out = []
     for item in items:
@@ -418,6 +450,89 @@ def _run_segments(tasks: Iterator[SegmentTask], workers: int, on_result: Callabl
     pool.shutdown(wait=True)
 
 
+def _fetch_chunk(task: tuple) -> tuple:
+    """The task with each path replaced by the object's bytes (or the OSError that stopped the read)."""
+    schema_name, image_options, work = task
+    paths = [as_path(item[0]) for item in work]
+    try:
+        contents: list = read_many(paths, len(paths))
+    except StorageError:  # one object failed: read them one by one, so only that one is skipped
+        contents = []
+        for path in paths:
+            try:
+                contents.append(path.read_bytes())
+            except FileNotFoundError as exc:
+                contents.append(exc)  # vanished since the listing
+            except (StorageError, OSError) as exc:
+                contents.append(OSError(str(exc)))
+    return schema_name, image_options, [(data, *item[1:]) for data, item in zip(contents, work)]
+
+
+def _fetched_ahead(tasks: Iterator[tuple]) -> Iterator[tuple]:
+    """The tasks of a tree in a bucket, their bytes fetched REMOTE_CHUNKS_AHEAD chunks ahead, in order."""
+    with concurrent.futures.ThreadPoolExecutor(REMOTE_CHUNKS_AHEAD) as pool:
+        window: collections.deque = collections.deque()
+        for task in tasks:
+            window.append(pool.submit(_fetch_chunk, task))
+            if len(window) > REMOTE_CHUNKS_AHEAD:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+
+def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tuple]]:
+    """Results of `fn(*task)` in task order, with a bounded number of tasks in flight."""
+    if workers <= 1:
+        for task in tasks:
+            yield fn(*task)
+        return
+    context = multiprocessing.get_context(_start_method())
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        window: collections.deque = collections.deque()
+        for task in tasks:
+            window.append(pool.submit(fn, *task))
+            if len(window) >= workers * 4:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def _write_fetched(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path,
+                   on_result: Callable[[dict[str, Any]], None]) -> None:
+    """A tree in a bucket: the parent fetches each chunk's bytes ahead, workers check and encode them,
+    and the parent writes the shards in plan order (the workers need no store client)."""
+    out = Path(options.output_path)
+
+    def tasks() -> Iterator[tuple]:
+        for shard in shards:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
+                yield (options.schema, options.image_options, work)
+
+    chunk_results = _ordered_map(process_chunk, _fetched_ahead(tasks()), options.resolved_workers)
+    for shard in shards:
+        skipped, repaired = [], []
+        with ShardWriter(out / shard.filename) as writer:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
+                    if result[0] == "ok":
+                        writer.write_framed(result[1])
+                        if result[2]:
+                            repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
+                    else:
+                        entry = _file_entry(item.name, reason=result[1])
+                        if result[2]:
+                            entry["detail"] = result[2]
+                        skipped.append(entry)
+                if span.stop < len(shard.items):  # the last chunk's images are counted with the committed shard
+                    on_result({"shard": shard.filename, "images": len(span)})
+                last = len(span)
+            state = {"fingerprint": shard.fingerprint, "skipped": skipped, "repaired": repaired}
+            _commit_shard(writer, state_dir, shard.filename, state)
+        log.info("wrote %s: %d records, %d bytes", shard.filename, writer.records, writer.bytes)
+        on_result({"shard": shard.filename, "images": last, "state": state})
+
 # --- output directory and resume ------------------------------------------------------------------
 
 
@@ -547,11 +662,23 @@ def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any]
 # --- the conversion -------------------------------------------------------------------------------
 
 
-def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
-    """Converts `options.dataset_path` into shards and a manifest in `options.output_path`."""
-    started = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class ConversionPlan:
+    """What a conversion will write, decided before any output is touched (shared with `beam_convert`)."""
+
+    tree: FolderTree
+    candidates: list[Candidate]
+    skipped: list[dict[str, Any]]  # files the scan or the stat refused, with their reasons
+    shards: list[PlannedShard]
+
+
+def plan_conversion(options: ConvertOptions) -> ConversionPlan:
+    """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
-    tree = scan_tree(options.dataset_path, labels)
+    try:
+        tree = scan_tree(options.dataset_path, labels)
+    except StorageError as exc:
+        raise StorageError(f"--dataset_path: {exc}") from None
     for label in tree.labels:
         try:
             label.encode("utf-8")
@@ -564,13 +691,32 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     candidates = _candidates(root, tree.files, skipped)
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
-    plan = plan_shards(options, candidates, tree.labels)
+    return ConversionPlan(tree, candidates, skipped, plan_shards(options, candidates, tree.labels))
+
+
+@contextlib.contextmanager
+def claimed_output(options: ConvertOptions, plan: list[PlannedShard]) -> Iterator[Path]:
+    """Checks the output folder, locks it and clears what an earlier run left that `plan` has no use
+    for; yields the state folder. The lock is held for the block."""
     _check_output(options)
     state_dir = _make_state_dir(options.output_path)
     with exclusive_lock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(options.output_path)!r}"):
         _check_output(options)  # again: the run that held the lock may have changed the folder
         _reset_output(options, state_dir, plan)
-        return _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started)
+        yield state_dir
+
+
+def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
+    """Converts `options.dataset_path` into shards and a manifest in `options.output_path` (either may be
+    gs:// or s3://; an output in a bucket is staged locally, then published: `remote_output.py`)."""
+    if isinstance(options.output_path, RemotePath):
+        from stallscope.records.remote_output import convert_to_store
+
+        return convert_to_store(options, progress)
+    started = time.perf_counter()
+    plan = plan_conversion(options)
+    with claimed_output(options, plan.shards) as state_dir:
+        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress, started)
 
 
 def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started) -> ConvertReport:
@@ -598,8 +744,11 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
         if progress and result["images"]:
             progress(done, total_images)
 
-    workers = options.resolved_workers
-    _run_segments(_segment_tasks(options, pending, state_dir, workers), workers, on_result)
+    if isinstance(tree.root, RemotePath):
+        _write_fetched(options, pending, state_dir, on_result)
+    else:
+        workers = options.resolved_workers
+        _run_segments(_segment_tasks(options, pending, state_dir, workers), workers, on_result)
 
     manifest = _build_manifest(options, tree, plan, results, skipped)
     save_manifest(out, manifest)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import DataError
+from stallscope.storage.location import as_path
 
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.txt"
@@ -47,7 +48,7 @@ class Manifest:
     def shard_paths(self, records_dir: Path, split: str) -> list[Path]:
         if split not in self.splits:
             raise DataError(f"{records_dir}: no split {split!r} in {MANIFEST_NAME}; it has {', '.join(self.splits)}")
-        return [Path(records_dir) / s.file for s in self.splits[split].shards]
+        return [as_path(records_dir) / s.file for s in self.splits[split].shards]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,7 +87,7 @@ class Manifest:
 
 
 def load_manifest(records_dir: Path | str) -> Manifest:
-    path = Path(records_dir) / MANIFEST_NAME
+    path = as_path(records_dir) / MANIFEST_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -31,6 +31,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.storage.location import RemotePath, StorageError, as_path
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,17 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
     """Checks every shard of a records directory; `decode=False` skips image decoding."""
     import tensorflow as tf
 
-    records_dir = Path(records_dir)
+    records_dir = as_path(records_dir)
+    try:
+        return _verify(records_dir, decode, threads, tf)
+    except StorageError as exc:
+        raise StorageError(f"RECORDS_DIR: {exc}") from None
+
+
+def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
     if not records_dir.is_dir():
+        if isinstance(records_dir, RemotePath) and not records_dir.exists():
+            raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} does not exist (nothing is stored under this prefix)")
         raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} is not a directory")
     has_manifest = (records_dir / MANIFEST_NAME).exists()
     manifest: Manifest | None = load_manifest(records_dir) if has_manifest else None
@@ -246,7 +256,10 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
 
 @contextlib.contextmanager
 def _mapped(path: Path):
-    """The shard's bytes as a read-only memory map (an empty file as b"")."""
+    """The shard's bytes as a read-only memory map (an empty file as b""); a remote shard's, read whole."""
+    if isinstance(path, RemotePath):
+        yield path.read_bytes()
+        return
     with open(path, "rb") as handle:
         if handle.seek(0, 2) == 0:
             yield b""

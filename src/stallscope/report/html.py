@@ -8,11 +8,11 @@ import html
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
 from stallscope.report.plots import stage_bars_png, step_bars_png
-from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, source_lines, xprof_line
+from stallscope.report.text import STAGE_COLUMNS_NOTE, fmt_knobs, fmt_ms, run_timing_line, source_lines, verdict_line, xprof_line
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
-          ".hot{color:#d62728;font-weight:bold}pre{background:#f6f6f6;padding:.5em}")
+          ".hot{color:#d62728;font-weight:bold}.slowest{font-weight:bold}pre{background:#f6f6f6;padding:.5em}")
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -31,23 +31,26 @@ def render_html(analysis: Analysis) -> str:
     spread_rows = [[label, fmt_ms(s.mean), fmt_ms(s.p50), fmt_ms(s.p90), fmt_ms(s.std)]
                    for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms),
                                     ("compute", steps.compute_ms))]
-    stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="hot">{e(s.name)}</span>'
+    marked = "hot" if analysis.input_bound else "slowest"   # red only for a stage that holds the run back
+    stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="{marked}">{e(s.name)}</span>'
                                                if s.long_name == analysis.tree.bottleneck else e(s.name)),
-                   "yes" if s.asynchronous else "", str(s.calls), fmt_ms(s.total_ms), fmt_ms(s.own_ms),
-                   f"{s.per_element_us:.0f} us", "" if s.parallelism is None else describe_knob(s.parallelism)]
+                   "yes" if s.asynchronous else "", str(s.calls), fmt_ms(s.total_ms), fmt_ms(s.busy_ms),
+                   fmt_ms(s.own_ms), f"{s.per_element_us:.0f} us",
+                   "" if s.parallelism is None else describe_knob(s.parallelism)]
                   for s in analysis.tree.stages]
+    timing = run_timing_line(analysis)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>stallscope: {e(analysis.source)}</title>"
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>Input pipeline analysis</h1><p><code>{e(analysis.profile_path)}</code></p>",
         "<pre>" + e("\n".join(source_lines(analysis))) + "</pre>",
-        f"<p><b>Input share {fmt_share(analysis.input_share)}: {e(analysis.verdict)} input-bound</b> over "
-        f"{fmt_count(steps.counted_steps, 'step')}. {e(xprof_line(analysis))}. Bottleneck: "
-        f"<span class='hot'>{e(analysis.bottleneck or 'unknown')}</span>.</p>",
+        f"<p><b>{e(verdict_line(analysis))}</b>. {e(xprof_line(analysis))}.</p>",
         _table(["per step", "mean", "p50", "p90", "std"], spread_rows),
+        f"<p>{e(timing)}.</p>" if timing else "",
         _img(step_bars_png(analysis), "per-step input wait and compute"),
         "<h2>tf.data stages</h2>",
-        _table(["stage", "async", "calls", "total", "own", "per call", "parallelism"], stage_rows),
+        _table(["stage", "async", "calls", "total", "busy", "work", "per call", "parallelism"], stage_rows),
+        f"<p><small>{e(STAGE_COLUMNS_NOTE.strip())}</small></p>",
         _img(stage_bars_png(analysis), "own time per stage"),
         "<h2>Checklist</h2>",
         _table(["question", "answer", "evidence"], [[e(c.question), e(c.answer), e(c.evidence)]
@@ -69,4 +72,20 @@ def render_html(analysis: Analysis) -> str:
     parts.append("</ol>")
     parts += [f"<p><i>note: {e(n)}</i></p>" for n in analysis.notes]
     parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def storage_html(figures, what) -> str:
+    """The diagnosis' storage section as an HTML fragment (per-image figures and the what-if table)."""
+    from stallscope.report.text import STORAGE_HEADER, storage_figure_line, storage_rows
+
+    e = html.escape
+    parts = ["<h2>Storage</h2>"]
+    if figures is not None:
+        parts.append(f"<p>{e(storage_figure_line(figures))}</p>")
+    if what is not None:
+        parts.append(_table(STORAGE_HEADER, [[e(cell) for cell in row] for row in storage_rows(what)]))
+        parts.append("<p>Cells: images/s of the pipeline alone, input share of the step, C = requests in flight, "
+                     "and what limits it.</p>")
+        parts += [f"<p><i>note: {e(n)}</i></p>" for n in what.notes]
     return "\n".join(parts)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
-from stallscope.report.text import fmt_count, fmt_knobs, fmt_ms, fmt_share, source_lines, xprof_line
+from stallscope.report.text import (STAGE_COLUMNS_NOTE, fmt_knobs, fmt_ms, run_timing_line, source_lines,
+                                    verdict_line, xprof_line)
 
 
 def render_markdown(analysis: Analysis) -> str:
@@ -14,27 +15,25 @@ def render_markdown(analysis: Analysis) -> str:
         "",
         *(f"    {line}" for line in source_lines(analysis)),
         "",
-        f"**Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound** "
-        f"over {fmt_count(steps.counted_steps, 'step')}. {xprof_line(analysis)}.",
-        f"Bottleneck stage: **{analysis.bottleneck or 'unknown'}**.",
+        f"**{verdict_line(analysis)}**. {xprof_line(analysis)}.",
         "",
         "| per step | mean | p50 | p90 | std |",
         "|---|---:|---:|---:|---:|",
     ]
     for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
         out.append(f"| {label} | {fmt_ms(s.mean)} | {fmt_ms(s.p50)} | {fmt_ms(s.p90)} | {fmt_ms(s.std)} |")
-    if analysis.run is not None:
-        run = analysis.run
-        out += ["", f"The run's own timing (steps.csv): step {fmt_ms(run.step_ms.mean)}, input wait "
-                f"{fmt_ms(run.input_ms.mean)}, input share {fmt_share(run.input_share)}, "
-                f"{run.images_per_second:.1f} images/s."]
-    out += ["", "## tf.data stages", "", "| stage | async | calls | total | own | per call | parallelism |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    timing = run_timing_line(analysis)
+    if timing is not None:
+        out += ["", f"{timing}."]
+    out += ["", "## tf.data stages", "", "| stage | async | calls | total | busy | work | per call | parallelism |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for st in analysis.tree.stages:
-        name = f"**{st.name}**" if st.long_name == analysis.tree.bottleneck else st.name
+        name = f"**{st.name}** ({analysis.stage_label})" if st.long_name == analysis.tree.bottleneck else st.name
         parallel = "" if st.parallelism is None else describe_knob(st.parallelism)
         out.append(f"| {'&nbsp;' * 2 * st.depth}{name} | {'yes' if st.asynchronous else ''} | {st.calls} | "
-                   f"{fmt_ms(st.total_ms)} | {fmt_ms(st.own_ms)} | {st.per_element_us:.0f} us | {parallel} |")
+                   f"{fmt_ms(st.total_ms)} | {fmt_ms(st.busy_ms)} | {fmt_ms(st.own_ms)} | {st.per_element_us:.0f} us "
+                   f"| {parallel} |")
+    out += ["", STAGE_COLUMNS_NOTE.strip()]
     out += ["", "## Checklist", "", "| question | answer | evidence |", "|---|---|---|"]
     out += [f"| {c.question} | {c.answer} | {c.evidence} |" for c in analysis.checklist]
     out += ["", "## Pipeline as written vs as run", ""]
@@ -53,3 +52,19 @@ def render_markdown(analysis: Analysis) -> str:
         out += ["", "   ```python", *[f"   {line}" for line in item.code.splitlines()], "   ```", ""]
     out += [f"> note: {n}" for n in analysis.notes]
     return "\n".join(out) + "\n"
+
+
+def storage_markdown(figures, what) -> list[str]:
+    """The diagnosis' storage section: per-image figures and the what-if as a table."""
+    from stallscope.report.text import STORAGE_HEADER, storage_figure_line, storage_rows
+
+    out = ["## Storage", ""]
+    if figures is not None:
+        out += [storage_figure_line(figures) + ".", ""]
+    if what is not None:
+        out += ["| " + " | ".join(STORAGE_HEADER) + " |", "|" + "---|" * len(STORAGE_HEADER)]
+        out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in storage_rows(what)]
+        out += ["", "Cells: images/s of the pipeline alone, input share of the step, C = requests in flight, "
+                "and what limits it."]
+        out += [f"> note: {note}" for note in what.notes]
+    return out

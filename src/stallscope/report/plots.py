@@ -28,7 +28,12 @@ COMPUTE_COLOR = "#1f77b4"
 
 
 def step_bars_png(analysis: Analysis) -> bytes:
-    """Per-step stacked bars: input wait under compute; uncounted (first/last) steps faded."""
+    return _png(step_bars_figure(analysis))
+
+
+def step_bars_figure(analysis: Analysis):
+    """Per-step stacked bars: input wait under compute; uncounted (first/last) steps faded. The legend
+    sits right of the axes, where it cannot hide a bar."""
     plt = _figure()
     from matplotlib.colors import to_rgba
     from matplotlib.patches import Patch
@@ -42,22 +47,35 @@ def step_bars_png(analysis: Analysis) -> bytes:
     ax.bar(x, [s.compute_ms for s in steps], bottom=input_ms, color=[to_rgba(COMPUTE_COLOR, a) for a in faded])
     ax.legend(handles=[Patch(color=INPUT_COLOR, label="input wait"), Patch(color=COMPUTE_COLOR, label="compute"),
                        Patch(color=to_rgba(COMPUTE_COLOR, 0.35), label="not counted (first/last)")],
-              loc="upper right")
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.set_title(f"Step time: input share {analysis.input_share * 100:.1f}% ({analysis.verdict} input-bound)")
-    return _png(fig)
+    return fig
+
+
+BOTTLENECK_COLOR = INPUT_COLOR
+SLOWEST_COLOR = "#404040"   # the slowest stage of a run that does not wait for input: marked, not alarming
+STAGE_COLOR = "#a0a0a0"
 
 
 def stage_bars_png(analysis: Analysis) -> bytes:
-    """Own time per tf.data stage, the bottleneck highlighted."""
+    return _png(stage_bars_figure(analysis))
+
+
+def stage_bars_figure(analysis: Analysis):
+    """Busy (wall-clock) time per tf.data stage, the figure the walk compares; the walk's stage in red
+    when it holds the run back (input-bound), in dark grey when the input keeps up."""
     plt = _figure()
     stages = list(analysis.tree.stages)
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(len(stages), 1)))
     names = [("  " * s.depth) + s.name for s in stages]
-    colors = ["#d62728" if s.long_name == analysis.tree.bottleneck else "#7f7f7f" for s in stages]
-    ax.barh(names, [s.own_ms for s in stages], color=colors)
+    marked = BOTTLENECK_COLOR if analysis.input_bound else SLOWEST_COLOR
+    colors = [marked if s.long_name == analysis.tree.bottleneck else STAGE_COLOR for s in stages]
+    ax.barh(range(len(stages)), [s.busy_ms for s in stages], color=colors)
+    ax.set_yticks(range(len(stages)), names)
     ax.invert_yaxis()
-    ax.set_xlabel("own time, ms (summed over calls)")
-    ax.set_title("tf.data stages, outermost first (bottleneck in red)")
-    return _png(fig)
+    ax.set_xlabel("busy, ms (wall-clock time of the stage's own work)")
+    label = "bottleneck in red" if analysis.input_bound else "slowest stage in dark grey; the input keeps up"
+    ax.set_title(f"tf.data stages, outermost first ({label})")
+    return fig

@@ -22,12 +22,63 @@ def fmt_count(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
+def knob_value(value) -> str:
+    """A knob's value as typed on the command line: autotune, off, true/false, a number or a word."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None or (isinstance(value, int) and value < 0):
+        return describe_knob(value)
+    return str(value)
+
+
 def fmt_knobs(knobs: dict) -> str:
-    parts = []
-    for key, value in knobs.items():
-        shown = describe_knob(value) if isinstance(value, int) and not isinstance(value, bool) and value <= 0 else value
-        parts.append(f"{key}={shown}")
-    return ", ".join(parts)
+    """Knobs as the flags a user types (`--map-parallelism autotune`), the one spelling every
+    report uses for advice (train and diagnose take the same flags)."""
+    return ", ".join(f"--{key.replace('_', '-')} {knob_value(value)}" for key, value in knobs.items())
+
+
+def counted_steps_text(steps: StepBreakdown) -> str:
+    """How many steps the figures average, and why: XProf leaves out the first and last step of a
+    window of 3 or more (they may be cut by the capture); a shorter window is counted whole."""
+    counted = fmt_count(steps.counted_steps, "step")
+    if len(steps.steps) >= 3:
+        return f"{counted}; first and last steps left out, as TensorBoard does"
+    return (f"{counted}, all counted: a window of {fmt_count(len(steps.steps), 'step')} is too short to leave out "
+            f"its first and last as TensorBoard does from 3 steps on; a few more steps give a steadier figure")
+
+
+def verdict_line(analysis: Analysis) -> str:
+    """The verdict first; then the stage the walk found, as a bottleneck only when the run waits for input."""
+    steps = analysis.steps
+    if not steps.has_iterator:
+        return "Input share: not measurable, no tf.data iterator in the profiled steps (input fed as NumPy arrays?)"
+    line = (f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
+            f"({counted_steps_text(steps)})")
+    if analysis.slowest_stage is None:
+        return line
+    if analysis.input_bound:
+        return f"{line}; bottleneck: {analysis.slowest_stage}"
+    return f"{line}; the input keeps up (slowest stage: {analysis.slowest_stage}, not holding the run back)"
+
+
+def run_timing_line(analysis: Analysis) -> str | None:
+    """The run's own clock (steps.csv), beside the profile's figures; None for a bare profile."""
+    run = analysis.run
+    if run is None:
+        return None
+    line = (f"The run's own timing (steps.csv, {fmt_count(run.steps, 'step')} without warm-up): step "
+            f"{fmt_ms(run.step_ms.mean)}, input wait {fmt_ms(run.input_ms.mean)}, input share "
+            f"{fmt_share(run.input_share)} ({run.verdict}), {run.images_per_second:.1f} images/s")
+    if analysis.steps.has_iterator and run.verdict != analysis.verdict:
+        line += (f"; the profiled window ({fmt_count(analysis.steps.counted_steps, 'step')}) says {analysis.verdict} "
+                 f"input-bound: slow steps (an epoch start, a shuffle buffer filling) fall inside or outside a window, "
+                 f"so the verdict above is the window's; a longer window comes closer to the run's")
+    return line
+
+
+STAGE_COLUMNS_NOTE = ("  busy: wall-clock time of the stage's own work (the figure the bottleneck walk and checklist "
+                      "use); work: that work summed over its calls, larger when calls ran at once (parallel column, "
+                      "calls in flight in brackets)")
 
 
 def xprof_line(analysis: Analysis) -> str:
@@ -85,10 +136,7 @@ def render_text(analysis: Analysis) -> str:
         f"profile: {analysis.profile_path}",
         *source_lines(analysis),
         "",
-        f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
-        f"({fmt_count(steps.counted_steps, 'step')}; first and last steps left out, as TensorBoard does)"
-        if steps.has_iterator else
-        "Input share: not measurable, no tf.data iterator in the profiled steps (input fed as NumPy arrays?)",
+        verdict_line(analysis),
         xprof_line(analysis),
         "",
         f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
@@ -96,22 +144,25 @@ def render_text(analysis: Analysis) -> str:
     for label, spread in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
         lines.append(f"{label:<12}{fmt_ms(spread.mean):>11}{fmt_ms(spread.p50):>11}{fmt_ms(spread.p90):>11}"
                      f"{fmt_ms(spread.std):>11}")
-    if analysis.run is not None:
-        run = analysis.run
-        lines += ["", f"The run's own timing (steps.csv, {fmt_count(run.steps, 'step')} without warm-up): step "
-                  f"{fmt_ms(run.step_ms.mean)}, input wait {fmt_ms(run.input_ms.mean)}, input share "
-                  f"{fmt_share(run.input_share)} ({run.verdict}), {run.images_per_second:.1f} images/s"]
-    lines += ["", "tf.data stages (outermost first)",
-              f"  {'stage':<28}{'calls':>7}{'total':>12}{'own':>12}{'per call':>11}{'parallel':>10}"]
+    timing = run_timing_line(analysis)
+    if timing is not None:
+        lines += ["", timing]
+    lines += ["", "tf.data stages (outermost first, each followed by its inputs)",
+              f"  {'stage':<30}{'calls':>7}{'total':>11}{'busy':>11}{'work':>11}{'per call':>10}{'parallel':>10}"]
     for stage in analysis.tree.stages:
-        mark = " <- bottleneck" if stage.long_name == analysis.tree.bottleneck else ""
+        mark = f" <- {analysis.stage_label}" if stage.long_name == analysis.tree.bottleneck else ""
         parallel = "" if stage.parallelism is None else describe_knob(stage.parallelism)
         if stage.asynchronous and stage.concurrency > 1.05:
             parallel += f" ({stage.concurrency:.1f})"
-        name = "  " * stage.depth + stage.name + (" *" if stage.asynchronous else "")
-        lines.append(f"  {name:<28}{stage.calls:>7}{fmt_ms(stage.total_ms):>12}{fmt_ms(stage.own_ms):>12}"
-                     f"{stage.per_element_us:>9.0f}us{parallel:>10}{mark}")
-    lines.append("  * asynchronous: its total is time spent waiting for it; own is the work of its function")
+        name = ("  " * stage.depth + stage.name + (" *" if stage.asynchronous else "")
+                + (" ~" if stage.per_element else ""))
+        lines.append(f"  {name:<30}{stage.calls:>7}{fmt_ms(stage.total_ms):>11}{fmt_ms(stage.busy_ms):>11}"
+                     f"{fmt_ms(stage.own_ms):>11}{stage.per_element_us:>8.0f}us{parallel:>10}{mark}")
+    lines.append("  * asynchronous: its total is time spent waiting for it; its work is that of its function")
+    if any(stage.per_element for stage in analysis.tree.stages):
+        lines.append("  ~ made by its parent's function for each element of the parent's input "
+                     "(an interleave's reader per file)")
+    lines.append(STAGE_COLUMNS_NOTE)
     lines += ["", "Checklist (TF Profiler guide to tf.data)"]
     for item in analysis.checklist:
         lines.append(f"  {item.question:<36} {item.answer:<10} {item.evidence}")
@@ -133,3 +184,57 @@ def render_text(analysis: Analysis) -> str:
     for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+STORAGE_HEADER = ["store", "format", "client", "requests/image", "sequential", "parallel", "enough in flight"]
+
+
+def fmt_rate(images_per_second: float) -> str:
+    return "unbounded" if images_per_second == float("inf") else f"{images_per_second:,.0f}/s"
+
+
+def _cell(cell) -> str:
+    """'125/s 90% (C=1.6, requests)': images/s, input share, reads in flight and the limiting term."""
+    return (f"{fmt_rate(cell.images_per_second)} {cell.prediction.input_share * 100:.0f}% "
+            f"(C={cell.in_flight:.3g}, {cell.bound})")
+
+
+def storage_figure_line(figures) -> str:
+    """Per image: requests, connections, bytes, waiting; measured by the store or modelled."""
+    local = ""
+    if figures.read_calls is not None:
+        local = f"; locally {figures.read_calls:.2f} read calls, {figures.files_opened:.3g} files opened"
+    what = "measured by the store" if figures.basis == "measured" else f"modelled for {figures.client}"
+    return (f"storage per image ({what}): requests {figures.requests:.3g}, connections opened "
+            f"{figures.connections:.3g}, {figures.bytes / 1024:.1f} KiB, {figures.wait_ms:.2f} ms waiting for "
+            f"storage{local}")
+
+
+def storage_rows(what) -> list[list[str]]:
+    """The storage what-if as rows of STORAGE_HEADER (one per store and format)."""
+    rows = []
+    for row in what.scenarios:
+        for f in row.formats:
+            mark = " (yours)" if f.format == what.source_format else ""
+            rows.append([row.scenario.label, f.format + mark, f.client,
+                         f"{f.requests_per_image:.3g} {f.basis}", _cell(f.sequential), _cell(f.parallel),
+                         _cell(f.enough_in_flight) + f", pool {f.enough_in_flight.private_threadpool_size}"])
+    return rows
+
+
+def storage_lines(figures, what) -> list[str]:
+    """The terminal section: per-image figures and the what-if table, columns aligned."""
+    lines = []
+    if figures is not None:
+        lines.append(storage_figure_line(figures))
+    if what is None:
+        return lines
+    rows = [STORAGE_HEADER, *storage_rows(what)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(STORAGE_HEADER))]
+    lines.append("storage what-if (images/s of the pipeline alone, input share of the step, C = requests in "
+                 "flight, what limits it):")
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"  note: {note}" for note in what.notes]
+    if not any(row.named for row in what.scenarios):
+        lines.append("  (presets; name your store with --what-if-storage 10ms,200Mbit to get storage advice)")
+    return lines

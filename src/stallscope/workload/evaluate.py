@@ -18,6 +18,7 @@ from typing import Any
 from stallscope.config import AUTOTUNE, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage.location import as_path
 from stallscope.workload.checkpoints import checkpoint_holds_model, list_checkpoints, restore_model
 from stallscope.workload.models import MODEL_SPEC_NAME, ModelSpec
 
@@ -77,12 +78,19 @@ def evaluate_model(model, dataset) -> EvalResult:
 
     started = time.perf_counter()
     total = correct1 = correctk = loss_sum = 0.0
-    for images, labels in dataset:
-        top1, topk, loss, count = batch_metrics(images, labels)
-        correct1 += float(top1)
-        correctk += float(topk)
-        loss_sum += float(loss)
-        total += int(count)
+    try:
+        for images, labels in dataset:
+            top1, topk, loss, count = batch_metrics(images, labels)
+            correct1 += float(top1)
+            correctk += float(topk)
+            loss_sum += float(loss)
+            total += int(count)
+    except tf.errors.UnknownError as exc:
+        from stallscope.storage.readers import storage_failure
+        failure = storage_failure(exc)  # the store failed mid-run: one line
+        if failure is None:
+            raise
+        raise failure from None
     if total == 0:
         raise DataError("evaluation: the split yielded no examples")
     return EvalResult(examples=int(total), top1=correct1 / total, top5=correctk / total, loss=loss_sum / total,
@@ -107,7 +115,7 @@ class EvaluateOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint_path", Path(self.checkpoint_path))
-        object.__setattr__(self, "dataset_path", Path(self.dataset_path))
+        object.__setattr__(self, "dataset_path", as_path(self.dataset_path))
         if self.checkpoint_path.exists() and not self.checkpoint_path.is_dir():
             raise UsageError(f"--checkpoint-path: expected a checkpoint folder, got {str(self.checkpoint_path)!r} "
                              f"(a file)")

@@ -54,7 +54,7 @@ class Profile:
         window = window_of(steps, name="stallscope.profile steps")
         if window is None:
             raise UsageError("stallscope.profile steps: expected (START, STOP) such as (10, 20), got None")
-        self.profiler = StepProfiler(window, self.log_dir)
+        self.profiler = StepProfiler(window, self.log_dir, owner="stallscope.profile")
 
     def __enter__(self) -> "Profile":
         global _active

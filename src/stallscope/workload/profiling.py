@@ -61,9 +61,10 @@ class StepProfiler:
     Use `with profiler.step(i):` around each step's get_next and model step.
     """
 
-    def __init__(self, window: ProfileWindow | None, log_dir: Path) -> None:
+    def __init__(self, window: ProfileWindow | None, log_dir: Path, *, owner: str = "--profile-steps") -> None:
         self.window = window
         self.log_dir = Path(log_dir)
+        self.owner = owner  # what a user set the window with, for the error that names it
         self.active = False
         self.captured_steps = 0
 
@@ -92,7 +93,7 @@ class StepProfiler:
         try:
             tf.profiler.experimental.start(str(self.log_dir))
         except tf.errors.AlreadyExistsError:
-            raise UsageError("--profile-steps: another TF profiler session is already running in this process") from None
+            raise UsageError(f"{self.owner}: another TF profiler session is already running in this process") from None
         self.active = True
         log.info("profiling steps %s into %s", self.window.text, self.log_dir)
 

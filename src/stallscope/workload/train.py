@@ -34,6 +34,7 @@ from stallscope.config import json_ready, require_choice, require_non_negative, 
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.sources import SOURCE_KINDS
+from stallscope.storage.location import as_path
 from stallscope.workload import rundir
 from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
@@ -97,10 +98,10 @@ class TrainOptions:
         require_choice("source", self.source, SOURCE_KINDS)
         if not isinstance(self.pipeline, PipelineConfig):
             raise UsageError(f"pipeline: expected a PipelineConfig, got {type(self.pipeline).__name__}")
-        set_(self, "dataset_path", Path(self.dataset_path))
+        set_(self, "dataset_path", as_path(self.dataset_path))
         for name in ("validation_path", "labels_file", "log_path", "checkpoint_path"):
             if getattr(self, name) is not None:
-                set_(self, name, Path(getattr(self, name)))
+                set_(self, name, (as_path if name == "validation_path" else Path)(getattr(self, name)))
         require_choice("model", self.model, MODELS)
         set_(self, "weights", parse_weights(self.weights))
         set_(self, "fine_tune", parse_fine_tune(self.fine_tune))
@@ -438,6 +439,12 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
                             from stallscope.pipeline.input_errors import input_error
                             raise input_error(source, exc) from None  # names the shard or image
+                        except tf.errors.UnknownError as exc:
+                            from stallscope.storage.readers import storage_failure
+                            failure = storage_failure(exc)  # the store failed mid-run: one line
+                            if failure is None:
+                                raise
+                            raise failure from None
                         clock.batch_received()
                         if accelerator.emulated:
                             with tf.profiler.experimental.Trace(TRACE_NAME):
@@ -568,6 +575,7 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
         io["files_opened"] = round(per.files_opened * per.images)
         io["per_image"] = per.to_dict()
     from stallscope.pipeline.presets import overridden_fields
+    from stallscope.storage.readers import describe_reader
 
     summary = {
         **stats.to_dict(),
@@ -591,7 +599,9 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
         "model": _model_summary(spec, model),
         "source": {"kind": source.kind, "path": str(source.path), "split": source.split,
                    "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
-                   "schema": source.schema, "classes": source.num_classes},
+                   "schema": source.schema, "classes": source.num_classes,
+                   "reader": describe_reader(source.kind, source.files, read_parallelism=options.pipeline.read_parallelism,
+                                             map_parallelism=options.pipeline.map_parallelism)},
         "accelerator": options.accelerator.to_dict(),
         "dataset_path": str(options.dataset_path),
         "dataset_size": plan.examples,

@@ -1,0 +1,610 @@
+"""Storage what-if: images/s and input share of a pipeline whose data sits behind a per-request
+latency and a bandwidth cap, from the I/O pattern and CPU per image measured locally. Pure arithmetic.
+
+Local read calls do not carry over to remote requests (a JPEG is ~2 local reads but 1 ranged GET;
+a TFRecord image is 0.44 local reads but 0.008 GETs), so requests are modelled from what does carry
+over: objects opened, bytes per image and the client's block size (`StorageClient`).
+
+Per image, with r requests, L latency, s per-request overhead (client and server work, measured at
+0 ms latency), b bytes, B bandwidth and d CPU per image (decode, the client's transfer and request work):
+
+    sequential  rate = 1 / (r (L + s) + b / B + d)
+    parallel    rate = min(C / (r (L + s)), cores / d, B / b)
+
+C is the requests really in flight: a stage's parallel calls run on a thread pool (tf.data's shared
+pool has as many threads as cores; `private_threadpool_size` gives a pipeline its own), and a thread
+that also decodes holds a request only part of the time, so `num_parallel_calls=16` on 2 shared
+threads keeps ~1.7 requests in flight, not 16 (measured: 118 vs 121 images/s at 10 ms).
+The input share comes from the overlap model of `whatif.predict` against the device's step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stallscope.analysis import whatif
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+
+MIB = 1024**2
+FORMATS = ("files", "records")
+READ_MODES = ("sequential", "parallel", "enough_in_flight")
+DEFAULT_SHARD_BYTES = 52_428_800  # what `stallscope convert` writes by default (seed-000: 50 MiB)
+RECORD_FRAMING_BYTES = 16         # TFRecord length + 2 CRCs per record
+GCS_BLOCK_ENV = "GCS_READ_CACHE_BLOCK_SIZE_MB"
+TF_GCS_DEFAULT_BLOCK_MB = 64      # tensorflow/tsl gcs_file_system.cc kDefaultBlockSize
+S3FS_DEFAULT_BLOCK = 5 * MIB      # s3fs S3FileSystem.default_block_size (fsspec's default too)
+NFS_BLOCK = MIB                   # Linux NFS client rsize/wsize ceiling (1 MiB)
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageClient:
+    """How one reader turns objects opened and bytes into requests, and what a request costs it.
+
+    block_bytes: the most bytes one request asks for (ranged GET, NFS READ).
+    requests_per_open: requests per object before its data (HEAD / stat / NFS OPEN), 0 for none.
+    request_overhead_ms: s, per request beyond the latency (client and server work); the model's
+        default when it was not measured at 0 ms latency.
+    request_cpu_ms: the part of s this host's CPU does (it competes with decoding for the cores).
+    transfer_cpu_ms_per_mib: this host's CPU per MiB received (TLS, copies).
+    new_connection_per_request: opens a TCP(+TLS) connection per request (no reuse).
+    """
+
+    name: str
+    block_bytes: int
+    requests_per_open: int
+    request_overhead_ms: float
+    request_cpu_ms: float
+    transfer_cpu_ms_per_mib: float
+    new_connection_per_request: bool
+    description: str
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
+            raise UsageError(f"block_bytes: expected a positive integer, got {self.block_bytes!r}")
+        for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                raise UsageError(f"{name}: expected a finite number >= 0, got {value!r}")
+
+    def requests_per_object(self, object_bytes: float) -> int:
+        """Requests to read one object of `object_bytes` start to end."""
+        return self.requests_per_open + max(1, math.ceil(object_bytes / self.block_bytes - 1e-9))
+
+
+def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | None = None) -> StorageClient:
+    """TF's own `gs://`: one ranged GET per block (GCS_READ_CACHE_BLOCK_SIZE_MB, default 64 MB), a new
+    TCP+TLS connection per request, and a block-sized buffer per read that costs ~0.71 ms of CPU per
+    MB (46 ms per JPEG at 64 MB, 1.2 ms at 1 MB, tensorflow/tensorflow#30327); ~2.1 ms of
+    connection and request work on top, fitted on a loopback store (210 vs 628 JPEGs/s at 0 ms)."""
+    if block_mb is None:
+        text = (os.environ if environ is None else environ).get(GCS_BLOCK_ENV, "")
+        try:
+            block_mb = float(text) if text.strip() else TF_GCS_DEFAULT_BLOCK_MB
+        except ValueError:
+            raise UsageError(f"{GCS_BLOCK_ENV}: expected a number of MB, got {text!r}") from None
+    if not (block_mb > 0 and math.isfinite(block_mb)):
+        raise UsageError(f"{GCS_BLOCK_ENV}: expected a number of MB above 0, got {block_mb!r}")
+    buffer_cpu = 0.49 + 0.711 * block_mb
+    return StorageClient(
+        name="tf-gcs", block_bytes=int(block_mb * MIB), requests_per_open=0,
+        request_overhead_ms=1.6 + buffer_cpu, request_cpu_ms=buffer_cpu, transfer_cpu_ms_per_mib=5.0,
+        new_connection_per_request=True,
+        description=f"TF's gs:// ({block_mb:g} MB blocks, a new connection per request)")
+
+
+def s3fs_client() -> StorageClient:
+    """fsspec/s3fs: 5 MiB ranged GETs over pooled connections (aiobotocore keeps them); sizes come
+    from the cached listing, so no HEAD per object; ~1.5 ms of Python per request (not measured here)."""
+    return StorageClient(
+        name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=1.5,
+        request_cpu_ms=1.5, transfer_cpu_ms_per_mib=5.0, new_connection_per_request=False,
+        description="fsspec/s3fs (5 MiB blocks, pooled connections)")
+
+
+def posix_client() -> StorageClient:
+    """A file system (local disk, NFS): one open (LOOKUP/OPEN) and one READ per MiB; one mount connection."""
+    return StorageClient(
+        name="posix", block_bytes=NFS_BLOCK, requests_per_open=1, request_overhead_ms=0.05,
+        request_cpu_ms=0.02, transfer_cpu_ms_per_mib=0.3, new_connection_per_request=False,
+        description="a file system (one open and one read per MiB)")
+
+
+CLIENTS = {"tf-gcs": tf_gcs_client, "s3fs": s3fs_client, "posix": posix_client}
+
+
+def client_named(name: str) -> StorageClient:
+    if name not in CLIENTS:
+        raise UsageError(f"--storage-client: expected one of {', '.join(CLIENTS)}, got {name!r}")
+    return CLIENTS[name]()
+
+
+def client_for_path(path: str) -> str:
+    """The object-store client a data set path is read with: s3:// through s3fs, anything else
+    (gs://, or local data whose what-if asks about an object store) through TF's gs://."""
+    return "s3fs" if str(path).startswith("s3://") else "tf-gcs"
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageScenario:
+    """Where the data could live: a per-request latency and a shared bandwidth (inf: uncapped).
+    kind "object" is read with the object-store client, "filesystem" with the posix client."""
+
+    name: str
+    latency_ms: float
+    bandwidth_bytes_per_s: float
+    kind: str = "object"
+    meaning: str = ""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.latency_ms, (int, float)) and self.latency_ms >= 0 and math.isfinite(self.latency_ms)):
+            raise UsageError(f"latency: expected a finite duration >= 0, got {self.latency_ms!r}")
+        if not (isinstance(self.bandwidth_bytes_per_s, (int, float)) and self.bandwidth_bytes_per_s > 0):
+            raise UsageError(f"bandwidth: expected a bandwidth above 0, got {self.bandwidth_bytes_per_s!r}")
+        if self.kind not in ("object", "filesystem"):
+            raise UsageError(f"kind: expected object or filesystem, got {self.kind!r}")
+
+    @property
+    def label(self) -> str:
+        figures = f"{format_latency(self.latency_ms)},{format_bandwidth(self.bandwidth_bytes_per_s)}"
+        return figures if self.name == figures else f"{self.name} ({figures})"
+
+
+PRESETS = {
+    "local-nvme": StorageScenario(
+        "local-nvme", 0.1, 2e9, "filesystem",
+        "a local NVMe SSD: ~0.1 ms per random read, ~2 GB/s"),
+    "network-fs": StorageScenario(
+        "network-fs", 2.0, 125e6, "filesystem",
+        "a network file system in the same zone (NFS, EFS, Filestore): ~1-3 ms per operation, 1 Gbit/s"),
+    "object-store-region": StorageScenario(
+        "object-store-region", 20.0, 250e6, "object",
+        "GCS or S3 in the same region: tens of ms to the first byte of a small GET, 2 Gbit/s to one VM"),
+    "object-store-cross-region": StorageScenario(
+        "object-store-cross-region", 100.0, 62.5e6, "object",
+        "an object store in another region or continent: ~100 ms round trips, 500 Mbit/s"),
+}
+
+_LATENCY_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+_BANDWIDTH_UNITS = {  # bytes per second
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+    "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "kib/s": 1024, "mib/s": MIB, "gib/s": 1024**3,
+}
+_NUMBER = r"\s*([0-9]+(?:\.[0-9]+)?)\s*"
+SPEC_HELP = ("LATENCY,BANDWIDTH pairs such as 10ms,200Mbit (latency in us/ms/s; bandwidth in bit, Kbit, "
+             "Mbit, Gbit or B/s, MB/s, MiB/s, GB/s, or 'unlimited') or presets: " + ", ".join(PRESETS))
+
+
+def parse_latency_ms(text: str) -> float:
+    match = re.fullmatch(_NUMBER + r"([a-zA-Z]+)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit not in _LATENCY_UNITS:
+        raise ValueError(f"a latency such as 10ms, 500us or 0.1s, got {text.strip()!r}")
+    return float(match.group(1)) * _LATENCY_UNITS[unit]
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second from 200Mbit, 1Gbit, 25MB/s, 100MiB/s or 'unlimited' (inf)."""
+    if text.strip().lower() in ("unlimited", "inf"):
+        return math.inf
+    match = re.fullmatch(_NUMBER + r"([a-zA-Z]+(?:/s)?)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit is not None and unit.endswith("ps"):
+        unit = unit[:-2] + "/s" if unit[:-2] + "/s" in _BANDWIDTH_UNITS else unit
+    if unit not in _BANDWIDTH_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"a bandwidth above 0 such as 200Mbit, 1Gbit or 100MB/s, got {text.strip()!r}")
+    return float(match.group(1)) * _BANDWIDTH_UNITS[unit]
+
+
+def parse_scenarios(text: str) -> tuple[StorageScenario, ...]:
+    """`10ms,200Mbit`, `10ms,200Mbit,30ms,1Gbit`, `object-store-region` or a mix: comma-separated
+    preset names and LATENCY,BANDWIDTH pairs. ValueError says what was expected."""
+    tokens = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in tokens):
+        raise ValueError(f"{SPEC_HELP}; got {text!r}")
+    scenarios = []
+    i = 0
+    while i < len(tokens):
+        if tokens[i].lower() in PRESETS:
+            scenarios.append(PRESETS[tokens[i].lower()])
+            i += 1
+            continue
+        try:
+            latency = parse_latency_ms(tokens[i])
+        except ValueError:
+            raise ValueError(f"a preset ({', '.join(PRESETS)}) or a LATENCY,BANDWIDTH pair such as 10ms,200Mbit, "
+                             f"got {tokens[i]!r}") from None
+        if i + 1 >= len(tokens):
+            raise ValueError(f"a bandwidth after the latency {tokens[i]!r} (e.g. {tokens[i]},200Mbit), got {text!r}")
+        bandwidth = parse_bandwidth(tokens[i + 1])
+        scenarios.append(StorageScenario(f"{format_latency(latency)},{format_bandwidth(bandwidth)}", latency,
+                                         bandwidth, "object", "as given"))
+        i += 2
+    return tuple(scenarios)
+
+
+def format_latency(ms: float) -> str:
+    return f"{ms * 1000:g}us" if 0 < ms < 0.1 else f"{ms:g}ms"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    if math.isinf(bytes_per_s):
+        return "unlimited"
+    bits = bytes_per_s * 8
+    return f"{bits / 1e9:g}Gbit" if bits >= 1e9 else f"{bits / 1e6:g}Mbit"
+
+
+@dataclasses.dataclass(frozen=True)
+class IoPattern:
+    """What one image costs to fetch: objects opened and bytes, per image (per pass over the data).
+    requests_per_image / connections_per_image: measured on a real store (StorageCounters), or None
+    to model them from the client."""
+
+    format: str
+    bytes_per_image: float
+    objects_per_image: float
+    requests_per_image: float | None = None
+    connections_per_image: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise UsageError(f"format: expected one of {', '.join(FORMATS)}, got {self.format!r}")
+        if not (self.bytes_per_image >= 0 and math.isfinite(self.bytes_per_image)):
+            raise UsageError(f"bytes_per_image: expected a finite number >= 0, got {self.bytes_per_image!r}")
+        if not (0 < self.objects_per_image <= 1):
+            raise UsageError(f"objects_per_image: expected a number in (0, 1], got {self.objects_per_image!r}")
+
+    @property
+    def measured(self) -> bool:
+        return self.requests_per_image is not None
+
+    def requests(self, client: StorageClient) -> float:
+        """r: requests per image, measured or from objects x requests per object."""
+        if self.requests_per_image is not None:
+            return self.requests_per_image
+        return self.objects_per_image * client.requests_per_object(self.bytes_per_image / self.objects_per_image)
+
+    def connections(self, client: StorageClient, in_flight: float = 1.0, images: float = math.inf) -> float:
+        """Connections opened per image: one per request without reuse; with reuse, a pool of about
+        `in_flight` connections opened once over `images` images (0 on a long run)."""
+        if self.connections_per_image is not None:
+            return self.connections_per_image
+        if client.new_connection_per_request:
+            return self.requests(client)
+        return math.ceil(in_flight) / images if math.isfinite(images) and images > 0 else 0.0
+
+
+def pattern_for(source_format: str, *, examples: int, total_bytes: int, files: int) -> IoPattern:
+    """The I/O pattern of a data set as it is stored (files: one object per image; records: shards)."""
+    if examples <= 0:
+        raise UsageError(f"examples: expected a positive integer, got {examples!r}")
+    per_image = total_bytes / examples
+    if source_format == "files":
+        return IoPattern("files", per_image, 1.0)
+    return IoPattern("records", per_image, min(1.0, max(1, files) / examples))
+
+
+def converted(pattern: IoPattern, *, examples: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> IoPattern:
+    """The same images in the other format: files -> records as `stallscope convert` shards them
+    (shard_bytes each, at most the data set), records -> one file per image."""
+    if pattern.format == "records":
+        per_image = max(1.0, pattern.bytes_per_image - RECORD_FRAMING_BYTES)
+        return IoPattern("files", per_image, 1.0)
+    per_image = pattern.bytes_per_image + RECORD_FRAMING_BYTES
+    images_per_shard = min(examples, max(1, math.ceil(shard_bytes / per_image))) if examples > 0 else 1
+    return IoPattern("records", per_image, 1.0 / images_per_shard)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reads:
+    """How a pipeline issues reads: parallel calls of the stage that reads (None: one at a time),
+    the threads they run on, and whether that stage's threads also decode (files read inside the
+    decode map) or only read (a separate read map, a parallel interleave over shards)."""
+
+    parallel_calls: int | None
+    pool_threads: int
+    reads_in_decode_map: bool
+    private_pool: bool
+
+    def describe(self) -> str:
+        if self.parallel_calls is None:
+            return "one read at a time"
+        calls = "autotune" if self.parallel_calls == AUTOTUNE else str(self.parallel_calls)
+        pool = f"a private pool of {self.pool_threads}" if self.private_pool else \
+            f"tf.data's shared pool ({self.pool_threads} threads = cores)"
+        return f"{calls} parallel reads on {pool}"
+
+
+def reads_of(config: PipelineConfig, source_format: str, cores: int) -> Reads:
+    """The read stage of a config, as the builder lays it out (see pipeline/builder.py)."""
+    pool = config.private_threadpool_size or max(1, int(cores))
+    if source_format == "files":
+        calls = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
+        in_map = config.read_parallelism is None or config.read_parallelism == config.map_parallelism
+    else:
+        calls = config.read_parallelism
+        in_map = False
+    return Reads(parallel_calls=calls, pool_threads=pool, reads_in_decode_map=in_map,
+                 private_pool=bool(config.private_threadpool_size))
+
+
+def autotuned_reads(source_format: str, cores: int) -> Reads:
+    """What `read_parallelism=autotune` on tf.data's shared pool gives (the usual first fix)."""
+    return Reads(parallel_calls=AUTOTUNE, pool_threads=max(1, int(cores)), reads_in_decode_map=source_format == "files",
+                 private_pool=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Per-image costs (ms) of one format on one store through one client."""
+
+    requests: float          # r
+    wait_ms: float           # r (L + s) less s's CPU part: time a reader waits on requests
+    transfer_ms: float       # b / B (inf bandwidth: 0)
+    cpu_ms: float            # d: decode + the client's transfer and request CPU (+ a co-located server's)
+    client_cpu_ms: float     # the part of d the reading itself costs (what a read-only thread holds)
+    bytes: float
+
+    @property
+    def sequential_ms(self) -> float:
+        return self.wait_ms + self.transfer_ms + self.cpu_ms
+
+
+def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
+          request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0) -> Costs:
+    """r, r(L + s), b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
+    client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
+    (an emulator in a test; 0 for a real store)."""
+    whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
+    s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
+    whatif._require_non_negative("request_overhead_ms", s)
+    r = pattern.requests(client)
+    transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
+        pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
+    reading = (pattern.bytes_per_image / MIB * client.transfer_cpu_ms_per_mib
+               + r * (client.request_cpu_ms + server_cpu_ms_per_request))
+    waiting = max(0.0, s - client.request_cpu_ms)  # s's CPU part is in d, where the cores cap it
+    return Costs(requests=r, wait_ms=r * (scenario.latency_ms + waiting), transfer_ms=transfer,
+                 cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image)
+
+
+def sequential_rate(c: Costs) -> float:
+    """Images/s reading one request at a time in the same chain as the decode: 1 / (r(L+s) + b/B + d)."""
+    total = c.sequential_ms
+    return 1000.0 / total if total > 0 else math.inf
+
+
+def resolved_calls(reads: Reads) -> int:
+    """Parallel calls as they run: autotune goes up to the pool's threads; None is one."""
+    if reads.parallel_calls is None:
+        return 1
+    return reads.pool_threads if reads.parallel_calls == AUTOTUNE else reads.parallel_calls
+
+
+def requests_in_flight(reads: Reads, c: Costs) -> float:
+    """C: parallel calls, at most the pool's threads, each holding a request only while it is not
+    decoding: the pool's threads run the decode map too, even where the read is a stage of its own
+    (measured here, benchmarks/storage.py: 16 reads on a 2-thread shared pool keep ~1.4 in flight
+    at 10 ms, as T w / (w + d) says), so a thread waits on storage w / (w + d) of its time."""
+    if reads.parallel_calls is None:
+        return 1.0
+    calls = resolved_calls(reads)
+    held = c.cpu_ms
+    busy = c.wait_ms + c.transfer_ms
+    share = busy / (busy + held) if busy + held > 0 else 1.0
+    return max(1.0, min(float(calls), reads.pool_threads * share))
+
+
+STORAGE_BOUNDS = ("requests", "bandwidth", "client")  # limits that are the store's or its client's
+
+
+def _cpu_bound(c: Costs) -> str:
+    """"client" when reading (the client's CPU) costs more of the CPU than the rest (decode), else "cpu"."""
+    return "client" if c.client_cpu_ms > c.cpu_ms - c.client_cpu_ms else "cpu"
+
+
+def parallel_rate(c: Costs, in_flight: float, cores: float) -> tuple[float, str]:
+    """min(C / (r(L+s)), cores / d, B / b) images/s, and which term limits it: "requests",
+    "bandwidth", or the CPU: "client" (mostly the storage client's work) or "cpu" (mostly decoding)."""
+    whatif._require_positive("cores", cores)
+    terms = {
+        "requests": in_flight * 1000.0 / c.wait_ms if c.wait_ms > 0 else math.inf,
+        "cpu": cores * 1000.0 / c.cpu_ms if c.cpu_ms > 0 else math.inf,
+        "bandwidth": 1000.0 / c.transfer_ms if c.transfer_ms > 0 else math.inf,
+    }
+    bound = min(terms, key=terms.get)
+    return terms[bound], _cpu_bound(c) if bound == "cpu" else bound
+
+
+def sequential_bound(c: Costs) -> str:
+    """The largest part of a sequential image's time (the same names as `parallel_rate`)."""
+    parts = {"requests": c.wait_ms, "bandwidth": c.transfer_ms, "client": c.client_cpu_ms,
+             "cpu": c.cpu_ms - c.client_cpu_ms}
+    return max(parts, key=parts.get)
+
+
+def needed_in_flight(c: Costs, cores: float) -> int:
+    """Reads in flight that keep the cores (or the bandwidth) busy: Little's law, the rate the
+    cores or the bandwidth allow times the time a request is held (latency x throughput)."""
+    cap = min(cores * 1000.0 / c.cpu_ms if c.cpu_ms > 0 else math.inf,
+              1000.0 / c.transfer_ms if c.transfer_ms > 0 else math.inf)
+    if math.isinf(cap) or c.wait_ms <= 0:
+        return 1
+    return max(1, math.ceil(cap * c.wait_ms / 1000.0 - 1e-9))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadPrediction:
+    """One cell of the what-if table: a way of reading, its rate, and the step it gives."""
+
+    mode: str                  # sequential, parallel, enough_in_flight
+    in_flight: float           # C
+    images_per_second: float
+    bound: str                 # requests, bandwidth or cpu
+    prediction: whatif.Prediction
+    reads: str                 # how the reads are issued, in words
+    private_threadpool_size: int = 0
+    read_parallelism: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "in_flight": self.in_flight, "images_per_second": self.images_per_second,
+                "bound": self.bound, "reads": self.reads, "private_threadpool_size": self.private_threadpool_size,
+                "read_parallelism": self.read_parallelism, **self.prediction.to_dict()}
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatWhatIf:
+    """One format on one store: its per-image costs and the three ways of reading it."""
+
+    format: str
+    client: str
+    basis: str                 # "measured" (requests from a real store's counters) or "modelled"
+    requests_per_image: float
+    connections_per_image: float
+    bytes_per_image: float
+    costs: Costs
+    sequential: ReadPrediction
+    parallel: ReadPrediction
+    enough_in_flight: ReadPrediction
+
+    @property
+    def cells(self) -> tuple[ReadPrediction, ...]:
+        return (self.sequential, self.parallel, self.enough_in_flight)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "client": self.client, "basis": self.basis,
+                "requests_per_image": self.requests_per_image, "connections_per_image": self.connections_per_image,
+                "bytes_per_image": self.bytes_per_image, "costs": dataclasses.asdict(self.costs),
+                **{cell.mode: cell.to_dict() for cell in self.cells}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioWhatIf:
+    scenario: StorageScenario
+    named: bool                # the user named it (advice considers it) rather than a preset shown by default
+    formats: tuple[FormatWhatIf, ...]
+
+    def format(self, name: str) -> FormatWhatIf:
+        return next(f for f in self.formats if f.format == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": dataclasses.asdict(self.scenario), "named": self.named,
+                "formats": [f.to_dict() for f in self.formats]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The measured figures the what-if starts from (all from the diagnosis' probes)."""
+
+    cpu_ms_per_image: float    # the pipeline's CPU per image (warm probe, all threads)
+    cores: float               # cores the pipeline can use here
+    compute_ms: float          # the device's step (compute probe)
+    batch_size: int
+    overlapped: bool           # the pipeline as written overlaps the step (prefetch)
+    examples: int
+    machine_cores: int | None = None  # cores the machine has: tf.data's shared pool size (None: cores)
+
+    @property
+    def shared_pool_threads(self) -> int:
+        return max(1, int(self.machine_cores if self.machine_cores else round(self.cores)))
+
+
+def predict_format(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, config: PipelineConfig,
+                   workload: Workload, *, request_overhead_ms: float | None = None,
+                   server_cpu_ms_per_request: float = 0.0) -> FormatWhatIf:
+    """The three ways of reading one format: sequential, the config's parallel reads (autotune on
+    the shared pool when it reads one at a time), and enough reads in flight on a private pool."""
+    c = costs(pattern, scenario, client, cpu_ms_per_image=workload.cpu_ms_per_image,
+              request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request)
+    cores = workload.cores
+
+    def step(rate: float, overlapped: bool) -> whatif.Prediction:
+        pipeline_ms = workload.batch_size * 1000.0 / rate if rate > 0 and math.isfinite(rate) else 0.0
+        return whatif.predict(compute_ms=workload.compute_ms, pipeline_ms=pipeline_ms,
+                              batch_size=workload.batch_size, overlapped=overlapped)
+
+    seq_rate = sequential_rate(c)
+    sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
+                                "one read at a time")
+    reads = reads_of(config, pattern.format, workload.shared_pool_threads)
+    if reads.parallel_calls is None:
+        reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
+    shards = max(1, round(workload.examples * pattern.objects_per_image))
+    if pattern.format == "records" and resolved_calls(reads) > shards:  # an interleave reads at most every shard
+        reads = dataclasses.replace(reads, parallel_calls=shards)
+    c_now = requests_in_flight(reads, c)
+    par_rate, par_bound = parallel_rate(c, c_now, cores)
+    parallel = ReadPrediction("parallel", c_now, par_rate, par_bound, step(par_rate, True), reads.describe(),
+                              reads.pool_threads if reads.private_pool else 0, reads.parallel_calls)
+    need = needed_in_flight(c, cores)
+    if pattern.format == "records":  # each shard is read one request at a time
+        need = min(need, shards)
+    pool = need + max(1, math.ceil(cores))
+    enough_reads = Reads(parallel_calls=need, pool_threads=pool, reads_in_decode_map=False, private_pool=True)
+    c_enough = requests_in_flight(enough_reads, c)
+    enough_rate, enough_bound = parallel_rate(c, c_enough, cores)
+    enough = ReadPrediction("enough_in_flight", c_enough, enough_rate, enough_bound, step(enough_rate, True),
+                            enough_reads.describe(), pool, need)
+    return FormatWhatIf(
+        format=pattern.format, client=client.name, basis="measured" if pattern.measured else "modelled",
+        requests_per_image=c.requests, bytes_per_image=pattern.bytes_per_image,
+        connections_per_image=pattern.connections(client, c_now, workload.examples),
+        costs=c, sequential=sequential, parallel=parallel, enough_in_flight=enough)
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageWhatIf:
+    """The storage what-if of one diagnosis: per scenario, both formats, three ways of reading."""
+
+    source_format: str
+    object_client: str
+    scenarios: tuple[ScenarioWhatIf, ...]
+    workload: Workload
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source_format": self.source_format, "object_client": self.object_client,
+                "workload": dataclasses.asdict(self.workload), "scenarios": [s.to_dict() for s in self.scenarios],
+                "notes": list(self.notes)}
+
+
+def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workload, *,
+                   scenarios: Sequence[StorageScenario] = (), object_client: str = "tf-gcs",
+                   shard_bytes: int = DEFAULT_SHARD_BYTES, request_overhead_ms: float | None = None,
+                   server_cpu_ms_per_request: float = 0.0) -> StorageWhatIf:
+    """Both formats at each scenario the user named (else the presets). The measured format keeps
+    measured requests where the pattern has them; the other format is modelled from the same bytes."""
+    named = bool(scenarios)
+    chosen = tuple(scenarios) or tuple(PRESETS.values())
+    other = converted(dataclasses.replace(pattern, requests_per_image=None, connections_per_image=None),
+                      examples=workload.examples, shard_bytes=shard_bytes)
+    patterns = {pattern.format: pattern, other.format: other}
+    rows = []
+    for scenario in chosen:
+        client = client_named("posix" if scenario.kind == "filesystem" else object_client)
+        formats = []
+        for name in FORMATS:
+            p = patterns[name]
+            if p.measured and scenario.kind == "filesystem":
+                p = dataclasses.replace(p, requests_per_image=None, connections_per_image=None)
+            formats.append(predict_format(p, scenario, client, config, workload,
+                                          request_overhead_ms=request_overhead_ms if client.name == object_client
+                                          else None, server_cpu_ms_per_request=server_cpu_ms_per_request))
+        rows.append(ScenarioWhatIf(scenario=scenario, named=named, formats=tuple(formats)))
+    notes = []
+    if request_overhead_ms is None:
+        notes.append("per-request overhead is the client's default, not measured at 0 ms latency")
+    return StorageWhatIf(source_format=pattern.format, object_client=object_client, scenarios=tuple(rows),
+                         workload=workload, notes=tuple(notes))
+
+
+def as_configured(row: FormatWhatIf, config: PipelineConfig) -> ReadPrediction:
+    """The cell that is the config as it stands: sequential when it reads one at a time."""
+    reads = reads_of(config, row.format, 1)
+    return row.sequential if reads.parallel_calls is None else row.parallel

@@ -1,0 +1,130 @@
+"""`convert` into a bucket: convert into a local staging folder, then publish it to gs:// or s3://.
+
+The local conversion keeps its guarantees (same bytes for the same plan, resumable). Publishing keeps
+the bucket's copy from ever looking complete while it is not: first a state object
+(`.stallscope-convert/run.json`) records the shards this tool owns there, then the old manifest goes,
+each shard is written under a temporary name and renamed, shards of an older conversion that the new
+one has no place for are deleted (only those our manifest or state lists), and `manifest.json` is
+written last. Objects convert did not write make it refuse, before any work, as for a local folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from stallscope.errors import UsageError
+from stallscope.records import sharding
+from stallscope.records.completeness import RUN_NAME, STATE_DIR
+from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
+from stallscope.records.writer import is_temporary
+from stallscope.storage import location
+from stallscope.storage.location import RemotePath, StorageError
+
+log = logging.getLogger(__name__)
+
+
+def staging_dir(output: RemotePath) -> Path:
+    """A local folder per bucket location, kept until published, so an interrupted run resumes."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
+    return cache / "stallscope" / "convert-staging" / digest
+
+
+def _remote_owned(out: RemotePath) -> tuple[set[str], dict[str, str]]:
+    """(shard names our records say we wrote there, {shard: sha256} of its finished manifest)."""
+    owned: set[str] = set()
+    hashes: dict[str, str] = {}
+    state = out / STATE_DIR / RUN_NAME
+    if state.is_file():
+        try:
+            owned |= set(json.loads(state.read_text()).get("owned", []))
+        except (ValueError, AttributeError):
+            pass
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            manifest = load_manifest(out)
+        except Exception:  # an unreadable manifest vouches for nothing
+            manifest = None
+        if manifest is not None:
+            hashes = {s.file: s.sha256 for split in manifest.splits.values() for s in split.shards}
+            owned |= set(hashes)
+    return owned, hashes
+
+
+def check_remote_output(out: RemotePath) -> None:
+    """Refuses a bucket location holding anything `convert` did not write there."""
+    if not out.exists():
+        return
+    if out.is_file():
+        raise UsageError(f"--output_path: {out} is an object; expected a prefix (a folder) in a bucket")
+    owned, _ = _remote_owned(out)
+    foreign = []
+    for entry in out.walk_files():
+        rel = entry.relative_to(out).as_posix()
+        name = entry.name
+        ours = (rel in (MANIFEST_NAME, LABELS_NAME) or rel in owned or rel.startswith(f"{STATE_DIR}/")
+                or ("/" not in rel and is_temporary(name)))
+        if not ours:
+            foreign.append(rel)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise UsageError(
+            f"--output_path: {out} holds {foreign[0]!r}{more}, which `stallscope convert` did not write "
+            f"(neither {MANIFEST_NAME} nor a conversion's state lists it); it is left alone; "
+            "expected an empty or new prefix"
+        )
+
+
+def publish(local: Path, out: RemotePath, command: str) -> int:
+    """Copies a finished local conversion to `out` (see the module docstring); returns the shards copied."""
+    manifest = load_manifest(local)
+    new = {s.file: s for split in manifest.splits.values() for s in split.shards}
+    owned, old_hashes = _remote_owned(out)
+    state = out / STATE_DIR / RUN_NAME
+    location.write_bytes(state, json.dumps({"command": command, "owned": sorted(owned | set(new))}).encode())
+    if (out / MANIFEST_NAME).exists():
+        location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
+    copied = 0
+    for name, info in new.items():
+        target = out / name
+        if old_hashes.get(name) == info.sha256 and target.is_file() and target.stat().st_size == info.bytes:
+            continue  # the same shard is there already
+        location.upload_file(local / name, target)
+        copied += 1
+    for name in sorted(owned - set(new)):
+        if (out / name).exists() and sharding.SHARD_NAME.match(name):
+            log.info("removing %s left by an earlier conversion", name)
+            location.delete(out / name)
+    location.upload_file(local / LABELS_NAME, out / LABELS_NAME)
+    location.upload_file(local / MANIFEST_NAME, out / MANIFEST_NAME)  # last: now the copy is complete
+    location.delete(state)
+    return copied
+
+
+def convert_to_store(options, progress=None):
+    """`convert_tree` for an output in a bucket: stage locally, then publish."""
+    from stallscope.records.convert import convert_command, convert_tree
+
+    out = options.output_path
+    try:
+        check_remote_output(out)
+    except StorageError as exc:
+        raise StorageError(f"--output_path: {exc}") from None
+    local = staging_dir(out)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    report = convert_tree(dataclasses.replace(options, output_path=local), progress)
+    manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
+    save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
+    try:
+        copied = publish(local, out, convert_command(options))
+    except StorageError as exc:
+        raise StorageError(f"--output_path: {exc}") from None
+    shutil.rmtree(local, ignore_errors=True)
+    log.info("published %d shard(s) to %s", copied, out)
+    return dataclasses.replace(report, output_path=out, manifest=manifest)

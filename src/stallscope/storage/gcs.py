@@ -1,0 +1,175 @@
+"""gs:// through TensorFlow's own GCS file system (`tf.io.gfile`, built into the TF 2.21 CPU wheel).
+
+TF's client reads its settings from the environment once, when TensorFlow loads (tsl's
+gcs_file_system.cc: GCS_REQUEST_CONNECTION_TIMEOUT_SECS, GCS_REQUEST_IDLE_TIMEOUT_SECS,
+GCS_METADATA_REQUEST_TIMEOUT_SECS, GCS_RETRY_CONFIG_MAX_RETRIES, GCS_READ_CACHE_BLOCK_SIZE_MB, ...), so
+`prepare_gcs_environment` runs before `import tensorflow`. Its endpoints are fixed; it honours
+HTTPS_PROXY and CURL_CA_BUNDLE, which is how a local emulator is reached.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from stallscope.storage.location import (
+    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
+)
+
+logger = logging.getLogger(__name__)
+
+# Requests a listing keeps in flight for the sizes (TF's listing gives names only: one stat per object).
+LIST_IN_FLIGHT = 32
+MAX_DEPTH = 16  # folder levels a listing descends
+# TF's client retries a failed request this many times (its own default is 10, with back-off up to
+# 32 s: minutes before a dead store is reported).
+GCS_RETRIES = 2
+GCS_BLOCK_VAR = "GCS_READ_CACHE_BLOCK_SIZE_MB"
+# TF gives every opened object a read buffer of this many MB (64 by default: ~46 ms of CPU per small
+# object, tensorflow#30327). One MB holds a typical JPEG in one request.
+SMALL_OBJECT_BLOCK_MB = 1
+
+T = TypeVar("T")
+
+_set_by_us: set[str] = set()  # the TF variables prepare_gcs_environment set
+
+
+def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[str]:
+    """Sets TF's gs:// knobs the user left unset; returns them as NAME=value.
+
+    TF's GCS file system reads these once, when TensorFlow loads (tsl gcs_file_system.cc), so this
+    runs before `import tensorflow`. `small_objects` (a JPEG tree) sets the read block size to
+    SMALL_OBJECT_BLOCK_MB instead of TF's 64 MB buffer per opened object (tensorflow#30327).
+    """
+    seconds = str(max(1, round(timeout_s)))
+    wanted = {
+        "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds,
+        "GCS_REQUEST_IDLE_TIMEOUT_SECS": seconds,
+        "GCS_METADATA_REQUEST_TIMEOUT_SECS": seconds,
+        "GCS_RETRY_CONFIG_MAX_RETRIES": str(GCS_RETRIES),
+        "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
+    }
+    if small_objects:
+        wanted[GCS_BLOCK_VAR] = str(SMALL_OBJECT_BLOCK_MB)
+    set_now = []
+    for name, value in wanted.items():
+        if name not in os.environ:
+            os.environ[name] = value
+            _set_by_us.add(name)
+            set_now.append(f"{name}={value}")
+    if set_now and "tensorflow" in sys.modules:
+        logger.warning("TensorFlow was loaded before the gs:// settings %s; they apply from the next process", set_now)
+    return set_now
+
+
+def gcs_block_note() -> str:
+    """TF's gs:// read block here, and who set it, for the run record."""
+    value = os.environ.get(GCS_BLOCK_VAR)
+    if not value:
+        return f"{GCS_BLOCK_VAR} unset: a 64 MB buffer per object"
+    return f"{GCS_BLOCK_VAR}={value}" + (", set by stallscope" if GCS_BLOCK_VAR in _set_by_us else "")
+
+
+class GcsStore(Store):
+    """gs:// through TensorFlow's own GCS file system."""
+
+    @staticmethod
+    def _tf():
+        from stallscope.tfimport import import_tensorflow
+
+        return import_tensorflow()
+
+    def _errors(self, path: RemotePath, exc: Exception) -> StorageError:
+        tf = self._tf()
+        text = " ".join(str(exc).split())
+        curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
+        text = curl.group(0) if curl else text
+        if isinstance(exc, (tf.errors.UnauthenticatedError, tf.errors.PermissionDeniedError)) or " 401" in text or " 403" in text:
+            return StorageError(f"{path}: gs:// refused the credentials ({short(text)}); expected Application Default "
+                                "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
+                                "that may read this bucket")
+        if "libcurl" in text or isinstance(exc, (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+            return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
+                                "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")
+        return StorageError(f"{path}: gs:// failed ({short(text)})")
+
+    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
+        tf = self._tf()
+        try:
+            return fn()
+        except tf.errors.OpError as exc:
+            raise self._errors(path, exc) from None
+
+    def list(self, root: RemotePath) -> Listing:
+        tf = self._tf()
+        url = str(root)
+        exists = with_deadline(lambda: self._call(root, lambda: tf.io.gfile.exists(url)), deadline(), str(root))
+        if not exists:
+            bucket = as_path(f"gs://{root.bucket}")
+            if root.key and not self._call(root, lambda: tf.io.gfile.exists(str(bucket))):
+                raise StorageError(f"{root}: bucket {root.bucket!r} does not exist (or these credentials cannot see it); expected an existing bucket")
+            return Listing(root, {})  # an empty prefix: it does not exist (yet)
+        if not self._call(root, lambda: tf.io.gfile.isdir(url)):
+            stat = self._call(root, lambda: tf.io.gfile.stat(url))
+            return Listing(root, {"": ObjectInfo(stat.length, stat.mtime_nsec)})
+        names = self._names_below(root)
+
+        def stat(name: str) -> tuple[str, ObjectInfo]:
+            info = self._call(root, lambda: tf.io.gfile.stat(f"{url}/{name}"))
+            return name, ObjectInfo(int(info.length), int(info.mtime_nsec))
+
+        with concurrent.futures.ThreadPoolExecutor(LIST_IN_FLIGHT) as pool:
+            files = dict(pool.map(stat, names))
+        logger.info("%s: listed %d objects", root, len(files))
+        return Listing(root, files)
+
+    def _names_below(self, root: RemotePath) -> list[str]:
+        """Every object name below `root`, relative to it. One glob per depth: TF answers a glob with one
+        recursive, paged listing of the prefix (a walk would list each folder and ask of every entry
+        whether it is a folder, one request each)."""
+        tf = self._tf()
+        url = str(root)
+        found: set[str] = set()
+        for depth in range(1, MAX_DEPTH + 1):
+            matches = self._call(root, lambda: tf.io.gfile.glob(url + "/*" * depth))
+            if not matches:
+                break
+            found |= {m[len(url) + 1:].rstrip("/") for m in matches}
+        folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
+        return sorted(found - folders)
+
+    def read(self, path: RemotePath) -> bytes:
+        tf = self._tf()
+
+        def read() -> bytes:
+            with tf.io.gfile.GFile(str(path), "rb") as handle:
+                return handle.read()
+
+        return self._call(path, read)
+
+    def write(self, path: RemotePath, data: bytes) -> None:
+        tf = self._tf()
+
+        def write() -> None:
+            with tf.io.gfile.GFile(str(path), "wb") as handle:
+                handle.write(data)
+
+        self._call(path, write)
+
+    def upload(self, local: Path, path: RemotePath) -> None:
+        tf = self._tf()
+        self._call(path, lambda: tf.io.gfile.copy(str(local), str(path), overwrite=True))
+
+    def rename(self, src: RemotePath, dst: RemotePath) -> None:
+        tf = self._tf()
+        self._call(dst, lambda: tf.io.gfile.rename(str(src), str(dst), overwrite=True))
+
+    def delete(self, path: RemotePath) -> None:
+        tf = self._tf()
+        self._call(path, lambda: tf.io.gfile.remove(str(path)))

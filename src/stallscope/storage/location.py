@@ -1,0 +1,367 @@
+"""Data locations: a local path, `gs://bucket/prefix` or `s3://bucket/prefix`, behind one path type.
+
+`as_path(text)` gives a `pathlib.Path` for a local path and a `RemotePath` for a URL. A `RemotePath` is
+a pure POSIX path (so `/`, `.name`, `.suffix`, `.parent` and `relative_to` work as on a `Path`) whose
+`exists`, `is_dir`, `iterdir` and `stat` answer from one recursive listing of its root, made on first
+use and kept for the life of the process: a tree is listed once per run, not per epoch or per question.
+Bytes go through each store's own client: gs:// through TensorFlow's file system (`tf.io.gfile`, built
+into TF 2.21), s3:// through fsspec/s3fs (TF 2.21 has no s3://). Credentials come from each store's
+usual environment (Application Default Credentials for gs://; AWS_* variables, ~/.aws or
+AWS_ENDPOINT_URL for s3://).
+
+Whatever goes wrong with a store (no or refused credentials, a missing bucket or prefix, a store that
+does not answer) is a `StorageError`: one line, raised within the storage timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import ClassVar, TypeVar
+
+from stallscope.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = ("gs", "s3")
+DEFAULT_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+class StorageError(UsageError):
+    """A store cannot be reached or refuses: one line naming the location and what was expected."""
+
+
+_settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "abandoned": False}
+
+
+def set_timeout(seconds: float) -> None:
+    """Connect and read timeout for every store request from now on (s3:// at once; gs:// needs
+    `gcs.prepare_gcs_environment` before TensorFlow loads)."""
+    if not seconds > 0:
+        raise UsageError(f"--storage-timeout: expected a number of seconds above 0, got {seconds!r}")
+    _settings["timeout_s"] = float(seconds)
+    _STORES.pop("s3", None)  # its client is made with the timeout
+
+
+def storage_timeout() -> float:
+    return _settings["timeout_s"]
+
+
+def is_remote(text: object) -> bool:
+    return isinstance(text, RemotePath) or (isinstance(text, str) and text.split("://", 1)[0] in SCHEMES and "://" in text)
+
+
+# --- paths ----------------------------------------------------------------------------------------
+
+
+class RemotePath(PurePosixPath):
+    """`scheme://bucket/key` held as the pure path `/bucket/key`; see the module docstring."""
+
+    scheme: ClassVar[str] = ""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{self.scheme}:/{text}" if text.startswith("/") else text
+
+    def __fspath__(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash((self.scheme, super().__hash__()))
+
+    @property
+    def bucket(self) -> str:
+        return self.parts[1] if len(self.parts) > 1 else ""
+
+    @property
+    def key(self) -> str:
+        return "/".join(self.parts[2:])
+
+    def resolve(self) -> "RemotePath":
+        return self
+
+    def absolute(self) -> "RemotePath":
+        return self
+
+    def exists(self) -> bool:
+        return _lookup(self) is not None
+
+    def is_dir(self) -> bool:
+        return _lookup(self) == _DIR
+
+    def is_file(self) -> bool:
+        return isinstance(_lookup(self), ObjectInfo)
+
+    def is_symlink(self) -> bool:
+        return False
+
+    def iterdir(self) -> Iterator["RemotePath"]:
+        listing, rel = _listing_and_rel(self)
+        yield from (self / name for name in listing.children(rel))
+
+    def walk_files(self) -> Iterator["RemotePath"]:
+        """Every object below this folder, sorted."""
+        listing, rel = _listing_and_rel(self)
+        start = f"{rel}/" if rel else ""
+        yield from (listing.root / name for name in sorted(listing.files) if name.startswith(start) and name != rel)
+
+    def stat(self) -> os.stat_result:
+        info = _lookup(self)
+        if not isinstance(info, ObjectInfo):
+            raise FileNotFoundError(2, "no such object", str(self))
+        seconds = info.mtime_ns // 10**9
+        # (mode, ino, dev, nlink, uid, gid, size, atime, mtime, ctime, the three as floats, then in ns)
+        return os.stat_result((0o100644, 0, 0, 1, 0, 0, info.size, seconds, seconds, seconds,
+                               info.mtime_ns / 1e9, info.mtime_ns / 1e9, info.mtime_ns / 1e9,
+                               info.mtime_ns, info.mtime_ns, info.mtime_ns))
+
+    def read_bytes(self) -> bytes:
+        """The object's bytes; FileNotFoundError, as for a local file, when the listing has no such object."""
+        if not isinstance(_lookup(self), ObjectInfo):
+            raise FileNotFoundError(2, "no such object", str(self))
+        return backend(self).read(self)
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+
+class GsPath(RemotePath):
+    scheme = "gs"
+
+
+class S3Path(RemotePath):
+    scheme = "s3"
+
+
+_PATH_TYPES = {"gs": GsPath, "s3": S3Path}
+
+
+def as_path(value: "str | os.PathLike[str]") -> "Path | RemotePath":
+    """A `RemotePath` for `gs://` or `s3://`, a `Path` for anything else; `RemotePath`s pass through."""
+    if isinstance(value, (RemotePath, Path)):
+        return value
+    text = os.fspath(value)
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in _PATH_TYPES:
+        if sep:
+            raise UsageError(f"{text!r}: expected a local path, gs://bucket/prefix or s3://bucket/prefix, got a {scheme}:// URL")
+        return Path(text)
+    bucket = rest.split("/", 1)[0]
+    if not bucket:
+        raise UsageError(f"{text!r}: expected {scheme}://BUCKET/prefix, got no bucket")
+    return _PATH_TYPES[scheme]("/" + rest.rstrip("/"))
+
+
+# --- listings -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    size: int
+    mtime_ns: int
+
+
+_DIR = "dir"
+
+
+@dataclasses.dataclass
+class Listing:
+    """Every object under `root` (keys relative to it) and the folders their keys imply."""
+
+    root: RemotePath
+    files: dict[str, ObjectInfo]
+    dirs: set[str] = dataclasses.field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for name in self.files:
+            if name:  # "" is the root itself, an object
+                self._add_parents(name)
+
+    def _add_parents(self, name: str) -> None:
+        parts = name.split("/")[:-1]
+        for depth in range(len(parts)):
+            self.dirs.add("/".join(parts[: depth + 1]))
+        self.dirs.add("")
+
+    def add(self, name: str, info: ObjectInfo) -> None:
+        self.files[name] = info
+        if name:
+            self._add_parents(name)
+
+    def remove(self, name: str) -> None:
+        self.files.pop(name, None)
+
+    def children(self, rel: str) -> list[str]:
+        start = f"{rel}/" if rel else ""
+        names = {n[len(start):].split("/", 1)[0] for n in (*self.files, *self.dirs) if n.startswith(start) and n != rel and n}
+        return sorted(names)
+
+
+_LISTINGS: dict[RemotePath, Listing] = {}
+_LOCK = threading.RLock()
+
+
+def _listing_and_rel(path: RemotePath) -> tuple[Listing, str]:
+    with _LOCK:
+        for root, listing in _LISTINGS.items():
+            if type(root) is type(path) and (root == path or root in path.parents):
+                return listing, path.relative_to(root).as_posix() if root != path else ""
+        listing = backend(path).list(path)
+        _LISTINGS[path] = listing
+        return listing, ""
+
+
+def _lookup(path: RemotePath) -> "ObjectInfo | str | None":
+    listing, rel = _listing_and_rel(path)
+    if rel in listing.files:
+        return listing.files[rel]
+    return _DIR if rel in listing.dirs else None
+
+
+def forget_listings() -> None:
+    """Drops cached listings (tests; a long-lived process that must see new objects)."""
+    with _LOCK:
+        _LISTINGS.clear()
+
+
+def _record(path: RemotePath, info: ObjectInfo | None) -> None:
+    """Keeps a cached listing that covers `path` in step with a write or delete through this module."""
+    with _LOCK:
+        for root, listing in _LISTINGS.items():
+            if type(root) is type(path) and (root == path or root in path.parents):
+                name = path.relative_to(root).as_posix() if root != path else ""
+                listing.add(name, info) if info is not None else listing.remove(name)
+
+
+# --- reading and writing --------------------------------------------------------------------------
+
+
+def read_many(paths: list[RemotePath], in_flight: int) -> list[bytes]:
+    """The bytes of `paths`, in order, with up to `in_flight` requests at once."""
+    if not paths:
+        return []
+    return backend(paths[0]).read_many(paths, in_flight)
+
+
+def temporary_name(path: RemotePath) -> RemotePath:
+    """`.NAME.tmp-PID` beside `path`: the name `records.writer.is_temporary` recognises."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_bytes(path: RemotePath, data: bytes) -> None:
+    """Writes `path` under a temporary name, then renames it, so a reader never sees part of it."""
+    store = backend(path)
+    tmp = temporary_name(path)
+    store.write(tmp, data)
+    store.rename(tmp, path)
+    _record(path, ObjectInfo(len(data), 0))
+
+
+def upload_file(local: Path, path: RemotePath) -> None:
+    """Copies a local file to `path` under a temporary name, then renames it."""
+    store = backend(path)
+    tmp = temporary_name(path)
+    store.upload(local, tmp)
+    store.rename(tmp, path)
+    _record(path, ObjectInfo(local.stat().st_size, 0))
+
+
+def delete(path: RemotePath) -> None:
+    backend(path).delete(path)
+    _record(path, None)
+
+
+def backend(path: RemotePath) -> "Store":
+    """The client of `path`'s store, made on first use (s3fs is imported only for s3://)."""
+    if path.scheme not in _STORES:
+        if path.scheme == "gs":
+            from stallscope.storage.gcs import GcsStore as store_class
+        else:
+            from stallscope.storage.s3 import S3Store as store_class
+        _STORES[path.scheme] = store_class()
+    return _STORES[path.scheme]
+
+
+_STORES: dict[str, "Store"] = {}
+
+
+def abandoned_requests() -> bool:
+    """True once a request was given up by `with_deadline`: its thread still waits inside the store's
+    client, and a normal interpreter exit would tear TF's C++ down under it (an abort). The CLI then
+    ends the process with `os._exit` after printing its line."""
+    return bool(_settings.get("abandoned"))
+
+
+def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """`fn()`, or a StorageError when it has not returned within `seconds` (it runs on in a daemon
+    thread; see `abandoned_requests`)."""
+    box: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=call, name="storage-deadline", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _settings["abandoned"] = True
+        raise StorageError(f"{what}: the store did not answer within {seconds:.0f} s (--storage-timeout); expected a store that answers")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+class Store:
+    """What a store's client does for this module; see gcs.py and s3.py."""
+
+    def list(self, root: RemotePath) -> Listing:
+        raise NotImplementedError
+
+    def read(self, path: RemotePath) -> bytes:
+        raise NotImplementedError
+
+    def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
+        with concurrent.futures.ThreadPoolExecutor(max(1, in_flight)) as pool:
+            return list(pool.map(self.read, paths))
+
+    def write(self, path: RemotePath, data: bytes) -> None:
+        raise NotImplementedError
+
+    def upload(self, local: Path, path: RemotePath) -> None:
+        raise NotImplementedError
+
+    def rename(self, src: RemotePath, dst: RemotePath) -> None:
+        raise NotImplementedError
+
+    def delete(self, path: RemotePath) -> None:
+        raise NotImplementedError
+
+
+def deadline() -> float:
+    """How long the first request of a listing may take before the store is called silent: the
+    timeout plus a margin for the client's own connect/read timeouts to report first."""
+    return storage_timeout() + 5.0
+
+
+def short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+
+

@@ -1,0 +1,128 @@
+"""tf.data readers for data in a store TensorFlow cannot open itself (s3://), and the one-line name of
+the reader a pipeline runs, for the run record.
+
+TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDataset`). For s3:// the
+pipeline fetches through fsspec/s3fs: image files in groups of `in_flight` requests at once (one
+`tf.numpy_function` per group, the group fetched concurrently on s3fs's event loop, so the requests in
+flight do not depend on tf.data's thread pool, which has as many threads as cores), and TFRecord
+shards streamed in large blocks by a generator that checks every record's checksums.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.storage.gcs import gcs_block_note
+from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, read_many
+
+# Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
+AUTOTUNE_IN_FLIGHT = 16
+# Block size of a streamed s3:// shard: one request per this many bytes.
+SHARD_BLOCK_BYTES = 16 * 1024 * 1024
+
+
+def needs_own_reader(files) -> bool:
+    """True when TensorFlow cannot open these paths itself (s3://)."""
+    return bool(files) and isinstance(files[0], S3Path)
+
+
+def in_flight(parallelism: int | None) -> int:
+    """Requests at once for a read of this parallelism: sequential (None) is one; AUTOTUNE is
+    AUTOTUNE_IN_FLIGHT; a number is that number."""
+    if parallelism is None:
+        return 1
+    return AUTOTUNE_IN_FLIGHT if parallelism < 0 else int(parallelism)
+
+
+def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
+    """(path, label) elements -> (bytes, label, path), fetched `requests` at a time through s3fs; the
+    next group is fetched while the previous one is consumed when `requests` > 1."""
+
+    def fetch(batch: np.ndarray) -> np.ndarray:
+        data = read_many([as_path(p.decode()) for p in batch], requests)
+        return np.array(data, dtype=object)
+
+    def fetch_group(path_batch, label_batch):
+        data = tf.numpy_function(fetch, [path_batch], tf.string, stateful=False, name="s3_read")
+        data.set_shape(path_batch.shape)
+        return data, label_batch, path_batch
+
+    grouped = paths.batch(requests).map(
+        fetch_group, num_parallel_calls=2 if requests > 1 else None,
+        deterministic=deterministic if requests > 1 else None, name="read",
+    )
+    return grouped.unbatch()
+
+
+def _shard_frames(url: bytes):
+    """Yields the serialized records of one s3:// shard, checking both checksums of every frame."""
+    path = as_path(url.decode())
+    store = backend(path)
+    try:
+        yield from _frames(path, store.fs())
+    except (ValueError, StorageError):
+        raise
+    except Exception as exc:  # botocore, aiohttp, OSError: the store failed mid-shard
+        raise store.error(path, exc) from None
+
+
+def _frames(path: RemotePath, fs):
+    with fs.open(f"{path.bucket}/{path.key}", "rb", block_size=SHARD_BLOCK_BYTES, cache_type="readahead") as handle:
+        offset = 0
+        while True:
+            header = handle.read(HEADER_BYTES)
+            if not header:
+                return
+            if len(header) < HEADER_BYTES:
+                raise ValueError(f"{path}: truncated record header at byte {offset}")
+            length_bytes = header[: LENGTH.size]
+            if CRC.unpack(header[LENGTH.size:])[0] != masked_crc32c(length_bytes):
+                raise ValueError(f"{path}: corrupted record length at byte {offset}")
+            (length,) = LENGTH.unpack(length_bytes)
+            body = handle.read(length + FOOTER_BYTES)
+            if len(body) < length + FOOTER_BYTES:
+                raise ValueError(f"{path}: truncated record at byte {offset}")
+            payload = body[:length]
+            if CRC.unpack(body[length:])[0] != masked_crc32c(payload):
+                raise ValueError(f"{path}: corrupted record at byte {offset}")
+            offset += HEADER_BYTES + length + FOOTER_BYTES
+            yield payload
+
+
+def shard_records(shard) -> tf.data.Dataset:
+    """The records of one s3:// shard (a scalar string tensor), for an interleave."""
+    return tf.data.Dataset.from_generator(
+        _shard_frames, args=(shard,), output_signature=tf.TensorSpec((), tf.string), name="s3_shard",
+    )
+
+
+def records_dataset(shards: list[str]) -> tf.data.Dataset:
+    """The records of the shards in order, one shard after another (TFRecordDataset's order)."""
+    return tf.data.Dataset.from_tensor_slices(shards).flat_map(shard_records)
+
+
+def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None) -> str:
+    """The reader a pipeline over `files` runs, e.g. 's3fs (16 in flight)' or 'TF gs:// (...)'."""
+    first = files[0] if files else None
+    if isinstance(first, S3Path):
+        if kind == "files":
+            requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
+            return f"s3fs ({requests} in flight)"
+        return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks)"
+    if isinstance(first, RemotePath):
+        return f"TF gs:// ({gcs_block_note()})"
+    return "TF local files"
+
+
+_FAILURE = re.compile(r"StorageError: ([^\n]+)")
+
+
+def storage_failure(exc: Exception) -> StorageError | None:
+    """The StorageError an s3:// read raised inside the pipeline, out of the TF error that carries it
+    (TF reports a Python function's exception as an UnknownError with its text); None if it is not one."""
+    found = _FAILURE.search(getattr(exc, "message", None) or str(exc))
+    return StorageError(found.group(1).strip()) if found else None

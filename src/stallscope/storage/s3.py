@@ -1,0 +1,151 @@
+"""s3:// through fsspec/s3fs (TF 2.21 has no s3://; tensorflow-io does not load against it).
+
+One client per process (made again in a forked child), with botocore's connect and read timeouts set
+to the storage timeout, two attempts, and enough pooled connections for a pipeline's requests in
+flight. Credentials and the endpoint come from the usual AWS environment (AWS_ACCESS_KEY_ID,
+AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from stallscope.errors import UsageError
+from stallscope.storage.location import (
+    Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, short, storage_timeout, with_deadline,
+)
+
+logger = logging.getLogger(__name__)
+
+S3_CONNECTIONS = 64  # open connections the client keeps, so requests in flight do not queue for one
+
+T = TypeVar("T")
+
+
+class S3Store(Store):
+    """s3:// through fsspec/s3fs; one client per process, made on first use, with an event loop of its
+    own: requests a failed run left behind (a pipeline's reads, retrying a store that went away) stay
+    on the loop of the client they were made by, not on fsspec's shared one, where they held up the
+    next client's requests."""
+
+    def __init__(self) -> None:
+        self._fs = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def fs(self):
+        with self._lock:  # tf.data threads ask at once on the first read
+            if self._fs is None or self._pid != os.getpid():
+                self._fs = self._new_client()
+                self._pid = os.getpid()
+            return self._fs
+
+    def _new_client(self):
+        try:
+            import s3fs
+        except ImportError:
+            raise UsageError("s3:// needs the s3fs package: pip install 'stallscope[storage]'") from None
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="s3-io", daemon=True).start()
+        seconds = storage_timeout()
+        fs = s3fs.S3FileSystem(
+            loop=loop,
+            skip_instance_cache=True,
+            config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
+                           "retries": {"max_attempts": 2, "mode": "standard"},
+                           # botocore's pool holds 10 connections: fewer than a pipeline keeps in flight
+                           "max_pool_connections": S3_CONNECTIONS},
+        )
+        fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
+        return fs
+
+    def error(self, path: RemotePath, exc: BaseException) -> StorageError:
+        name = type(exc).__name__
+        text = " ".join(str(exc).split())
+        cause = exc.__cause__ or exc.__context__
+        code = ""
+        for candidate in (exc, cause):
+            response = getattr(candidate, "response", None)
+            if isinstance(response, dict):
+                code = response.get("Error", {}).get("Code", "") or code
+        if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
+            return StorageError(f"{path}: no credentials for s3://; expected AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccessDenied") \
+                or isinstance(exc, PermissionError):
+            why = code or short(text)
+            return StorageError(f"{path}: s3:// refused the credentials ({why}); expected AWS credentials that may read this bucket")
+        if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
+            return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
+        if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
+                or "connect" in text.lower() or "timeout" in text.lower() or isinstance(exc, (TimeoutError, ConnectionError)):
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+            return StorageError(f"{path}: the store at {endpoint} did not answer ({short(text)}); "
+                                "expected a reachable S3 endpoint within --storage-timeout")
+        if isinstance(exc, FileNotFoundError):
+            return StorageError(f"{path}: no such object or prefix; expected one that exists")
+        return StorageError(f"{path}: s3:// failed ({name}: {short(text)})")
+
+    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except StorageError:
+            raise
+        except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
+            raise self.error(path, exc) from None
+
+    def list(self, root: RemotePath) -> Listing:
+        fs = self.fs()
+        key = f"{root.bucket}/{root.key}".rstrip("/")
+
+        def find() -> dict:
+            return fs.find(key, detail=True, withdirs=False)
+
+        found = with_deadline(lambda: self._call(root, find), deadline(), str(root))
+        if not found:
+            self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
+            return Listing(root, {})  # an empty prefix: it does not exist (yet)
+        files = {}
+        for name, info in found.items():
+            rel = name[len(key):].lstrip("/")
+            modified = info.get("LastModified")
+            mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
+            files[rel] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
+        logger.info("%s: listed %d objects", root, len(files))
+        return Listing(root, files)
+
+    def _key(self, path: RemotePath) -> str:
+        return f"{path.bucket}/{path.key}"
+
+    def read(self, path: RemotePath) -> bytes:
+        return self._call(path, lambda: self.fs().cat_file(self._key(path)))
+
+    def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
+        keys = [self._key(p) for p in paths]
+        found = self._call(paths[0], lambda: self.fs().cat(keys, batch_size=max(1, in_flight), on_error="return"))
+        out = []
+        for path, key in zip(paths, keys):
+            value = found.get(key)
+            if isinstance(value, BaseException) or value is None:
+                raise self.error(path, value or FileNotFoundError(key))
+            out.append(value)
+        return out
+
+    def write(self, path: RemotePath, data: bytes) -> None:
+        self._call(path, lambda: self.fs().pipe_file(self._key(path), data))
+
+    def upload(self, local: Path, path: RemotePath) -> None:
+        self._call(path, lambda: self.fs().put_file(str(local), self._key(path)))
+
+    def rename(self, src: RemotePath, dst: RemotePath) -> None:
+        self._call(dst, lambda: self.fs().mv(self._key(src), self._key(dst)))
+
+    def delete(self, path: RemotePath) -> None:
+        self._call(path, lambda: self.fs().rm_file(self._key(path)))

@@ -1,0 +1,297 @@
+"""The storage what-if's arithmetic against hand-computed cases, the counters file, and the advice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from stallscope.analysis import storage_whatif as sw
+from stallscope.analysis.advice import apply_advice, merge_advice, storage_advice
+from stallscope.analysis.storage_counters import (
+    StorageCounters,
+    load_storage_counters,
+    measured_pattern,
+    storage_figures,
+)
+from stallscope.config import AUTOTUNE
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.presets import PRESETS
+
+# A client whose figures make the arithmetic easy to follow: s = 2 ms (0.5 of it CPU), no transfer CPU.
+PLAIN = sw.StorageClient(name="plain", block_bytes=sw.MIB, requests_per_open=0, request_overhead_ms=2.0,
+                         request_cpu_ms=0.5, transfer_cpu_ms_per_mib=0.0, new_connection_per_request=True,
+                         description="test")
+JPEG = sw.IoPattern("files", 100_000, 1.0)
+
+
+def test_requests_per_object_follow_the_block_size():
+    assert sw.tf_gcs_client(64).requests_per_object(76_000) == 1
+    assert sw.tf_gcs_client(1).requests_per_object(50 * sw.MIB) == 50
+    assert sw.tf_gcs_client(1).requests_per_object(50 * sw.MIB + 1) == 51
+    assert sw.s3fs_client().requests_per_object(12 * sw.MIB) == 3
+    assert sw.posix_client().requests_per_object(76_000) == 2  # open + one read
+
+
+def test_tf_gcs_block_comes_from_its_environment_variable():
+    assert sw.tf_gcs_client(environ={}).block_bytes == 64 * sw.MIB
+    one = sw.tf_gcs_client(environ={"GCS_READ_CACHE_BLOCK_SIZE_MB": "1"})
+    assert one.block_bytes == sw.MIB
+    # the issue's figures: ~46 ms of CPU per object at 64 MB, ~1.2 ms at 1 MB
+    assert sw.tf_gcs_client(64).request_cpu_ms == pytest.approx(46, abs=0.5)
+    assert one.request_cpu_ms == pytest.approx(1.2, abs=0.01)
+    with pytest.raises(UsageError, match="GCS_READ_CACHE_BLOCK_SIZE_MB"):
+        sw.tf_gcs_client(environ={"GCS_READ_CACHE_BLOCK_SIZE_MB": "big"})
+
+
+def test_sequential_rate_is_one_over_requests_bandwidth_and_cpu():
+    # r = 1, L = 10, s = 2, b / B = 100 kB / 10 MB/s = 10 ms, d = 3 (+ 0.5 request CPU)
+    c = sw.costs(JPEG, sw.StorageScenario("x", 10.0, 1e7), PLAIN, cpu_ms_per_image=3.0)
+    assert (c.requests, c.wait_ms, c.transfer_ms, c.cpu_ms, c.client_cpu_ms) == (1, 11.5, 10.0, 3.5, 0.5)
+    assert sw.sequential_rate(c) == pytest.approx(1000 / (1 * (10 + 2) + 10 + 3))  # 40 images/s
+    assert sw.sequential_bound(c) == "requests"
+    unlimited = sw.costs(JPEG, sw.StorageScenario("x", 10.0, math.inf), PLAIN, cpu_ms_per_image=3.0)
+    assert sw.sequential_rate(unlimited) == pytest.approx(1000 / 15)
+
+
+def test_measured_overhead_replaces_the_clients_default():
+    c = sw.costs(JPEG, sw.StorageScenario("x", 0.0, math.inf), PLAIN, cpu_ms_per_image=3.0, request_overhead_ms=5.0)
+    assert c.wait_ms == 4.5 and sw.sequential_rate(c) == pytest.approx(1000 / 8)
+
+
+def test_shared_pool_keeps_few_requests_in_flight_and_a_private_pool_many():
+    c = sw.costs(JPEG, sw.StorageScenario("x", 10.0, math.inf), PLAIN, cpu_ms_per_image=3.0)
+    shared = sw.Reads(parallel_calls=16, pool_threads=2, reads_in_decode_map=True, private_pool=False)
+    # two threads, each waiting 11.5 of every 15 ms: 1.53 requests in flight, not 16
+    assert sw.requests_in_flight(shared, c) == pytest.approx(2 * 11.5 / 15)
+    rate, bound = sw.parallel_rate(c, sw.requests_in_flight(shared, c), cores=2)
+    assert rate == pytest.approx(2000 / 15) and bound == "requests"
+    private = sw.Reads(parallel_calls=16, pool_threads=32, reads_in_decode_map=False, private_pool=True)
+    assert sw.requests_in_flight(private, c) == 16
+    rate, bound = sw.parallel_rate(c, 16, cores=2)
+    assert rate == pytest.approx(2000 / 3.5) and bound == "cpu"  # the cores cap it: 571 images/s
+    # Little's law: 571 images/s x 11.5 ms = 6.6 requests held -> 7
+    assert sw.needed_in_flight(c, cores=2) == 7
+    assert sw.requests_in_flight(sw.Reads(None, 2, True, False), c) == 1.0
+
+
+def test_bandwidth_caps_the_parallel_rate():
+    c = sw.costs(JPEG, sw.StorageScenario("x", 10.0, 1e6), PLAIN, cpu_ms_per_image=3.0)
+    rate, bound = sw.parallel_rate(c, 16, cores=2)
+    assert rate == pytest.approx(10.0) and bound == "bandwidth"  # 1 MB/s / 100 kB
+
+
+def test_client_cpu_is_named_as_the_limit_when_it_outweighs_decoding():
+    c = sw.costs(JPEG, sw.StorageScenario("x", 0.0, math.inf), sw.tf_gcs_client(64), cpu_ms_per_image=1.6)
+    assert sw.parallel_rate(c, 1, cores=2)[1] == "client"
+    assert sw.sequential_bound(c) == "client"
+
+
+def test_the_model_reproduces_the_issues_sequential_measurements():
+    """TF's gs:// with 1 MB blocks, 76 KB JPEGs decoded at 628/s locally (issue 10's table)."""
+    measured = {0: 210, 3: 121, 10: 65, 30: 27}
+    for latency, images_per_second in measured.items():
+        c = sw.costs(sw.IoPattern("files", 76_000, 1.0), sw.StorageScenario("x", latency, math.inf),
+                     sw.tf_gcs_client(1), cpu_ms_per_image=1000 / 628)
+        assert sw.sequential_rate(c) == pytest.approx(images_per_second, rel=0.1), latency
+
+
+def test_converting_files_to_records_shards_them_as_convert_does():
+    records = sw.converted(JPEG, examples=1000)
+    assert records.format == "records" and records.bytes_per_image == 100_016
+    assert records.objects_per_image == pytest.approx(1 / 525)  # ceil(50 MiB / 100,016 B) images per shard
+    assert sw.converted(JPEG, examples=10).objects_per_image == pytest.approx(1 / 10)  # one shard holds all
+    back = sw.converted(records, examples=1000)
+    assert back.format == "files" and back.objects_per_image == 1.0 and back.bytes_per_image == 100_000
+    assert sw.pattern_for("records", examples=1000, total_bytes=10**8, files=4).objects_per_image == 0.004
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("10ms,200Mbit", [(10.0, 25e6)]),
+    ("10ms,200Mbit,30ms,1Gbit", [(10.0, 25e6), (30.0, 125e6)]),
+    ("500us,100MB/s", [(0.5, 1e8)]),
+    ("0ms,unlimited", [(0.0, math.inf)]),
+    ("network-fs,1s,10MiB/s", [(2.0, 125e6), (1000.0, 10 * sw.MIB)]),
+])
+def test_scenarios_parse(text, expected):
+    assert [(s.latency_ms, s.bandwidth_bytes_per_s) for s in sw.parse_scenarios(text)] == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("10parsecs", "LATENCY,BANDWIDTH"),
+    ("10ms", "a bandwidth after the latency"),
+    ("10ms,0Mbit", "a bandwidth above 0"),
+    ("10ms,200furlongs", "a bandwidth above 0"),
+    ("", "LATENCY,BANDWIDTH"),
+])
+def test_bad_scenarios_say_what_was_expected(text, message):
+    with pytest.raises(ValueError, match=message):
+        sw.parse_scenarios(text)
+
+
+SEED = PRESETS["seed"].replace(batch_size=10)
+WORKLOAD = sw.Workload(cpu_ms_per_image=3.0, cores=2.0, compute_ms=10.0, batch_size=10, overlapped=False,
+                       examples=1000)
+
+
+def test_a_cell_carries_the_step_the_device_sees():
+    row = sw.predict_format(JPEG, sw.StorageScenario("x", 10.0, 1e7), PLAIN, SEED, WORKLOAD)
+    # sequential 40 images/s: 250 ms per batch of 10; serial with a 10 ms step: 260 ms, 96% waiting
+    assert row.sequential.images_per_second == pytest.approx(40)
+    assert row.sequential.prediction.step_ms == pytest.approx(260)
+    assert row.sequential.prediction.input_share == pytest.approx(250 / 260)
+    # seed reads one at a time: the parallel column is autotune on the shared pool (2 threads)
+    assert row.parallel.read_parallelism == AUTOTUNE and row.parallel.private_threadpool_size == 0
+    assert row.enough_in_flight.private_threadpool_size == row.enough_in_flight.read_parallelism + 2
+    assert row.basis == "modelled" and row.connections_per_image == 1.0
+    assert sw.as_configured(row, SEED) is row.sequential
+    assert sw.as_configured(row, SEED.replace(map_parallelism=4)) is row.parallel
+
+
+def test_records_reads_in_flight_stop_at_the_shard_count():
+    few_shards = sw.IoPattern("records", 100_000, 4 / 1000)
+    row = sw.predict_format(few_shards, sw.StorageScenario("x", 100.0, math.inf), sw.tf_gcs_client(1),
+                            SEED.replace(read_parallelism=16), WORKLOAD)
+    assert row.parallel.in_flight <= 4 and row.enough_in_flight.read_parallelism <= 4
+
+
+def test_whatif_shows_presets_unless_stores_are_named():
+    what = sw.storage_whatif(JPEG, SEED, WORKLOAD)
+    assert [r.scenario.name for r in what.scenarios] == list(sw.PRESETS) and not any(r.named for r in what.scenarios)
+    assert {f.format for r in what.scenarios for f in r.formats} == {"files", "records"}
+    local = what.scenarios[0]
+    assert {f.client for f in local.formats} == {"posix"}  # a file system preset reads through the file system
+    named = sw.storage_whatif(JPEG, SEED, WORKLOAD, scenarios=sw.parse_scenarios("10ms,200Mbit"), object_client="s3fs")
+    assert len(named.scenarios) == 1 and named.scenarios[0].named
+    assert {f.client for f in named.scenarios[0].formats} == {"s3fs"}
+    assert json.dumps(named.to_dict(), default=str)
+
+
+def _counters(path, **values):
+    path.write_text(json.dumps(values))
+    return path
+
+
+def test_counters_file_loads_and_its_difference_is_per_probe(tmp_path):
+    path = _counters(tmp_path / "c.json", requests=120, connections=8, bytes=9_000_000, latency_ms=10)
+    before = StorageCounters(requests=20, connections=4, bytes=1_000_000)
+    delta = load_storage_counters(path) - before
+    assert delta == StorageCounters(100, 4, 8_000_000)
+    pattern = measured_pattern(JPEG, delta, images=100)
+    assert pattern.measured and pattern.requests(PLAIN) == 1.0 and pattern.connections(PLAIN) == 0.04
+    assert pattern.bytes_per_image == 80_000
+    figures = storage_figures(pattern, PLAIN, wait_ms_per_image=2.0, read_calls=2.12, files_opened=1.0)
+    assert figures.basis == "measured" and figures.requests == 1.0
+    modelled = storage_figures(JPEG, sw.s3fs_client(), wait_ms_per_image=0.0)
+    assert modelled.basis == "modelled" and modelled.requests == 1 and modelled.connections == 0.0
+    assert measured_pattern(JPEG, StorageCounters(0, 0, 0), images=100) is JPEG  # nothing served: modelled
+    with pytest.raises(UsageError, match="went down"):
+        before - load_storage_counters(path)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("{", "not valid JSON"),
+    ("[1]", "expected a JSON object"),
+    ('{"requests": 1, "bytes": 2}', "missing connections"),
+    ('{"requests": -1, "connections": 0, "bytes": 2}', "requests: expected an integer >= 0"),
+    ('{"requests": 1.5, "connections": 0, "bytes": 2}', "requests: expected an integer >= 0"),
+])
+def test_bad_counters_file_is_one_line_naming_it(tmp_path, content, message):
+    path = tmp_path / "counters.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError, match=message) as info:
+        load_storage_counters(path)
+    assert "--storage-counters" in str(info.value) and "\n" not in str(info.value)
+
+
+def _named(text, config, client="tf-gcs", pattern=JPEG):
+    return sw.storage_whatif(pattern, config, WORKLOAD, scenarios=sw.parse_scenarios(text), object_client=client)
+
+
+def test_storage_advice_when_requests_dominate(monkeypatch):
+    monkeypatch.setenv(sw.GCS_BLOCK_ENV, "1")
+    advice = storage_advice(_named("30ms,1Gbit", SEED), SEED, data_bytes=10**8, memory_bytes=10**10,
+                            local_images_per_second=600)
+    keys = [a.key for a in advice]
+    assert keys == ["convert_records", "reads_in_flight", "cache", "connection_reuse"]
+    reads = advice[1]
+    # 571 images/s (2 cores / 3.5 ms... with TF's 1 MB block: its own figures) x the wait per request
+    assert reads.knobs["private_threadpool_size"] == reads.knobs["read_parallelism"] + 2
+    assert reads.knobs["read_parallelism"] > 4 and reads.knobs["deterministic"] is False
+    assert "latency x throughput" in reads.reason
+    fixed = apply_advice(SEED, advice)  # every knob is a real PipelineConfig field
+    assert fixed.private_threadpool_size == reads.knobs["private_threadpool_size"] and fixed.cache == "memory"
+    assert "--source records" in advice[0].command
+
+
+def test_storage_advice_names_the_gcs_block_with_tfs_default(monkeypatch):
+    monkeypatch.delenv(sw.GCS_BLOCK_ENV, raising=False)
+    advice = storage_advice(_named("10ms,200Mbit", SEED), SEED, data_bytes=10**12, memory_bytes=10**10,
+                            local_images_per_second=600)
+    by_key = {a.key: a for a in advice}
+    assert "gcs_block_size" in by_key and sw.GCS_BLOCK_ENV in by_key["gcs_block_size"].command
+    assert by_key["cache"].knobs == {} and "--cache file" in by_key["cache"].command  # too big for memory
+
+
+def test_no_storage_advice_without_a_named_store_or_when_the_store_keeps_up():
+    assert storage_advice(sw.storage_whatif(JPEG, SEED, WORKLOAD), SEED, data_bytes=1, memory_bytes=10**10,
+                          local_images_per_second=600) == []
+    slow_device = dataclasses.replace(WORKLOAD, compute_ms=10_000.0)
+    what = sw.storage_whatif(JPEG, SEED, slow_device, scenarios=sw.parse_scenarios("local-nvme"))
+    assert storage_advice(what, SEED, data_bytes=1, memory_bytes=10**10, local_images_per_second=600) == []
+
+
+def test_s3_pool_advice_past_its_default_connections():
+    config = PipelineConfig(batch_size=10, map_parallelism=AUTOTUNE)
+    advice = storage_advice(_named("100ms,10Gbit", config, client="s3fs"), config, data_bytes=1,
+                            memory_bytes=10**10, local_images_per_second=600)
+    pool = next(a for a in advice if a.key == "connection_reuse")
+    assert "max_pool_connections" in pool.code
+
+
+def test_storage_advice_replaces_a_plain_parallel_interleave():
+    from stallscope.analysis.advice import Advice
+
+    local = [Advice("parallel_interleave", "t", {"read_parallelism": AUTOTUNE}, "", "", ""),
+             Advice("prefetch", "t", {"prefetch": AUTOTUNE}, "", "", "")]
+    storage = [Advice("reads_in_flight", "t", {"read_parallelism": 9}, "", "", "")]
+    assert [a.key for a in merge_advice(local, storage)] == ["reads_in_flight", "prefetch"]
+    assert [a.key for a in merge_advice(local, [])] == ["parallel_interleave", "prefetch"]
+
+
+def test_text_markdown_and_html_show_the_figures_and_the_table():
+    from html.parser import HTMLParser
+
+    from stallscope.report.html import storage_html
+    from stallscope.report.markdown import storage_markdown
+    from stallscope.report.text import storage_lines
+
+    what = _named("10ms,200Mbit", SEED)
+    figures = storage_figures(JPEG, sw.tf_gcs_client(1), wait_ms_per_image=0.25, read_calls=2.12, files_opened=1.0)
+    text = "\n".join(storage_lines(figures, what))
+    assert "modelled for tf-gcs" in text and "2.12 read calls" in text and "0.25 ms waiting" in text
+    assert "files (yours)" in text and "records" in text
+    markdown = storage_markdown(figures, what)
+    table = [line for line in markdown if line.startswith("| 10ms,200Mbit")]
+    assert len(table) == 2 and all(line.count("|") == 8 for line in table)
+
+    class Cells(HTMLParser):
+        rows: list = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+
+        def handle_data(self, data):
+            if self.rows and self.lasttag == "td":
+                self.rows[-1].append(data)
+
+    parser = Cells()
+    parser.feed(storage_html(figures, what))
+    body = [row for row in parser.rows if row]
+    assert len(body) == 2 and body[0][0] == "10ms,200Mbit" and body[1][1] == "records"

@@ -1,0 +1,136 @@
+"""The storage layer against a real loopback S3 server: parsing, one listing, reads, writes, errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.storage import gcs, location
+from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
+
+from .conftest import BUCKET
+
+
+def test_urls_become_remote_paths_and_local_paths_stay_paths(tmp_path):
+    path = as_path("s3://bucket/some/prefix/")
+    assert isinstance(path, S3Path) and str(path) == "s3://bucket/some/prefix"
+    assert path.bucket == "bucket" and path.key == "some/prefix"
+    child = path / "train" / "a.jpg"
+    assert str(child) == "s3://bucket/some/prefix/train/a.jpg" and child.suffix == ".jpg" and child.name == "a.jpg"
+    assert str(child.relative_to(path)) == "train/a.jpg" and child.parent.parent == path
+    assert as_path("gs://bucket/x") != as_path("s3://bucket/x") and isinstance(as_path("gs://b/x"), GsPath)
+    assert as_path(str(tmp_path)) == tmp_path and isinstance(as_path(str(tmp_path)), Path)
+    with pytest.raises(location.UsageError, match="no bucket"):
+        as_path("s3:///prefix")
+    with pytest.raises(location.UsageError, match="hdfs://"):
+        as_path("hdfs://namenode/data")
+
+
+def test_one_listing_answers_every_question_about_the_tree(s3_env, monkeypatch):
+    tree = s3_env["tree"]
+    root = as_path(f"s3://{BUCKET}/tree")
+    calls = []
+    store = location.backend(root)
+    original = store.list
+    monkeypatch.setattr(store, "list", lambda path: calls.append(path) or original(path))
+    assert root.is_dir() and not root.is_file()
+    assert [p.name for p in root.iterdir()] == sorted(p.name for p in tree.iterdir())
+    local_files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+    assert [p.relative_to(root).as_posix() for p in root.walk_files()] == local_files
+    first = root / local_files[0]
+    assert first.is_file() and first.stat().st_size == (tree / local_files[0]).stat().st_size
+    assert abs(first.stat().st_mtime_ns / 1e9 - time.time()) < 3600  # the object's upload time
+    assert not (root / "no-such-folder").exists()
+    assert not as_path(f"s3://{BUCKET}/no-such-prefix").exists()  # an empty prefix: not there (yet)
+    assert calls == [root, as_path(f"s3://{BUCKET}/no-such-prefix")]  # the tree listed once, whatever was asked
+
+
+def test_reads_return_the_local_bytes_with_many_requests_in_flight(s3_env):
+    tree = s3_env["tree"]
+    root = as_path(f"s3://{BUCKET}/tree")
+    files = list(root.walk_files())
+    expected = [(tree / p.relative_to(root).as_posix()).read_bytes() for p in files]
+    assert location.read_many(files, 8) == expected
+    assert files[0].read_bytes() == expected[0]
+
+
+def test_writes_land_under_their_name_and_update_the_listing(s3_env):
+    out = as_path(f"s3://{BUCKET}/written")
+    location.write_bytes(out / "a.txt", b"hello")
+    location.forget_listings()
+    assert (out / "a.txt").read_bytes() == b"hello"
+    assert [p.name for p in out.iterdir()] == ["a.txt"]  # no temporary name left behind
+    location.delete(out / "a.txt")
+    assert not (out / "a.txt").exists()
+
+
+@pytest.mark.parametrize("url, overrides, expected", [
+    ("s3://no-such-bucket/tree", {}, "bucket 'no-such-bucket' does not exist"),
+    (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials (SignatureDoesNotMatch)"),
+    (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, "refused the credentials (InvalidAccessKeyId)"),
+])
+def test_store_errors_are_one_line(s3_env, monkeypatch, url, overrides, expected):
+    for name, value in overrides.items():
+        monkeypatch.setenv(name, value)
+    location.set_timeout(5)  # a fresh client that reads the changed environment
+    with pytest.raises(StorageError) as caught:
+        as_path(url).exists()
+    message = str(caught.value)
+    assert expected in message and message.startswith(url) and "\n" not in message
+
+
+def test_no_credentials_and_a_dead_endpoint_are_one_line(s3_env, monkeypatch):
+    from .conftest import free_port
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    location.set_timeout(5)
+    with pytest.raises(StorageError, match="no credentials for s3://; expected AWS_ACCESS_KEY_ID"):
+        as_path(f"s3://{BUCKET}/tree").exists()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_env["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env["secret"])
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    location.set_timeout(2)
+    with pytest.raises(StorageError, match=f"the store at {dead} did not answer"):
+        as_path(f"s3://{BUCKET}/tree").exists()
+
+
+def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
+    from stallscope.storage.readers import describe_reader
+
+    for name in ("GCS_REQUEST_CONNECTION_TIMEOUT_SECS", "GCS_REQUEST_IDLE_TIMEOUT_SECS", "GCS_METADATA_REQUEST_TIMEOUT_SECS",
+                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", gcs.GCS_BLOCK_VAR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GCS_REQUEST_IDLE_TIMEOUT_SECS", "99")  # the user's own value stays
+    monkeypatch.setattr(gcs, "_set_by_us", set())
+    made = gcs.prepare_gcs_environment(7, small_objects=True)
+    assert "GCS_REQUEST_CONNECTION_TIMEOUT_SECS=7" in made and "GCS_READ_CACHE_BLOCK_SIZE_MB=1" in made
+    assert not any(m.startswith("GCS_REQUEST_IDLE_TIMEOUT_SECS") for m in made)
+    assert os.environ["GCS_REQUEST_IDLE_TIMEOUT_SECS"] == "99" and os.environ["GCS_RETRY_CONFIG_MAX_RETRIES"] == "2"
+    files = [as_path("gs://bucket/tree/a/1.jpg")]
+    assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
+        "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=1, set by stallscope)"
+    monkeypatch.setenv(gcs.GCS_BLOCK_VAR, "4")
+    monkeypatch.setattr(gcs, "_set_by_us", set())
+    assert gcs.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
+    assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
+        "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=4)"
+    assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == "s3fs (16 in flight)"
+    assert describe_reader("files", [Path("x.jpg")], read_parallelism=None, map_parallelism=None) == "TF local files"
+
+
+def test_shards_without_a_manifest_are_counted_and_labelled_from_the_bucket(s3_env):
+    from stallscope.pipeline.sources import open_source
+
+    client, records = s3_env["client"], s3_env["records"]
+    for shard in sorted(records.glob("*.tfrecord")):
+        client.put_object(Bucket=BUCKET, Key=f"bare/{shard.name}", Body=shard.read_bytes())
+    source = open_source("records", f"s3://{BUCKET}/bare")
+    local = open_source("records", records)
+    assert source.num_examples == local.num_examples == 24 and source.schema == local.schema
+    assert source.labels == ("0", "1", "2") and source.total_bytes == local.total_bytes
+    assert [str(p) for p in source.files] == [f"s3://{BUCKET}/bare/{p.name}" for p in local.files]

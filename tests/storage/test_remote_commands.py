@@ -1,0 +1,240 @@
+"""The commands on data in a bucket: train, evaluate, verify and convert from and to a loopback S3
+server, and gs:// failing fast where no store answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stallscope.cli.main import main
+
+from .conftest import BUCKET, free_port, s3_environment
+
+TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--accelerator", "emulated:1ms"]
+
+
+@pytest.mark.parametrize("source, prefix, pipeline, reader", [
+    ("files", "tree", "seed", "s3fs (1 in flight)"),
+    ("files", "tree", "tuned", "s3fs (16 in flight)"),
+    ("records", "records", "tuned", "s3fs (records streamed in 16 MB blocks)"),
+])
+def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, source, prefix, pipeline, reader):
+    run_dir = tmp_path / "run"
+    code = main(["train", "--source", source, "--dataset_path", f"s3://{BUCKET}/{prefix}", "--steps", "6",
+                 "--pipeline", pipeline, "--log_path", str(run_dir), *TINY])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["last_step"] == 6 and summary["source"]["examples"] == 24
+    assert summary["source"]["reader"] == reader and f"reader          {reader}" in out
+    assert summary["dataset_path"] == f"s3://{BUCKET}/{prefix}"
+
+
+def test_diagnose_reads_from_a_bucket(s3_env, capsys):
+    code = main(["diagnose", "--dataset_path", f"s3://{BUCKET}/tree", "--pipeline", "seed", "--batch-size", "4",
+                 "--image-size", "32", "--accelerator", "emulated:5ms", "--probe-steps", "6", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert 0.0 <= report["input_share"] <= 1.0 and report["phases"]
+    assert report["source"]["reader"] == "s3fs (1 in flight)" and report["source"]["path"] == f"s3://{BUCKET}/tree"
+
+
+def test_evaluate_reads_from_a_bucket(s3_env, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--dataset_path", str(s3_env["tree"]), "--alpha", "0.25", "--steps", "2", "--image_size", "32",
+                 "--batch_size", "4", "--checkpoint_path", str(ckpt), "--log_path", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint_path", str(ckpt), "--dataset_path", f"s3://{BUCKET}/records",
+                 "--source", "records", "--split", "train", "--json", "--cpu", "--batch_size", "8"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["examples"] == 24
+
+
+def test_verify_checks_shards_in_a_bucket(s3_env, capsys):
+    assert main(["verify", f"s3://{BUCKET}/records"]) == 0
+    out = capsys.readouterr().out
+    assert f"verify s3://{BUCKET}/records:" in out and "24" in out
+    # a damaged shard in the bucket is named, as on disk
+    client, records = s3_env["client"], s3_env["records"]
+    shard = sorted(records.glob("*.tfrecord"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    client.put_object(Bucket=BUCKET, Key=f"damaged/{shard.name}", Body=bytes(data))
+    for other in sorted(p for p in records.iterdir() if p.is_file() and p != shard):
+        client.put_object(Bucket=BUCKET, Key=f"damaged/{other.name}", Body=other.read_bytes())
+    assert main(["verify", f"s3://{BUCKET}/damaged", "--no-decode"]) == 1
+    out = capsys.readouterr().out
+    assert shard.name in out and "sha256" in out
+    assert main(["verify", f"s3://{BUCKET}/no-such-prefix"]) == 2
+    assert "does not exist (nothing is stored under this prefix)" in capsys.readouterr().err
+
+
+def _shard_bytes(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.tfrecord"))}
+
+
+def test_convert_from_a_bucket_gives_the_shards_of_the_local_tree(s3_env, tmp_path, capsys):
+    options = ["--shards", "2", "--workers", "2", "--no-progress"]
+    assert main(["convert", str(s3_env["tree"]), "--output_path", str(tmp_path / "local"), *options]) == 0
+    assert main(["convert", f"s3://{BUCKET}/tree", "--output_path", str(tmp_path / "remote"), *options]) == 0
+    local, remote = _shard_bytes(tmp_path / "local"), _shard_bytes(tmp_path / "remote")
+    assert len(local) == 2 and local == remote
+    manifest = json.loads((tmp_path / "remote" / "manifest.json").read_text())
+    assert manifest["source"] == f"s3://{BUCKET}/tree"
+
+
+def test_convert_into_a_bucket_publishes_the_manifest_last(s3_env, tmp_path, monkeypatch, capsys):
+    from stallscope.storage import location
+    from stallscope.storage.location import as_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    written = []
+    original = location.upload_file
+    monkeypatch.setattr(location, "upload_file", lambda local, path: written.append(path.name) or original(local, path))
+    out = f"s3://{BUCKET}/converted"
+    assert main(["convert", str(s3_env["tree"]), "--output_path", out, "--shards", "2", "--workers", "1", "--no-progress"]) == 0
+    assert f"in {out}" in capsys.readouterr().out
+    assert written[-1] == "manifest.json" and sorted(written[:2]) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    location.forget_listings()
+    client = s3_env["client"]
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="converted/")["Contents"])
+    assert keys == [f"converted/{name}" for name in ("labels.txt", "manifest.json", *sorted(_shard_bytes(s3_env["records"])))]
+    for name, data in _shard_bytes(s3_env["records"]).items():
+        assert as_path(f"{out}/{name}").read_bytes() == data
+    assert not list((tmp_path / "cache").rglob("*.tfrecord"))  # the staging copy is gone
+    assert main(["verify", out]) == 0
+    # an object convert did not write: refused, left alone, before any work
+    client.put_object(Bucket=BUCKET, Key="converted/notes.txt", Body=b"mine")
+    location.forget_listings()
+    assert main(["convert", str(s3_env["tree"]), "--output_path", out, "--shards", "2", "--no-progress"]) == 2
+    assert "holds 'notes.txt', which `stallscope convert` did not write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url, overrides, needle", [
+    ("s3://no-such-bucket/tree", {}, "bucket 'no-such-bucket' does not exist"),
+    (f"s3://{BUCKET}/no-such-prefix", {}, f"'s3://{BUCKET}/no-such-prefix' does not exist"),
+    (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "s3:// refused the credentials (SignatureDoesNotMatch)"),
+    (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": ""}, "no credentials for s3://"),
+    (f"s3://{BUCKET}/tree", {"AWS_ENDPOINT_URL": "dead"}, "did not answer"),
+])
+def test_store_errors_are_one_line_with_exit_2(s3_env, monkeypatch, capsys, url, overrides, needle):
+    for name, value in overrides.items():
+        if value == "dead":
+            value = f"http://127.0.0.1:{free_port()}"  # a closed port
+        monkeypatch.setenv(name, value) if value else monkeypatch.delenv(name)
+    started = time.monotonic()
+    code = main(["train", "--dataset_path", url, "--steps", "2", "--storage-timeout", "3", *TINY])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("stallscope train: error: --dataset_path: ") and needle in err
+    assert time.monotonic() - started < 30
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that accepts connections and never answers (a store that hangs)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def _run_cli(args: list[str], env: dict[str, str], limit_s: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "stallscope", *args], env=env, capture_output=True, text=True,
+                          timeout=limit_s)
+    return done.returncode, done.stderr.strip(), time.monotonic() - started
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
+    return {name: os.environ[name] for name in keep if name in os.environ} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def test_an_s3_store_that_never_answers_fails_within_the_timeout(s3_server, silent_port):
+    env = _base_env() | s3_environment(s3_server, AWS_ENDPOINT_URL=f"http://127.0.0.1:{silent_port}")
+    code, err, seconds = _run_cli(["convert", f"s3://{BUCKET}/tree", "--output_path", "unused", "--storage-timeout", "1"],
+                                  env, 90)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "did not answer" in err and "Traceback" not in err
+    assert seconds < 60  # the deadline, not botocore's retries of a read that never ends
+
+
+@pytest.mark.parametrize("proxy", ["closed", "silent"])
+def test_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, silent_port):
+    """TF's own gs:// client through an HTTPS proxy that refuses (a closed port) or never answers."""
+    port = free_port() if proxy == "closed" else silent_port
+    env = _base_env() | {"HTTPS_PROXY": f"http://127.0.0.1:{port}", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
+                         "NO_GCE_CHECK": "true"}
+    code, err, seconds = _run_cli(["verify", "gs://some-bucket/records", "--storage-timeout", "2"], env, 120)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("stallscope verify: error: RECORDS_DIR: gs://some-bucket/records: the store did not answer")
+    assert seconds < 90  # TF's own client would retry 10 times, backing off up to 32 s
+
+
+def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypatch):
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage import readers
+
+    source = open_source("files", f"s3://{BUCKET}/tree")
+    config = get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8)
+    fetched = []
+    original = readers.read_many
+    monkeypatch.setattr(readers, "read_many", lambda paths, n: fetched.extend(paths) or original(paths, n))
+    batches = list(build_dataset(config, source, skip_examples=20))
+    assert len(batches) == 1 and batches[0][0].shape[0] == 4
+    assert len(fetched) == 4  # the 20 images skipped were never fetched
+
+
+def test_a_store_that_dies_mid_run_is_one_line(s3_env, monkeypatch, capsys):
+    from stallscope.pipeline.sources import open_source
+
+    open_source("files", f"s3://{BUCKET}/tree")  # listed while the store answers (the listing is kept)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # then it is gone
+    code = main(["train", "--dataset_path", f"s3://{BUCKET}/tree", "--steps", "4", "--storage-timeout", "2", *TINY])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "did not answer" in err
+
+
+def test_shards_whose_store_dies_mid_run_fail_with_a_storage_error(s3_env, monkeypatch, tmp_path):
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage import location
+    from stallscope.storage.location import StorageError
+    from stallscope.workload.train import TrainOptions, run_training
+
+    source = open_source("records", f"s3://{BUCKET}/records")  # the listing and manifest, while it answers
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    location.set_timeout(2)  # a new client, for the endpoint that is gone
+    options = TrainOptions(source="records", dataset_path=source.path, accelerator="emulated:1ms", steps=4,
+                           pipeline=get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8),
+                           log_path=tmp_path / "run")
+    with pytest.raises(StorageError, match=f"s3://{BUCKET}/records/train-0000.-of-00002.tfrecord: .*did not answer"):
+        run_training(options, source=source)
