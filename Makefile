@@ -35,6 +35,8 @@ test: venv
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/convert_scale.py listing
+	$(BIN)/python benchmarks/convert_scale.py memory
 	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
