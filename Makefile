@@ -7,9 +7,19 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv clean constraints
+.PHONY: demo test bench venv system clean constraints
 
-venv: $(STAMP)
+venv: system $(STAMP)
+
+# From the system: libfuse3 and fusermount3 (Debian's fuse3) for `storage serve --mount`, installed where
+# apt-get runs as root; elsewhere the FUSE tests skip and say what is missing.
+system:
+	@command -v fusermount3 >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y --no-install-recommends fuse3 >/dev/null 2>&1 || \
+	    { apt-get update >/dev/null && apt-get install -y --no-install-recommends fuse3 >/dev/null; } || \
+	    echo "note: could not install fuse3; storage serve --mount and its tests will not run"; \
+	  else echo "note: fuse3 is not installed (apt-get install fuse3 as root); storage serve --mount and its tests will not run"; fi; }
 
 # constraints.txt is the one tested resolution; without it pip gives up on a fresh machine
 # (resolution-too-deep) on the test extra's object-store packages.
@@ -45,6 +55,7 @@ bench: venv
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
 	$(BIN)/python benchmarks/storage.py
+	$(BIN)/python benchmarks/storage_emulator.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

@@ -109,3 +109,10 @@ def s3_env(s3_server, monkeypatch):
     yield s3_server
     location.forget_listings()
     location.set_timeout(location.DEFAULT_TIMEOUT_S)
+
+
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child process's environment: this one's PATH, HOME and PYTHONPATH, quiet TF, and `extra`;
+    nothing else (no credentials or proxies of the machine running the tests)."""
+    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
+    return {name: os.environ[name] for name in keep if name in os.environ} | {"TF_CPP_MIN_LOG_LEVEL": "2"} | (extra or {})

@@ -4,7 +4,6 @@ server, and gs:// failing fast where no store answers."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from stallscope.cli.main import main
 
-from .conftest import BUCKET, free_port, s3_environment
+from .conftest import BUCKET, child_environment, free_port, s3_environment
 
 TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--accelerator", "emulated:1ms"]
 
@@ -186,8 +185,7 @@ def _run_cli(args: list[str], env: dict[str, str], limit_s: float) -> tuple[int,
 
 
 def _base_env() -> dict[str, str]:
-    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
-    return {name: os.environ[name] for name in keep if name in os.environ} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    return child_environment()
 
 
 def test_an_s3_store_that_never_answers_fails_within_the_timeout(s3_server, silent_port):

@@ -26,6 +26,7 @@ SUBCOMMANDS = (
     ("capture", "stallscope.cli.capture", "attach to a running job's profiler server: capture a profile and diagnose it"),
     ("diagnose", "stallscope.cli.diagnose", "differential stall analysis by short probes; --fix applies the advice"),
     ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
+    ("storage", "stallscope.cli.storage", "emulate remote storage: a folder as a GCS or S3 bucket or a slow mount"),
 )
 NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnose", "serve"})
 

@@ -1,0 +1,179 @@
+"""Emulate remote storage on this machine: a local folder served as a GCS or S3 bucket on loopback,
+or as a FUSE mount, with a latency per request and a shared bandwidth cap.
+
+  stallscope storage serve data --gcs --latency 10ms --bandwidth 200Mbit     # gs://data
+  stallscope storage serve data --s3 --latency 10ms                          # s3://data
+  stallscope storage serve data --mount /mnt/slow --latency 10ms             # a slow file system
+
+It prints the environment (export lines) or the path readers use, then serves in the foreground until
+Ctrl-C, SIGTERM or --for; scripts start it in the background and read --ready-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from stallscope.cli.flags import add_common_flags, add_flag, creatable_dir, creatable_file, duration, non_negative_int
+
+# How often the counters file is brought up to date (rewritten only when a counter moved): often
+# enough that `diagnose --storage-counters`, reading it right after its probe, misses little.
+COUNTERS_EVERY_S = 0.02
+
+
+def _latency(text: str) -> float:
+    """Seconds, from the what-if's latency form (10ms, 500us, 0.1s); a bare 0 is no latency."""
+    from stallscope.analysis.storage_whatif import parse_latency_ms
+
+    if text.strip() == "0":
+        return 0.0
+    try:
+        return parse_latency_ms(text) / 1000.0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+
+
+def _bandwidth(text: str) -> float | None:
+    """Bits per second, from the what-if's bandwidth form (200Mbit, 1Gbit, 25MB/s); 'unlimited' is None."""
+    import math
+
+    from stallscope.analysis.storage_whatif import parse_bandwidth
+
+    try:
+        bytes_per_s = parse_bandwidth(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+    return None if math.isinf(bytes_per_s) else bytes_per_s * 8
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=type(parser))
+    serve = actions.add_parser("serve", help="serve a folder as an emulated bucket or mount",
+                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_flags(serve)
+    serve.add_argument("root", metavar="DIR", help="the folder to serve, read-only")
+    kind = serve.add_mutually_exclusive_group()
+    kind.add_argument("--gcs", dest="kind", action="store_const", const="gcs",
+                      help="a GCS store TensorFlow's gs:// reads (the default)")
+    kind.add_argument("--s3", dest="kind", action="store_const", const="s3", help="an S3-compatible store")
+    kind.add_argument("--mount", dest="mount_point", metavar="MNT", type=Path,
+                      help="a FUSE mount at MNT, an empty folder (needs /dev/fuse and fuse3)")
+    add_flag(serve, "latency", type=_latency, default=0.0, metavar="DURATION",
+             help="held per request (HTTP stores: per request burst; mount: per open, read and listing); "
+                  "0 for none (default: 0)")
+    add_flag(serve, "bandwidth", type=_bandwidth, default=None, metavar="RATE",
+             help="shared cap per direction, e.g. 200Mbit, 1Gbit, 25MB/s (default: unlimited)")
+    add_flag(serve, "bucket", default="data", help="the bucket name: gs://NAME, s3://NAME (default: data)")
+    add_flag(serve, "port", type=non_negative_int, default=0,
+             help="port on 127.0.0.1 readers connect to (default: 0, a free one)")
+    add_flag(serve, "for", dest="for_s", type=duration, default=None, metavar="DURATION",
+             help="stop by itself after this long, e.g. 10m (default: until Ctrl-C or SIGTERM)")
+    add_flag(serve, "counters", type=creatable_file, default=None, metavar="FILE",
+             help="keep the counters (requests, connections, bytes, cumulative) as JSON here, rewritten within "
+                  "20 ms of a change and at exit: the file diagnose --storage-counters reads")
+    add_flag(serve, "ready_file", type=creatable_file, default=None, metavar="FILE",
+             help="write what readers need (url, env, pid) as JSON here once the store answers")
+    add_flag(serve, "state_dir", type=creatable_dir, default=None, metavar="DIR",
+             help="where the test CA and live counters are kept (default: a temporary folder removed at exit)")
+    add_flag(serve, "parent_pid", type=non_negative_int, default=0, help=argparse.SUPPRESS)
+    serve.set_defaults(kind=None)
+
+
+def _options(args: argparse.Namespace):
+    from stallscope.storage.serving import StoreOptions
+
+    kind = "mount" if args.mount_point is not None else (args.kind or "gcs")
+    return StoreOptions(root=Path(args.root), kind=kind, latency_s=args.latency, bandwidth_bps=args.bandwidth,
+                        bucket=args.bucket, mount_point=args.mount_point, port=args.port)
+
+
+def _print_usage(store) -> None:
+    from stallscope.analysis.storage_whatif import TF_GCS_DEFAULT_BLOCK_MB
+    from stallscope.storage.gcs import GCS_BLOCK_VAR
+    from stallscope.analysis.storage_whatif import format_bandwidth, format_latency
+
+    bandwidth = store.options.bandwidth_bps / 8 if store.options.bandwidth_bps else float("inf")
+    shaping = f"{format_latency(store.options.latency_s * 1000)} per request, bandwidth {format_bandwidth(bandwidth)}"
+    if store.options.kind == "mount":
+        print(f"# {store.options.root} mounted read-only at {store.url} ({shaping})")
+        print(f"export STALLSCOPE_STORAGE_URL={store.url}")
+    else:
+        print(f"# {store.options.root} served as {store.url} on 127.0.0.1:{store.port} ({shaping}); "
+              f"read-only")
+        for name, value in store.env.items():
+            print(f"export {name}={value}")
+        if store.options.kind == "gcs":
+            print(f"# TF's gs:// buffers {TF_GCS_DEFAULT_BLOCK_MB} MB per opened object; for a JPEG tree read by your own "
+                  f"code also export {GCS_BLOCK_VAR}=1 (stallscope's commands set it themselves)")
+        print(f"export STALLSCOPE_STORAGE_URL={store.url}")
+    print("# Ctrl-C or SIGTERM stops it", flush=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.storage.serving import RunningStore, check_surroundings
+
+    options = _options(args)
+    check_surroundings(options)
+    own_state = args.state_dir is None
+    state_dir = Path(tempfile.mkdtemp(prefix="stallscope-storage-")) if own_state else args.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    store = RunningStore(options, state_dir)
+    try:
+        store.start()
+        _print_usage(store)
+        written = None
+        if args.counters:  # before the ready file: whoever waits for that may read the counters at once
+            written = _update_counters(store, args.counters, written)
+        if args.ready_file:
+            _write_json(Path(args.ready_file), store.describe())
+        deadline = time.monotonic() + args.for_s if args.for_s else None
+        while not stop.is_set():
+            if args.counters:
+                written = _update_counters(store, args.counters, written)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if args.parent_pid and not _alive(args.parent_pid):
+                break
+            wait = COUNTERS_EVERY_S if deadline is None else min(COUNTERS_EVERY_S, max(0.0, deadline - time.monotonic()))
+            stop.wait(wait)
+    finally:
+        store.stop()
+        if args.counters:
+            store.counters.write_json(args.counters, kind=options.kind, url=store.url)
+        final = store.counters.snapshot()
+        store.counters.close()
+        if own_state:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    print(f"# stopped: {final.requests} requests, {final.connections} connections, "
+          f"{final.bytes} bytes sent", file=sys.stderr, flush=True)
+    return 0
+
+
+def _update_counters(store, path: Path, written):
+    """Rewrites the counters file (atomically) when a counter moved since `written`; returns what it holds."""
+    now = store.counters.snapshot()
+    if now != written:
+        store.counters.write_json(path, kind=store.options.kind, url=store.url)
+    return now
+
+
+def _alive(parent_pid: int) -> bool:
+    """The process that started us still runs (a dead parent leaves us to init: our parent changes)."""
+    return os.getppid() == parent_pid

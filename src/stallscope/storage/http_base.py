@@ -1,0 +1,94 @@
+"""The threaded loopback HTTP server both object stores build on: one thread per connection,
+keep-alive, every idle connection timed out, counters for connections, requests and bytes."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import socketserver
+from typing import Iterable
+
+from stallscope.storage.counters import SharedCounters
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+IDLE_TIMEOUT_S = 30.0
+
+
+class LoopbackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """Binds 127.0.0.1 only. `port=0` takes a free port (see `.port`)."""
+
+    daemon_threads = True
+    allow_reuse_address = False  # a second server on a taken port must fail, not share it
+    request_queue_size = 128
+
+    def __init__(self, port: int, handler: type, counters: SharedCounters) -> None:
+        self.counters = counters
+        super().__init__((LOOPBACK, port), handler)
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def process_request(self, request, client_address) -> None:
+        self.counters.add(connections=1)
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().process_request(request, client_address)
+
+    def handle_error(self, request, client_address) -> None:  # a reader that hangs up is not news
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class CountingHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive; `send_body` and `send_error_body` count what they send."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT_S
+    server: LoopbackServer
+    server_version = "stallscope-storage"
+    sys_version = ""
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # Reads only: GET and HEAD share the store's `_answer`, HEAD without the body.
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._answer(head_only=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(head_only=True)
+
+    def _answer(self, *, head_only: bool) -> None:
+        raise NotImplementedError
+
+    def count_request(self, *, lists: int = 0, errors: int = 0) -> None:
+        self.server.counters.add(requests=1, lists=lists, errors=errors)
+
+    def send_body(self, status: int, headers: dict[str, str], body: bytes | Iterable[bytes],
+                  length: int, *, head_only: bool = False) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        if head_only:
+            return
+        sent = 0
+        for chunk in ([body] if isinstance(body, (bytes, bytearray)) else body):
+            self.wfile.write(chunk)
+            sent += len(chunk)
+        self.server.counters.add(bytes=sent)
+
+    def drain_body(self) -> None:
+        """Reads and drops a request body, so the connection stays usable after a refused write."""
+        length = int(self.headers.get("Content-Length") or 0)
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 16))
+            if not chunk:
+                break
+            length -= len(chunk)

@@ -1,0 +1,233 @@
+"""A local folder seen as one bucket of an object store: keys, object stats, ranges and listings.
+
+Both HTTP stores (GCS and S3 dialects) answer from here, so they agree on what exists: every regular
+file under the folder is an object whose key is its relative path with '/' separators; folders are
+not objects, and an empty folder does not exist (as in a real bucket). Keys that would leave the
+folder ('..', absolute, through a link pointing outside) are not found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+DEFAULT_PAGE_SIZE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ListPage:
+    """One page of a listing: objects, the common prefixes a delimiter folded, and the token that asks
+    for the next page ('' on the last)."""
+
+    objects: tuple[ObjectInfo, ...]
+    prefixes: tuple[str, ...]
+    next_token: str
+
+
+class ByteRangeError(ValueError):
+    """A Range header that asks for no byte of the object (answered 416)."""
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(first, last) byte, inclusive, of a `Range: bytes=...` header; None for the whole object.
+
+    A malformed or multi-range header is ignored (the whole object, as HTTP allows); a range that
+    starts past the end raises ByteRangeError."""
+    if not header or not header.strip().lower().startswith("bytes="):
+        return None
+    spec = header.strip()[6:]
+    if "," in spec or "-" not in spec:
+        return None
+    first_text, last_text = (part.strip() for part in spec.split("-", 1))
+    try:
+        if not first_text:  # the last N bytes
+            count = int(last_text)
+            if count <= 0:
+                raise ByteRangeError(header)
+            return max(0, size - count), size - 1
+        first = int(first_text)
+        last = int(last_text) if last_text else size - 1
+    except ValueError:
+        return None
+    if first >= size or last < first:
+        raise ByteRangeError(header)
+    return first, min(last, size - 1)
+
+
+class FolderBucket:
+    """The objects of one folder, read-only."""
+
+    def __init__(self, root: str | os.PathLike, name: str) -> None:
+        self.root = Path(root).resolve()
+        self.name = name
+        self._snapshots: OrderedDict[str, list] = OrderedDict()  # next-page token -> rest of a listing
+        self._lock = threading.Lock()
+
+    # ----- objects
+    def _inside(self, key: str) -> tuple[Path, Path] | None:
+        """(path, resolved path) of `key` under the root, or None for a key that names no place
+        inside it (empty parts, `..`, a link out of the folder)."""
+        parts = key.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            return None
+        path = self.root.joinpath(*parts)
+        try:
+            resolved = path.resolve()
+        except OSError:
+            return None
+        if resolved != self.root and self.root not in resolved.parents:
+            return None
+        return path, resolved
+
+    def path_of(self, key: str) -> Path | None:
+        """The file behind `key`, or None when no object has that key."""
+        if not key or key.startswith("/") or "\0" in key:
+            return None
+        found = self._inside(key)
+        return found[0] if found is not None and found[0].is_file() else None
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        path = self.path_of(key)
+        if path is None:
+            return None
+        try:
+            status = path.stat()
+        except OSError:
+            return None
+        return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+
+    # ----- listings
+    def list(self, prefix: str = "", delimiter: str = "", token: str = "",
+             page_size: int = DEFAULT_PAGE_SIZE) -> ListPage:
+        """Keys starting with `prefix` in lexicographic order, folded at `delimiter` into common
+        prefixes, `page_size` entries per page. A later page continues the snapshot the first page
+        took (a listing of 50,000 files walks the folder once, not once per page)."""
+        page_size = max(1, min(int(page_size or DEFAULT_PAGE_SIZE), DEFAULT_PAGE_SIZE))
+        entries = self._take_snapshot(token) if token else None
+        if entries is None:
+            entries = self._entries(prefix, delimiter)
+            if token:  # an unknown token (expired or made up): continue after it, as a key
+                entries = [entry for entry in entries if _entry_key(entry) > token]
+        page, rest = entries[:page_size], entries[page_size:]
+        next_token = ""
+        if rest:
+            next_token = _entry_key(page[-1])
+            with self._lock:
+                self._snapshots[next_token] = rest
+                while len(self._snapshots) > 64:
+                    self._snapshots.popitem(last=False)
+        return ListPage(
+            objects=tuple(entry for entry in page if isinstance(entry, ObjectInfo)),
+            prefixes=tuple(entry for entry in page if isinstance(entry, str)),
+            next_token=next_token,
+        )
+
+    def _take_snapshot(self, token: str) -> list | None:
+        with self._lock:
+            return self._snapshots.pop(token, None)
+
+    def _entries(self, prefix: str, delimiter: str) -> list:
+        """Sorted objects (ObjectInfo) and common prefixes (str) for a listing."""
+        if delimiter == "/":
+            return self._one_level(prefix)
+        entries: list = []
+        folded: set[str] = set()
+        for info in self._walk(prefix):
+            rest = info.key[len(prefix):]
+            if delimiter and delimiter in rest:
+                folded.add(prefix + rest[: rest.index(delimiter) + len(delimiter)])
+            else:
+                entries.append(info)
+        entries.extend(folded)
+        return sorted(entries, key=_entry_key)
+
+    def _walk(self, prefix: str):
+        """Every object whose key starts with `prefix`, walking only the folder the prefix names."""
+        folder_key, _, _ = prefix.rpartition("/")
+        start = self.root.joinpath(*folder_key.split("/")) if folder_key else self.root
+        if not start.is_dir() or (folder_key and self.path_of_folder(folder_key) is None):
+            return
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames.sort()
+            relative = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            base = "" if relative == "." else relative + "/"
+            for name in filenames:
+                key = base + name
+                if key.startswith(prefix):
+                    info = self._info(Path(dirpath) / name, key)
+                    if info is not None:
+                        yield info
+
+    def _one_level(self, prefix: str) -> list:
+        folder_key, _, stem = prefix.rpartition("/")
+        folder = self.path_of_folder(folder_key) if folder_key else self.root
+        if folder is None:
+            return []
+        base = folder_key + "/" if folder_key else ""
+        entries: list = []
+        try:
+            scan = list(os.scandir(folder))
+        except OSError:
+            return []
+        for entry in scan:
+            if not entry.name.startswith(stem):
+                continue
+            key = base + entry.name
+            if entry.is_dir():
+                if _holds_a_file(Path(entry.path)):
+                    entries.append(key + "/")
+            elif entry.is_file():
+                info = self._info(Path(entry.path), key)
+                if info is not None:
+                    entries.append(info)
+        return sorted(entries, key=_entry_key)
+
+    def path_of_folder(self, folder_key: str) -> Path | None:
+        found = self._inside(folder_key)
+        if found is None or found[1] == self.root or not found[0].is_dir():
+            return None
+        return found[0]
+
+    def _info(self, path: Path, key: str) -> ObjectInfo | None:
+        try:
+            resolved = path.resolve()
+            if self.root not in resolved.parents:
+                return None
+            status = path.stat()
+        except OSError:
+            return None
+        return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+
+
+def _entry_key(entry) -> str:
+    return entry.key if isinstance(entry, ObjectInfo) else entry
+
+
+def _holds_a_file(folder: Path) -> bool:
+    for _, _, filenames in os.walk(folder):
+        if filenames:
+            return True
+    return False
+
+
+def read_range(path: Path, first: int, last: int, chunk: int = 1 << 20):
+    """The bytes first..last (inclusive) of a file, in chunks."""
+    with open(path, "rb") as handle:
+        handle.seek(first)
+        left = last - first + 1
+        while left > 0:
+            data = handle.read(min(chunk, left))
+            if not data:
+                return
+            left -= len(data)
+            yield data

@@ -1,0 +1,132 @@
+"""A read-only S3-compatible store on loopback: GetObject (with Range), HeadObject, HeadBucket,
+ListObjectsV2 and ListObjects over a local folder, path-style (`http://127.0.0.1:PORT/BUCKET/KEY`).
+
+Signatures are not checked (any AWS_ACCESS_KEY_ID works); writes are refused with 403. Ours rather
+than moto's server mode: moto spends about 3 ms of CPU per request, which on a 2-core machine becomes
+the storage cost being measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import urllib.parse
+from xml.sax.saxutils import escape
+
+from stallscope.storage.http_base import CountingHandler, LoopbackServer
+from stallscope.storage.objects import ByteRangeError, FolderBucket, ObjectInfo, parse_range, read_range
+
+_XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+
+class S3Server(LoopbackServer):
+    def __init__(self, port: int, bucket: FolderBucket, counters) -> None:
+        self.bucket = bucket
+        super().__init__(port, S3Handler, counters)
+
+
+def _etag(info: ObjectInfo) -> str:
+    return f'"{info.size:x}{info.mtime_ns:x}"'
+
+
+def _iso(mtime_ns: int) -> str:
+    moment = datetime.datetime.fromtimestamp(mtime_ns / 1e9, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class S3Handler(CountingHandler):
+    server: S3Server
+
+    def _answer(self, *, head_only: bool) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        name, _, key = url.path.lstrip("/").partition("/")
+        name, key = urllib.parse.unquote(name), urllib.parse.unquote(key)
+        bucket = self.server.bucket
+        if name != bucket.name:
+            return self._error(404, "NoSuchBucket", "The specified bucket does not exist", name, head_only)
+        if key:
+            return self._object(key, head_only)
+        if "location" in query:
+            body = f'<?xml version="1.0" encoding="UTF-8"?><LocationConstraint xmlns="{_XMLNS}"></LocationConstraint>'
+            return self._xml(body, head_only)
+        if head_only:
+            self.count_request()
+            return self.send_body(200, {"x-amz-bucket-region": "us-east-1"}, b"", 0, head_only=True)
+        return self._list(query)
+
+    def _object(self, key: str, head_only: bool) -> None:
+        bucket = self.server.bucket
+        path = bucket.path_of(key)
+        info = bucket.stat(key) if path is not None else None
+        if info is None:
+            return self._error(404, "NoSuchKey", "The specified key does not exist.", key, head_only)
+        try:
+            wanted = parse_range(self.headers.get("Range"), info.size)
+        except ByteRangeError:
+            return self._error(416, "InvalidRange", "The requested range is not satisfiable", key, head_only)
+        headers = {"Content-Type": "application/octet-stream", "ETag": _etag(info), "Accept-Ranges": "bytes",
+                   "Last-Modified": email.utils.formatdate(info.mtime_ns / 1e9, usegmt=True)}
+        self.count_request()
+        if info.size == 0:
+            return self.send_body(200, headers, b"", 0, head_only=head_only)
+        first, last = wanted or (0, info.size - 1)
+        if wanted:
+            headers["Content-Range"] = f"bytes {first}-{last}/{info.size}"
+        self.send_body(206 if wanted else 200, headers, read_range(path, first, last), last - first + 1,
+                       head_only=head_only)
+
+    def _list(self, query: dict) -> None:
+        def one(name: str) -> str:
+            return query.get(name, [""])[0]
+
+        version2 = one("list-type") == "2"
+        prefix, delimiter = one("prefix"), one("delimiter")
+        token = one("continuation-token") if version2 else one("marker")
+        start_after = one("start-after") if version2 else ""
+        try:
+            page_size = int(one("max-keys") or 1000)
+        except ValueError:
+            return self._error(400, "InvalidArgument", "max-keys must be an integer", one("max-keys"), False)
+        page = self.server.bucket.list(prefix, delimiter, token or start_after, page_size)
+        parts = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_XMLNS}">',
+                 f"<Name>{escape(self.server.bucket.name)}</Name><Prefix>{escape(prefix)}</Prefix>",
+                 f"<MaxKeys>{page_size}</MaxKeys><IsTruncated>{'true' if page.next_token else 'false'}</IsTruncated>"]
+        if delimiter:
+            parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
+        if version2:
+            parts.append(f"<KeyCount>{len(page.objects) + len(page.prefixes)}</KeyCount>")
+            if token:
+                parts.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
+            if page.next_token:
+                parts.append(f"<NextContinuationToken>{escape(page.next_token)}</NextContinuationToken>")
+        else:
+            parts.append(f"<Marker>{escape(token)}</Marker>")
+            if page.next_token:
+                parts.append(f"<NextMarker>{escape(page.next_token)}</NextMarker>")
+        for info in page.objects:
+            parts.append(f"<Contents><Key>{escape(info.key)}</Key><LastModified>{_iso(info.mtime_ns)}</LastModified>"
+                         f"<ETag>{escape(_etag(info))}</ETag><Size>{info.size}</Size>"
+                         f"<StorageClass>STANDARD</StorageClass></Contents>")
+        for common in page.prefixes:
+            parts.append(f"<CommonPrefixes><Prefix>{escape(common)}</Prefix></CommonPrefixes>")
+        parts.append("</ListBucketResult>")
+        self._xml("".join(parts), False, lists=1)
+
+    def _refuse_write(self) -> None:
+        self.drain_body()
+        self._error(403, "AccessDenied", "This emulated store is read-only: it serves a local folder.",
+                    self.path, self.command == "HEAD")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse_write  # noqa: N815
+
+    def _xml(self, body: str, head_only: bool, *, lists: int = 0) -> None:
+        data = body.encode()
+        self.count_request(lists=lists)
+        self.send_body(200, {"Content-Type": "application/xml"}, data, len(data), head_only=head_only)
+
+    def _error(self, status: int, code: str, message: str, resource: str, head_only: bool) -> None:
+        data = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{escape(message)}'
+                f"</Message><Resource>{escape(resource)}</Resource></Error>").encode()
+        self.count_request(errors=1)
+        self.send_body(status, {"Content-Type": "application/xml"}, data, len(data), head_only=head_only)

@@ -1,0 +1,246 @@
+"""The storage emulator (`stallscope storage serve`, `storage.emulator.emulate`): a local folder as a
+gs:// or s3:// bucket on loopback, read by the real clients (TF's own gs://, s3fs), with the latency
+really applied and the counters `diagnose --storage-counters` reads."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.analysis.storage_counters import load_storage_counters
+from stallscope.cli.main import main
+from stallscope.errors import UsageError
+from stallscope.records.convert import ConvertOptions, convert_tree
+from stallscope.storage import location
+from stallscope.storage.emulator import emulate
+
+from .conftest import child_environment
+
+LIMIT_S = 120  # every child here is bounded
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_tree) -> Path:
+    """The folder the stores serve: `tree/` (3 classes x 8 JPEGs) and `records/` (its 2 shards)."""
+    root = tmp_path_factory.mktemp("served")
+    shutil.copytree(tiny_tree, root / "tree")
+    convert_tree(ConvertOptions(dataset_path=root / "tree", output_path=root / "records", shards=2, workers=1))
+    return root
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+TF_READS_GS = """
+import hashlib, json, sys
+import tensorflow as tf
+url = sys.argv[1]
+files = sorted(tf.io.gfile.glob(url + "/tree/*/*"))
+tree = {f[len(url) + 1:]: hashlib.sha256(tf.io.gfile.GFile(f, "rb").read()).hexdigest() for f in files}
+shards = sorted(tf.io.gfile.glob(url + "/records/*.tfrecord*"))
+records = sum(1 for _ in tf.data.TFRecordDataset(shards))
+print(json.dumps({"tree": tree, "records": records, "shards": len(shards)}))
+"""
+
+
+def test_gs_through_tf_reads_the_same_bytes_as_the_folder(served):
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        assert store.url == "gs://data" and store.env["CURL_CA_BUNDLE"] and store.env["NO_GCE_CHECK"] == "true"
+        done = subprocess.run([sys.executable, "-c", TF_READS_GS, store.url], capture_output=True, text=True,
+                              timeout=LIMIT_S, env=child_environment(store.env | {"GCS_READ_CACHE_BLOCK_SIZE_MB": "1"}))
+        assert done.returncode == 0, done.stderr[-3000:]
+        read = json.loads(done.stdout.strip().splitlines()[-1])
+        counted = store.counters()
+    local = digests(served)
+    assert read["tree"] == {k: v for k, v in local.items() if k.startswith("tree/")} and len(read["tree"]) == 24
+    assert read["records"] == 24 and read["shards"] == 2
+    assert counted.requests >= 24 + 2 and counted.lists >= 2 and counted.errors == 0
+    assert counted.bytes >= sum((served / "tree" / k[5:]).stat().st_size for k in read["tree"])
+    assert counted.connections >= 1
+
+
+@pytest.fixture
+def s3_emulated(served, monkeypatch):
+    """An emulated S3 store at 2 ms per request and this process's s3:// reader pointed at it."""
+    with emulate(served, kind="s3", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+        location.set_timeout(10)  # a fresh client, made with this endpoint
+        location.forget_listings()
+        yield store
+        location.forget_listings()
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+
+
+def test_s3_through_the_s3_reader_reads_the_same_bytes_as_the_folder(served, s3_emulated):
+    root = location.as_path(f"{s3_emulated.url}/tree")
+    files = sorted(root.walk_files(), key=str)
+    read = {f"tree/{str(p)[len(str(root)) + 1:]}": hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    local = digests(served)
+    assert read == {k: v for k, v in local.items() if k.startswith("tree/")} and len(read) == 24
+    counted = s3_emulated.counters()
+    assert counted.requests >= 24 and counted.lists >= 1 and counted.errors == 0
+    assert counted.bytes >= sum((served / k).stat().st_size for k in read)
+
+
+def test_the_pipeline_trains_from_the_emulated_s3_bucket(s3_emulated, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["train", "--source", "records", "--dataset_path", f"{s3_emulated.url}/records", "--steps", "3",
+                 "--pipeline", "tuned", "--log_path", str(run_dir), "--image_size", "32", "--batch_size", "4",
+                 "--shuffle-buffer", "8", "--accelerator", "emulated:1ms"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((run_dir / "summary.json").read_text())["last_step"] == 3
+
+
+def _get(connection: http.client.HTTPConnection, path: str) -> bytes:
+    connection.request("GET", path)
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, (path, response.status, body[:200])
+    return body
+
+
+def test_latency_is_paid_by_every_request_and_counted(served, tmp_path):
+    """8 sequential requests on one kept-alive connection at 50 ms each take at least 8 x 50 ms: a
+    lower bound, which no speed of this machine can pass without the latency."""
+    counters_file = tmp_path / "counters.json"
+    with emulate(served, kind="s3", latency_s=0.05, counters_path=counters_file, max_duration_s=LIMIT_S) as store:
+        connection = http.client.HTTPConnection("127.0.0.1", store.port, timeout=10)
+        key = "tree/class_00/img_000.jpg"
+        started = time.monotonic()
+        bodies = [_get(connection, f"/data/{key}") for _ in range(8)]
+        elapsed = time.monotonic() - started
+        connection.close()
+        live = store.counters()
+    assert elapsed >= 8 * 0.05
+    assert all(body == (served / key).read_bytes() for body in bodies)
+    size = (served / key).stat().st_size
+    assert (live.requests, live.connections, live.bytes) == (8, 1, 8 * size)
+    from_file = load_storage_counters(counters_file)  # the shape `diagnose --storage-counters` reads
+    assert (from_file.requests, from_file.connections, from_file.bytes) == (8, 1, 8 * size)
+
+
+def test_bandwidth_cap_is_shared(served):
+    """200 kbit/s for ~50 KB: at least 2 s (a lower bound again)."""
+    key = "records/" + sorted(p.name for p in (served / "records").glob("*.tfrecord*"))[0]
+    size = (served / key).stat().st_size
+    with emulate(served, kind="s3", bandwidth_bps=200e3, max_duration_s=LIMIT_S) as store:
+        connection = http.client.HTTPConnection("127.0.0.1", store.port, timeout=30)
+        started = time.monotonic()
+        body = _get(connection, f"/data/{key}")
+        elapsed = time.monotonic() - started
+        connection.close()
+    assert body == (served / key).read_bytes()
+    assert elapsed >= size * 8 / 200e3 * 0.9
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])  # SIGINT: Ctrl-C
+def test_a_signal_ends_the_store_cleanly_with_final_counters(served, tmp_path, stop_signal):
+    ready, counters_file = tmp_path / "ready.json", tmp_path / "counters.json"
+    process = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--s3",
+                                "--latency", "1ms", "--for", "60s", "--ready-file", str(ready),
+                                "--counters", str(counters_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment())
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        assert info["url"] == "s3://data" and info["pid"] == process.pid
+        connection = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=10)
+        _get(connection, "/data/tree/class_01/img_002.jpg")
+        connection.close()
+        os.kill(process.pid, stop_signal)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+    assert process.returncode == 0, err
+    assert f"export AWS_ENDPOINT_URL=http://127.0.0.1:{info['port']}" in out and "s3://data" in out
+    assert "Traceback" not in err and "stopped: 1 requests" in err
+    assert load_storage_counters(counters_file).requests == 1
+    with pytest.raises(OSError):  # nothing listens any more
+        socket.create_connection(("127.0.0.1", info["port"]), timeout=2).close()
+
+
+def test_serve_prints_the_gcs_environment_and_stops_by_itself(served):
+    done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--gcs",
+                           "--latency", "10ms", "--bandwidth", "200Mbit", "--for", "1s"],
+                          capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
+    assert done.returncode == 0, done.stderr
+    for name in ("HTTPS_PROXY", "CURL_CA_BUNDLE", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK"):
+        assert f"export {name}=" in done.stdout
+    assert "GCS_READ_CACHE_BLOCK_SIZE_MB=1" in done.stdout and "gs://data" in done.stdout
+    assert "10ms per request" in done.stdout and "200Mbit" in done.stdout
+
+
+@pytest.mark.parametrize("latency", ["0", "5ms"])  # the store itself, or the latency proxy in front of it
+def test_a_port_in_use_is_one_line(served, latency):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(served), "--s3",
+                               "--latency", latency, "--port", str(port), "--for", "5s"],
+                              capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
+        with pytest.raises(UsageError, match="--port"):
+            with emulate(served, kind="s3", port=port, max_duration_s=10):
+                pass
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"stallscope storage: error: --port: expected a free port on 127.0.0.1, "
+                                   f"got {port} (in use)")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["storage", "serve", "{missing}", "--s3"], "DIR: expected an existing folder to serve"),
+    (["storage", "serve", "{served}", "--latency", "soon"], "--latency: expected a latency such as 10ms"),
+    (["storage", "serve", "{served}", "--bandwidth", "fast"], "--bandwidth: expected a bandwidth above 0"),
+    (["storage", "serve", "{served}", "--counters", "{served}"], "--counters: expected a file to write"),
+    (["storage", "serve", "{served}", "--mount", "{served}/tree"], "--mount: expected an empty folder"),
+])
+def test_bad_input_is_one_line_with_exit_2(served, tmp_path, capsys, args, needle):
+    argv = [a.format(served=served, missing=tmp_path / "missing") for a in args]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors (flag types)
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, tmp_path):
+    """End to end: TF's gs:// reads the JPEG tree through the emulator at 10 ms, and diagnose takes
+    the requests per image from the store's own counters file, not from its model."""
+    counters_file = tmp_path / "counters.json"
+    with emulate(served, kind="gcs", latency_s=0.01, counters_path=counters_file, max_duration_s=LIMIT_S * 2) as store:
+        done = subprocess.run(
+            [sys.executable, "-m", "stallscope", "diagnose", "--dataset_path", f"{store.url}/tree", "--pipeline", "seed",
+             "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--probe-steps", "4",
+             "--pipeline-budget", "2", "--no-cold-cache", "--storage-counters", str(counters_file), "--json"],
+            capture_output=True, text=True, timeout=LIMIT_S * 2, env=child_environment(store.env))
+        served_requests = store.counters().requests
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    storage = report["storage"]
+    assert storage["basis"] == "measured" and storage["client"] == "tf-gcs"
+    # one ranged GET per JPEG (1 MB blocks), plus a share of the listings and the shuffle's refills
+    assert 1.0 <= storage["requests"] < 2.0 and storage["connections"] > 0
+    assert served_requests >= 24 and report["source"]["path"] == "gs://data/tree"

@@ -1,0 +1,92 @@
+"""The emulator as a slow FUSE mount (`stallscope storage serve DIR --mount MNT`): any reader sees the
+folder's bytes, every open pays the latency, and SIGTERM unmounts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.analysis.storage_counters import load_storage_counters
+from stallscope.storage.emulator import emulate
+from stallscope.storage.fuse_mount import why_no_fuse
+
+from .conftest import child_environment
+from .test_emulator import LIMIT_S, digests
+
+WHY_NO_FUSE = why_no_fuse()
+pytestmark = pytest.mark.skipif(bool(WHY_NO_FUSE), reason=f"FUSE mount tests need /dev/fuse, fuse3 (libfuse3, "
+                                                          f"fusermount3) and mfusepy: {WHY_NO_FUSE}")
+
+
+def test_a_mount_reads_the_same_bytes_and_pays_latency_per_open(tiny_tree, tmp_path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    with emulate(tiny_tree, kind="mount", mount_point=mount, latency_s=0.02, max_duration_s=LIMIT_S) as store:
+        assert store.url == str(mount.resolve()) and os.path.ismount(mount)
+        with pytest.raises(OSError):  # read-only
+            (mount / "class_00" / "new.jpg").write_bytes(b"x")
+        started = time.monotonic()
+        read = digests(mount)
+        elapsed = time.monotonic() - started
+        counted = store.counters()
+    assert not os.path.ismount(mount) and not any(mount.iterdir())  # unmounted on leaving the block
+    assert read == digests(tiny_tree) and len(read) == 24
+    assert elapsed >= 24 * 0.02  # each sequential open (and read) waits 20 ms: a lower bound
+    assert counted.connections == 24 and counted.requests >= 2 * 24 and counted.lists >= 1
+    assert counted.bytes == sum(p.stat().st_size for p in tiny_tree.rglob("*.jpg"))
+
+
+def test_sigterm_unmounts_and_exits_0(tiny_tree, tmp_path):
+    mount, ready, counters_file = tmp_path / "mnt", tmp_path / "ready.json", tmp_path / "counters.json"
+    mount.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree),
+                                "--mount", str(mount), "--latency", "1ms", "--for", "60s",
+                                "--ready-file", str(ready), "--counters", str(counters_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment())
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.05)
+        assert json.loads(ready.read_text())["url"] == str(mount.resolve()) and os.path.ismount(mount)
+        one = tiny_tree / "class_02" / "img_007.jpg"
+        assert (mount / "class_02" / "img_007.jpg").read_bytes() == one.read_bytes()
+        os.kill(process.pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+            subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True, timeout=10)
+    assert process.returncode == 0 and "Traceback" not in err, err
+    assert f"mounted read-only at {mount.resolve()}" in out
+    assert not os.path.ismount(mount)
+    assert load_storage_counters(counters_file).connections == 1
+
+
+def test_a_mount_point_that_is_not_empty_is_one_line(tiny_tree, tmp_path):
+    mount = tmp_path / "mnt"
+    (mount / "something").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree),
+                           "--mount", str(mount)], capture_output=True, text=True, timeout=LIMIT_S, env=child_environment())
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"stallscope storage: error: --mount: expected an empty folder to mount at, "
+                                   f"got {str(mount)!r} (not empty)")
+
+
+def test_without_fusermount3_the_mount_is_refused_in_one_line(tiny_tree, tmp_path):
+    """A machine without fuse3: here, a PATH on which fusermount3 cannot be found."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree), "--mount", str(mount)],
+                          capture_output=True, text=True, timeout=LIMIT_S, env=child_environment({"PATH": str(tmp_path)}))
+    assert done.returncode == 2 and not os.path.ismount(mount)
+    assert done.stderr.strip() == ("stallscope storage: error: --mount: expected FUSE on this machine, got "
+                                   "fusermount3 is not installed (Debian/Ubuntu: apt-get install fuse3)")
