@@ -52,6 +52,8 @@ chromium:
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/convert_scale.py listing
+	$(BIN)/python benchmarks/convert_scale.py memory
 	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py

@@ -88,6 +88,21 @@ def test_convert_from_a_bucket_gives_the_shards_of_the_local_tree(s3_env, tmp_pa
     assert manifest["source"] == f"s3://{BUCKET}/tree"
 
 
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_convert_from_a_bucket_reports_progress_up_to_every_image(s3_env, tmp_path, workers):
+    """A tree in a bucket is written by the parent from fetched chunks: its progress counts each image
+    once, rising, and ends at the total when the last shard is committed."""
+    from stallscope.records.convert import ConvertOptions, convert_tree
+
+    seen: list[tuple[int, int]] = []
+    options = ConvertOptions(f"s3://{BUCKET}/tree", tmp_path / "out", shards=2, workers=workers)
+    report = convert_tree(options, progress=lambda done, total: seen.append((done, total)))
+    done, total = seen[-1]
+    assert done == total >= report.examples > 0
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert len(seen) > 2  # more than the start and the end
+
 def test_convert_into_a_bucket_publishes_the_manifest_last(s3_env, tmp_path, monkeypatch, capsys):
     from stallscope.storage import location
     from stallscope.storage.location import as_path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
@@ -91,24 +92,55 @@ def _is_hidden(name: str) -> bool:
 UNREADABLE_FOLDER = "unreadable folder"
 
 
-def _walk_files(folder: Path, unreadable: list[SkippedFile]):
-    """Every non-directory entry below `folder`, sorted, following no directory links twice. A
-    folder that cannot be listed goes to `unreadable`, so its files are reported, not lost."""
-
-    if isinstance(folder, RemotePath):  # from the store's one listing
-        yield from folder.walk_files()
+def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = False) -> Iterator[tuple[Path, str | None]]:
+    """Every non-directory entry below `folder` with the reason it cannot be used when its directory
+    entry alone tells (None: a candidate), in os.walk's order (a folder's files sorted, then its links
+    to folders, then its subfolders), following no directory links. `os.scandir` gives each entry's
+    type from the listing itself, so a regular file costs no stat call here (1.28 million of them
+    would cost seconds). A folder that cannot be listed goes to `unreadable`, so its files are
+    reported, not lost. A gs:// or s3:// folder comes from its store's one listing."""
+    if isinstance(folder, RemotePath):
+        for path in folder.walk_files():
+            yield path, "hidden file" if hidden else _unusable_reason(path, folder)
         return
-
-    def report(error: OSError) -> None:
+    try:
+        with os.scandir(folder) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+    except OSError as error:
         unreadable.append(SkippedFile(Path(error.filename or folder), f"{UNREADABLE_FOLDER} ({error.strerror or error})"))
+        return
+    subfolders, folder_links = [], []
+    for entry in entries:
+        if _entry_is_dir(entry):
+            (folder_links if entry.is_symlink() else subfolders).append(entry)
+        else:
+            yield Path(entry.path), _entry_reason(entry, hidden or _is_hidden(entry.name))
+    for entry in folder_links:
+        yield Path(entry.path), _entry_reason(entry, hidden or _is_hidden(entry.name))
+    for entry in subfolders:
+        yield from _walk_files(Path(entry.path), unreadable, hidden or _is_hidden(entry.name))
 
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False, onerror=report):
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
-        for name in dirnames:
-            if (Path(dirpath) / name).is_symlink():
-                yield Path(dirpath) / name
+
+def _entry_is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows a link, as os.walk does when it sorts entries into folders and files
+    except OSError:
+        return False
+
+
+def _entry_reason(entry: os.DirEntry, hidden: bool) -> str | None:
+    """`_unusable_reason` from a directory entry: no system call for a regular file."""
+    if hidden:
+        return "hidden file"
+    if entry.is_symlink() and not os.path.exists(entry.path):
+        return "dangling link"
+    if _entry_is_dir(entry):
+        return "link to a directory"
+    try:
+        regular = entry.is_file()
+    except OSError:
+        regular = False
+    return None if regular else "not a regular file"
 
 
 def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
@@ -165,8 +197,7 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
 
     files: list[ImageFile] = []
     for split, class_dir in class_dirs:
-        for path in _walk_files(class_dir, skipped):
-            reason = _unusable_reason(path, class_dir)
+        for path, reason in _walk_files(class_dir, skipped):
             if reason:
                 skipped.append(SkippedFile(path, reason))
             else:
@@ -179,7 +210,7 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
 def _unplaceable(entry: Path, reason: str, unreadable: list[SkippedFile]) -> list[SkippedFile]:
     if entry.is_dir() and not entry.is_symlink():
         # files of a hidden folder (.git, .Trash) are "hidden file", the rest keep the given reason
-        return [SkippedFile(p, _unusable_reason(p, entry.parent) or reason) for p in _walk_files(entry, unreadable)]
+        return [SkippedFile(p, why or reason) for p, why in _walk_files(entry, unreadable, _is_hidden(entry.name))]
     return [SkippedFile(entry, _unusable_reason(entry, entry.parent) or reason)]
 
 

@@ -263,6 +263,15 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     return PreparedImage(buffer.getvalue(), image.size[0], image.size[1], fmt, tuple(actions))
 
 
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def _without_addresses(exc: Exception) -> str:
+    """Pillow's message without the `<_io.BytesIO object at 0x7f...>` it names the stream by: a memory
+    address would make the manifest differ between two runs of the same conversion."""
+    return _OBJECT_REPR.sub("the data", str(exc))
+
+
 def _exif_orientation(image) -> int | None:
     """The EXIF orientation (1 when absent), or None when the metadata cannot be read (yet)."""
     try:

@@ -6,8 +6,13 @@ a shard appears under its final name only when complete, each completed shard le
 file recording the plan it was written for, a re-run keeps shards whose state and sha256 still
 match and rewrites the rest, and the manifest is written last.
 
-Work is spread over processes in chunks of a few images; workers read, check, repair and encode
-without TensorFlow, the parent writes the shards in plan order.
+Workers own pieces of the output, as tensorflow/models' build_image_data.py threads own shards:
+each worker is handed a shard (or, when there are fewer shards than workers need to stay busy, a
+contiguous segment of one) as a list of paths, and reads, checks, repairs, encodes and writes it
+itself without TensorFlow, hashing the bytes as it writes them. No image bytes travel between
+processes; the parent only plans, joins the segments of a split shard, and writes the manifest.
+A tree in a bucket is the exception: the parent fetches the bytes a few chunks ahead and writes the
+shards, so that workers need no store client (`_write_fetched`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -40,15 +46,20 @@ from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
 from stallscope.records.schema import SCHEMAS, get_schema
-from stallscope.records.writer import ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary
+from stallscope.records.writer import (
+    RecordFile, ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary,
+)
 from stallscope.storage.location import RemotePath, StorageError, as_path, read_many
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_PER_RECORD = 52_428_800  # seed-000's default: 50 MiB
-CHUNK_IMAGES = 16  # images per worker task: small enough to balance, large enough to amortise the hand-over (8: -4%)
+TASKS_PER_WORKER = 4  # shards are cut into segments until every worker has about this many tasks
+MIN_SEGMENT_IMAGES = 32  # but never into segments smaller than this
+PROGRESS_IMAGES = 16  # an in-process conversion reports progress this often
 # A tree in a bucket: the parent fetches each chunk's bytes (CHUNK_IMAGES requests in flight), this many
-# chunks ahead of the workers, so that the workers need no store client.
+# chunks ahead of the workers, so that the workers need no store client; the parent writes the shards.
+CHUNK_IMAGES = 16
 REMOTE_CHUNKS_AHEAD = 4
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
@@ -111,7 +122,7 @@ class ConvertOptions:
         return self.workers or default_workers()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Candidate:
     """One file the scan placed in a class folder, with the identity a resumed run compares."""
 
@@ -124,7 +135,7 @@ class Candidate:
     mtime_ns: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class PlannedShard:
     split: str
     filename: str
@@ -174,6 +185,26 @@ def _file_entry(name: bytes, **fields: Any) -> dict[str, Any]:
 
 
 def _candidates(root: Path, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
+    """One stat per file (the size and mtime a resumed run compares); its name relative to the root is
+    cut from the path's bytes rather than computed with Path.relative_to (several microseconds a file).
+    A tree in a bucket is stat'ed from its store's listing."""
+    if isinstance(root, RemotePath):
+        return _remote_candidates(root, files, skipped)
+    prefix = os.fsencode(os.path.join(root, ""))
+    out = []
+    for f in files:
+        path = os.fsencode(f.path)
+        name = path[len(prefix):] if path.startswith(prefix) else os.fsencode(f.path.relative_to(root))
+        try:
+            stat = os.stat(path)
+        except OSError as exc:
+            skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
+            continue
+        out.append(Candidate(f.path, name, f.split, f.label, f.label_text, stat.st_size, stat.st_mtime_ns))
+    return out
+
+
+def _remote_candidates(root: RemotePath, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
     out = []
     for f in files:
         name = os.fsencode(f.path.relative_to(root))
@@ -229,40 +260,149 @@ def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate,
 
 # --- worker side (no TensorFlow) ----------------------------------------------------------------
 
-WorkItem = tuple[str | bytes | OSError, bytes, int, bytes]  # (path, or the bytes read or why not; name, label, label_text)
+# (path, or the bytes read or why not; name, label, label_text): what a worker is sent per image.
+# A local tree's items carry paths (workers read them); a tree in a bucket's, the bytes the parent fetched.
+WorkItem = tuple[str | bytes | OSError, bytes, int, bytes]
+
+
+def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -> tuple:
+    """Reads, checks, repairs and encodes one image: ("ok", payload, actions) or ("skip", reason, detail)."""
+    path, name, label, label_text = item
+    try:
+        if isinstance(path, OSError):
+            raise path
+        if isinstance(path, bytes):
+            data = path
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read()
+    except FileNotFoundError:
+        return ("skip", VANISHED, "")
+    except OSError as exc:
+        return ("skip", UNREADABLE, f"{exc.__class__.__name__}: {exc.strerror or exc}")
+    try:
+        image = images.prepare_image(data, image_options)
+    except images.UnusableImage as exc:
+        return ("skip", exc.reason, exc.detail)
+    payload = encode_example_bytes(
+        schema, image=image.data, label=label, filename=name, label_text=label_text,
+        height=image.height, width=image.width,
+    )
+    return ("ok", payload, image.actions)
 
 
 def process_chunk(schema_name: str, image_options: images.ImageOptions, items: list[WorkItem]) -> list[tuple]:
     """Reads, checks, repairs and encodes a few images: ("ok", frame, actions) or ("skip", reason, detail).
     An item of a tree in a bucket comes with its bytes already read (or the error reading them)."""
     schema = get_schema(schema_name)
-    out: list[tuple] = []
-    for path, name, label, label_text in items:
-        try:
-            if isinstance(path, OSError):
-                raise path
-            if isinstance(path, bytes):
-                data = path
-            else:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-        except FileNotFoundError:
-            out.append(("skip", VANISHED, ""))
-            continue
-        except OSError as exc:
-            out.append(("skip", UNREADABLE, f"{exc.__class__.__name__}: {exc.strerror or exc}"))
-            continue
-        try:
-            image = images.prepare_image(data, image_options)
-        except images.UnusableImage as exc:
-            out.append(("skip", exc.reason, exc.detail))
-            continue
-        payload = encode_example_bytes(
-            schema, image=image.data, label=label, filename=name, label_text=label_text,
-            height=image.height, width=image.width,
-        )
-        out.append(("ok", frame_record(payload), image.actions))
+    out = []
+    for item in items:
+        result = prepare_record(schema, image_options, item)
+        out.append(("ok", frame_record(result[1]), result[2]) if result[0] == "ok" else result)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentTask:
+    """One worker's piece of the output: a shard, or segment `part` of `parts` of one, as paths only."""
+
+    schema: str
+    image_options: images.ImageOptions
+    out: str
+    state_dir: str
+    shard: str  # the shard's file name
+    fingerprint: str
+    part: int
+    parts: int
+    items: tuple[WorkItem, ...]
+
+
+def part_path(out: Path, shard: str, part: int) -> Path:
+    """Where a worker writes segment `part` of a shard; hidden and temporary until joined."""
+    return out / f".{shard}.part-{part:05d}.tmp-{os.getpid()}"
+
+
+def _commit_shard(writer: ShardWriter, state_dir: Path, shard: str, state: dict[str, Any]) -> dict[str, Any]:
+    """fsync, record the resume state, then rename: a shard is visible only with its state beside it."""
+
+    def save_state(info: ShardInfo) -> None:
+        state["shard"] = dataclasses.asdict(info)
+        write_json_atomic(state_dir / f"{shard}.json", state)
+
+    writer.commit(before_rename=save_state)
+    return state
+
+
+def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Converts a task's images and writes them: a whole shard is committed here, under its final name
+    with its state; a segment is left as a part file for `join_parts`. `progress(n)` (in-process runs
+    only) hears of every PROGRESS_IMAGES images and of the last one before the shard is committed."""
+    schema = get_schema(task.schema)
+    out = Path(task.out)
+    writer = ShardWriter(out / task.shard) if task.parts == 1 else RecordFile(part_path(out, task.shard, task.part), hashed=False)
+    skipped: list[dict[str, Any]] = []
+    repaired: list[dict[str, Any]] = []
+    reported = 0
+    try:
+        for index, item in enumerate(task.items, 1):
+            result = prepare_record(schema, task.image_options, item)
+            if result[0] == "ok":
+                writer.write(result[1])
+                if result[2]:
+                    repaired.append(_file_entry(item[1], actions=list(result[2]), shard=task.shard))
+            else:
+                entry = _file_entry(item[1], reason=result[1])
+                if result[2]:
+                    entry["detail"] = result[2]
+                skipped.append(entry)
+            if progress is not None and (index % PROGRESS_IMAGES == 0 or index == len(task.items)):
+                progress(index - reported)
+                reported = index
+        if task.parts > 1:
+            writer.close()
+            return {"shard": task.shard, "images": len(task.items) - reported, "part": task.part, "file": str(writer.file),
+                    "records": writer.records, "skipped": skipped, "repaired": repaired}
+        state = {"fingerprint": task.fingerprint, "skipped": skipped, "repaired": repaired}
+        _commit_shard(writer, Path(task.state_dir), task.shard, state)
+    except BaseException:
+        writer.abort()
+        raise
+    log.info("wrote %s: %d records, %d bytes", task.shard, writer.records, writer.bytes)
+    return {"shard": task.shard, "images": len(task.items) - reported, "state": state}
+
+
+def join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenates a shard's segments in order into the shard, hashing them on the way, and commits it."""
+    state = {"fingerprint": fingerprint, "skipped": [e for p in parts for e in p["skipped"]],
+             "repaired": [e for p in parts for e in p["repaired"]]}
+    with ShardWriter(Path(out) / shard) as writer:
+        for part in parts:
+            writer.append_file(part["file"], part["records"])
+        _commit_shard(writer, Path(state_dir), shard, state)
+    for part in parts:
+        Path(part["file"]).unlink(missing_ok=True)
+    log.info("wrote %s: %d records, %d bytes (%d segments)", shard, writer.records, writer.bytes, len(parts))
+    return {"shard": shard, "images": 0, "state": state}
+
+
+def segments_per_shard(shards: list[PlannedShard], workers: int) -> list[int]:
+    """How many segments each shard is cut into: one while there are enough shards to keep `workers`
+    busy to the end (each worker then writes and hashes whole shards), else enough to give each worker
+    about TASKS_PER_WORKER tasks, never below MIN_SEGMENT_IMAGES images each. The bytes do not depend on it."""
+    wanted = workers * TASKS_PER_WORKER
+    if workers <= 1 or len(shards) >= wanted:
+        return [1] * len(shards)
+    per_shard = -(-wanted // max(1, len(shards)))
+    return [max(1, min(per_shard, len(s.items) // MIN_SEGMENT_IMAGES)) for s in shards]
+
+
+def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path, workers: int) -> Iterator[SegmentTask]:
+    """The tasks in plan order, built lazily: a task holds its images' paths, never their bytes."""
+    for shard, parts in zip(shards, segments_per_shard(shards, workers)):
+        for part, span in enumerate(sharding.ranges_by_count(len(shard.items), parts)):
+            work = tuple((str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop])
+            yield SegmentTask(options.schema, options.image_options, str(options.output_path), str(state_dir),
+                              shard.filename, shard.fingerprint, part, parts, work)
 
 
 def _start_method() -> str:
@@ -272,21 +412,42 @@ def _start_method() -> str:
     return "fork" if sys.platform.startswith("linux") and "tensorflow" not in sys.modules else "spawn"
 
 
-def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tuple]]:
-    """Results of `fn(*task)` in task order, with a bounded number of tasks in flight."""
+def _run_segments(tasks: Iterator[SegmentTask], workers: int, on_result: Callable[[dict[str, Any]], None]) -> None:
+    """Runs the tasks, and the join of each split shard once its segments are written, on `workers`
+    processes with a bounded number in flight; `on_result` sees each finished piece (a committed
+    shard's result has its "state"). With one worker, everything runs in this process."""
     if workers <= 1:
         for task in tasks:
-            yield fn(*task)
+            on_result(write_segment(task, progress=lambda n, shard=task.shard: on_result({"shard": shard, "images": n})))
         return
-    context = multiprocessing.get_context(_start_method())
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        window: collections.deque = collections.deque()
-        for task in tasks:
-            window.append(pool.submit(fn, *task))
-            if len(window) >= workers * 4:
-                yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
+    split: dict[str, tuple[SegmentTask, dict[int, dict[str, Any]]]] = {}  # shard -> (a task of it, its parts so far)
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(_start_method()))
+    try:
+        running: set[concurrent.futures.Future] = set()
+        remaining = iter(tasks)
+        while True:
+            while len(running) < workers * 2 and (task := next(remaining, None)) is not None:
+                if task.parts > 1:
+                    split.setdefault(task.shard, (task, {}))
+                running.add(pool.submit(write_segment, task))
+            if not running:
+                break
+            done, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                result = future.result()
+                on_result(result)
+                if "part" not in result:
+                    continue
+                task, got = split[result["shard"]]
+                got[result["part"]] = result
+                if len(got) == task.parts:
+                    del split[task.shard]
+                    ordered = [got[i] for i in range(task.parts)]
+                    running.add(pool.submit(join_parts, task.out, task.state_dir, task.shard, task.fingerprint, ordered))
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _fetch_chunk(task: tuple) -> tuple:
@@ -319,6 +480,59 @@ def _fetched_ahead(tasks: Iterator[tuple]) -> Iterator[tuple]:
             yield window.popleft().result()
 
 
+
+def _ordered_map(fn, tasks: Iterator[tuple], workers: int) -> Iterator[list[tuple]]:
+    """Results of `fn(*task)` in task order, with a bounded number of tasks in flight."""
+    if workers <= 1:
+        for task in tasks:
+            yield fn(*task)
+        return
+    context = multiprocessing.get_context(_start_method())
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        window: collections.deque = collections.deque()
+        for task in tasks:
+            window.append(pool.submit(fn, *task))
+            if len(window) >= workers * 4:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def _write_fetched(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path,
+                   on_result: Callable[[dict[str, Any]], None]) -> None:
+    """A tree in a bucket: the parent fetches each chunk's bytes ahead, workers check and encode them,
+    and the parent writes the shards in plan order (the workers need no store client)."""
+    out = Path(options.output_path)
+
+    def tasks() -> Iterator[tuple]:
+        for shard in shards:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
+                yield (options.schema, options.image_options, work)
+
+    chunk_results = _ordered_map(process_chunk, _fetched_ahead(tasks()), options.resolved_workers)
+    for shard in shards:
+        skipped, repaired = [], []
+        with ShardWriter(out / shard.filename) as writer:
+            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
+                    if result[0] == "ok":
+                        writer.write_framed(result[1])
+                        if result[2]:
+                            repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
+                    else:
+                        entry = _file_entry(item.name, reason=result[1])
+                        if result[2]:
+                            entry["detail"] = result[2]
+                        skipped.append(entry)
+                if span.stop < len(shard.items):  # the last chunk's images are counted with the committed shard
+                    on_result({"shard": shard.filename, "images": len(span)})
+                last = len(span)
+            state = {"fingerprint": shard.fingerprint, "skipped": skipped, "repaired": repaired}
+            _commit_shard(writer, state_dir, shard.filename, state)
+        log.info("wrote %s: %d records, %d bytes", shard.filename, writer.records, writer.bytes)
+        on_result({"shard": shard.filename, "images": last, "state": state})
+
 # --- output directory and resume ------------------------------------------------------------------
 
 
@@ -337,11 +551,15 @@ def _owned_shards(out: Path) -> set[str]:
     return owned
 
 
+_PART_SUFFIX = re.compile(r"\.part-\d{5}$")
+
+
 def _is_our_temporary(name: str) -> bool:
-    """`.train-00000-of-00002.tfrecord.tmp-123`: a shard, manifest or labels file an earlier run did not finish."""
+    """`.train-00000-of-00002.tfrecord.tmp-123` (or `....tfrecord.part-00003.tmp-123`, a worker's segment):
+    a shard, manifest or labels file an earlier run did not finish."""
     if not is_temporary(name):
         return False
-    base = name[1:].split(".tmp-")[0]
+    base = _PART_SUFFIX.sub("", name[1:].split(".tmp-")[0])
     return base in (MANIFEST_NAME, LABELS_NAME) or bool(sharding.SHARD_NAME.match(base))
 
 
@@ -517,42 +735,20 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
     if progress:
         progress(done, total_images)
     pending = [s for s in plan if s.filename not in results]
-    schema_name, image_options = options.schema, options.image_options
 
-    def tasks() -> Iterator[tuple]:
-        for shard in pending:
-            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
-                work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
-                yield (schema_name, image_options, work)
+    def on_result(result: dict[str, Any]) -> None:
+        nonlocal done
+        if "state" in result:
+            results[result["shard"]] = result["state"]
+        done += result["images"]
+        if progress and result["images"]:
+            progress(done, total_images)
 
-    work_tasks = _fetched_ahead(tasks()) if isinstance(root, RemotePath) else tasks()
-    chunk_results = _ordered_map(process_chunk, work_tasks, options.resolved_workers)
-    for shard in pending:
-        shard_skipped, shard_repaired = [], []
-        with ShardWriter(out / shard.filename) as writer:
-            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
-                for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
-                    if result[0] == "ok":
-                        writer.write_framed(result[1])
-                        if result[2]:
-                            shard_repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
-                    else:
-                        entry = _file_entry(item.name, reason=result[1])
-                        if result[2]:
-                            entry["detail"] = result[2]
-                        shard_skipped.append(entry)
-                done += len(span)
-                if progress:
-                    progress(done, total_images)
-            state = {"fingerprint": shard.fingerprint, "skipped": shard_skipped, "repaired": shard_repaired}
-
-            def save_state(info: ShardInfo, state=state, shard=shard) -> None:
-                state["shard"] = dataclasses.asdict(info)
-                write_json_atomic(_state_path(state_dir, shard), state)
-
-            info = writer.commit(before_rename=save_state)
-        results[shard.filename] = state
-        log.info("wrote %s: %d records, %d bytes", shard.filename, info.records, info.bytes)
+    if isinstance(tree.root, RemotePath):
+        _write_fetched(options, pending, state_dir, on_result)
+    else:
+        workers = options.resolved_workers
+        _run_segments(_segment_tasks(options, pending, state_dir, workers), workers, on_result)
 
     manifest = _build_manifest(options, tree, plan, results, skipped)
     save_manifest(out, manifest)
