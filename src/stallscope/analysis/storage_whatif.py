@@ -604,7 +604,11 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
                          workload=workload, notes=tuple(notes))
 
 
+def as_configured_mode(config: PipelineConfig, source_format: str) -> str:
+    """The read mode of the config as it stands: sequential when it reads one at a time."""
+    return "sequential" if reads_of(config, source_format, 1).parallel_calls is None else "parallel"
+
+
 def as_configured(row: FormatWhatIf, config: PipelineConfig) -> ReadPrediction:
     """The cell that is the config as it stands: sequential when it reads one at a time."""
-    reads = reads_of(config, row.format, 1)
-    return row.sequential if reads.parallel_calls is None else row.parallel
+    return row.sequential if as_configured_mode(config, row.format) == "sequential" else row.parallel
