@@ -366,7 +366,7 @@ class Costs:
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
           request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0) -> Costs:
-    """r, r(L + s), b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
+    """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
     (an emulator in a test; 0 for a real store)."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
