@@ -309,3 +309,14 @@ def test_text_markdown_and_html_show_the_figures_and_the_table():
     parser.feed(storage_html(figures, what))
     body = [row for row in parser.rows if row]
     assert len(body) == 2 and body[0][0] == "10ms,200Mbit" and body[1][1] == "records"
+
+
+def test_tfs_gcs_buffer_is_a_whole_block_per_request_only_for_streamed_reads():
+    """A TFRecord shard is read in pieces (a 64 MB buffer per GET); a JPEG in one read of its size."""
+    scenario = sw.StorageScenario("x", 0.0, math.inf)
+    shard = sw.IoPattern("records", 20_000, 1 / 32)
+    jpeg = sw.IoPattern("files", 20_000, 1.0)
+    gcs = sw.tf_gcs_client(64)
+    assert sw.costs(shard, scenario, gcs, cpu_ms_per_image=0).client_cpu_ms == pytest.approx(
+        (0.49 + 0.711 * 64) / 32 + 20_000 / sw.MIB * 5.711)
+    assert sw.costs(jpeg, scenario, gcs, cpu_ms_per_image=0).client_cpu_ms == pytest.approx(0.49 + 20_000 / sw.MIB * 5.711)

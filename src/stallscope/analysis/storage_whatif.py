@@ -60,6 +60,9 @@ class StorageClient:
     transfer_cpu_ms_per_mib: this host's CPU per MiB received (TLS, copies).
     new_connection_per_request: opens a TCP(+TLS) connection per request (no reuse).
     handshake_round_trips: h, round trips a new connection takes before its first request.
+    block_buffer_cpu_ms_per_mib: CPU per MiB of block a streamed read (a reader that takes an object
+        in pieces: TFRecord shards) allocates per request; a whole-object read (tf.io.read_file,
+        which knows the size) allocates only what it receives (in transfer_cpu_ms_per_mib).
     """
 
     name: str
@@ -71,11 +74,13 @@ class StorageClient:
     new_connection_per_request: bool
     description: str
     handshake_round_trips: int = 2
+    block_buffer_cpu_ms_per_mib: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
             raise UsageError(f"block_bytes: expected a positive integer, got {self.block_bytes!r}")
-        for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib"):
+        for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib",
+                     "block_buffer_cpu_ms_per_mib"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UsageError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -87,10 +92,11 @@ class StorageClient:
 
 def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | None = None) -> StorageClient:
     """TF's own `gs://`: one ranged GET per block (GCS_READ_CACHE_BLOCK_SIZE_MB, default 64 MB) and a
-    new TCP+TLS connection per request (2 round trips before the GET). The read buffer costs ~0.71 ms
-    of CPU per MB it receives, not per MB of block: with 64 MB blocks TF 2.21 reads 20 KB JPEGs from
-    the storage emulator at 232/s at 0 ms, which a 46 ms buffer per GET (tensorflow/tensorflow#30327)
-    could not; ~2.1 ms of connection and request work per request."""
+    new TCP+TLS connection per request (2 round trips before the GET). Its read buffer costs ~0.71 ms
+    of CPU per MB (tensorflow/tensorflow#30327): per MB of block for a streamed read (a TFRecord shard
+    read in pieces: ~46 ms per GET at 64 MB; the storage emulator: 438 vs 1633 images/s locally at
+    0 ms with 32 images per shard), per MB received for a whole-object read (tf.io.read_file: 232
+    JPEGs/s at 0 ms, which 46 ms per GET could not give); ~2.1 ms of connection and request work."""
     if block_mb is None:
         text = (os.environ if environ is None else environ).get(GCS_BLOCK_ENV, "")
         try:
@@ -103,7 +109,7 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
     return StorageClient(
         name="tf-gcs", block_bytes=int(block_mb * MIB), requests_per_open=0,
         request_overhead_ms=1.6 + request_cpu, request_cpu_ms=request_cpu, transfer_cpu_ms_per_mib=5.0 + 0.711,
-        new_connection_per_request=True, handshake_round_trips=2,
+        new_connection_per_request=True, handshake_round_trips=2, block_buffer_cpu_ms_per_mib=0.711,
         description=f"TF's gs:// ({block_mb:g} MB blocks, a new connection per request)")
 
 
@@ -376,8 +382,10 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     round_trips = r + pattern.connections(client) * client.handshake_round_trips
     transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
         pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
+    streamed = pattern.format == "records"  # read in pieces: each request's buffer is a whole block
+    buffer = client.block_buffer_cpu_ms_per_mib * client.block_bytes / MIB if streamed else 0.0
     reading = (pattern.bytes_per_image / MIB * client.transfer_cpu_ms_per_mib
-               + r * (client.request_cpu_ms + server_cpu_ms_per_request))
+               + r * (client.request_cpu_ms + buffer + server_cpu_ms_per_request))
     waiting = max(0.0, s - client.request_cpu_ms)  # s's CPU part is in d, where the cores cap it
     return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
                  cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image)
