@@ -8,8 +8,13 @@ over: objects opened, bytes per image and the client's block size (`StorageClien
 Per image, with r requests, L latency, s per-request overhead (client and server work, measured at
 0 ms latency), b bytes, B bandwidth and d CPU per image (decode, the client's transfer and request work):
 
-    sequential  rate = 1 / (r (L + s) + b / B + d)
-    parallel    rate = min(C / (r (L + s)), cores / d, B / b)
+    sequential  rate = 1 / ((r + k h) L + r s + b / B + d)
+    parallel    rate = min(C / ((r + k h) L + r s), cores / d, B / b)
+
+k is connections opened per image and h the round trips a new connection takes before its first
+request (TCP or a proxy's CONNECT, then TLS 1.3: 2): TF's gs:// opens one per request, so each GET
+waits 3 latencies, not 1 (the storage emulator, benchmarks/storage.py: 3.2 latencies per JPEG at
+10 and 30 ms); pooled clients open a few per run, so their k h L vanishes on a long run.
 
 C is the requests really in flight: a stage's parallel calls run on a thread pool (tf.data's shared
 pool has as many threads as cores; `private_threadpool_size` gives a pipeline its own), and a thread
@@ -54,6 +59,10 @@ class StorageClient:
     request_cpu_ms: the part of s this host's CPU does (it competes with decoding for the cores).
     transfer_cpu_ms_per_mib: this host's CPU per MiB received (TLS, copies).
     new_connection_per_request: opens a TCP(+TLS) connection per request (no reuse).
+    handshake_round_trips: h, round trips a new connection takes before its first request.
+    block_buffer_cpu_ms_per_mib: CPU per MiB of block a streamed read (a reader that takes an object
+        in pieces: TFRecord shards) allocates per request; a whole-object read (tf.io.read_file,
+        which knows the size) allocates only what it receives (in transfer_cpu_ms_per_mib).
     """
 
     name: str
@@ -64,11 +73,14 @@ class StorageClient:
     transfer_cpu_ms_per_mib: float
     new_connection_per_request: bool
     description: str
+    handshake_round_trips: int = 2
+    block_buffer_cpu_ms_per_mib: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
             raise UsageError(f"block_bytes: expected a positive integer, got {self.block_bytes!r}")
-        for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib"):
+        for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib",
+                     "block_buffer_cpu_ms_per_mib"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UsageError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -79,10 +91,12 @@ class StorageClient:
 
 
 def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | None = None) -> StorageClient:
-    """TF's own `gs://`: one ranged GET per block (GCS_READ_CACHE_BLOCK_SIZE_MB, default 64 MB), a new
-    TCP+TLS connection per request, and a block-sized buffer per read that costs ~0.71 ms of CPU per
-    MB (46 ms per JPEG at 64 MB, 1.2 ms at 1 MB, tensorflow/tensorflow#30327); ~2.1 ms of
-    connection and request work on top, fitted on a loopback store (210 vs 628 JPEGs/s at 0 ms)."""
+    """TF's own `gs://`: one ranged GET per block (GCS_READ_CACHE_BLOCK_SIZE_MB, default 64 MB) and a
+    new TCP+TLS connection per request (2 round trips before the GET). Its read buffer costs ~0.71 ms
+    of CPU per MB (tensorflow/tensorflow#30327): per MB of block for a streamed read (a TFRecord shard
+    read in pieces: ~46 ms per GET at 64 MB; the storage emulator: 438 vs 1633 images/s locally at
+    0 ms with 32 images per shard), per MB received for a whole-object read (tf.io.read_file: 232
+    JPEGs/s at 0 ms, which 46 ms per GET could not give); ~2.1 ms of connection and request work."""
     if block_mb is None:
         text = (os.environ if environ is None else environ).get(GCS_BLOCK_ENV, "")
         try:
@@ -91,11 +105,11 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
             raise UsageError(f"{GCS_BLOCK_ENV}: expected a number of MB, got {text!r}") from None
     if not (block_mb > 0 and math.isfinite(block_mb)):
         raise UsageError(f"{GCS_BLOCK_ENV}: expected a number of MB above 0, got {block_mb!r}")
-    buffer_cpu = 0.49 + 0.711 * block_mb
+    request_cpu = 0.49
     return StorageClient(
         name="tf-gcs", block_bytes=int(block_mb * MIB), requests_per_open=0,
-        request_overhead_ms=1.6 + buffer_cpu, request_cpu_ms=buffer_cpu, transfer_cpu_ms_per_mib=5.0,
-        new_connection_per_request=True,
+        request_overhead_ms=1.6 + request_cpu, request_cpu_ms=request_cpu, transfer_cpu_ms_per_mib=5.0 + 0.711,
+        new_connection_per_request=True, handshake_round_trips=2, block_buffer_cpu_ms_per_mib=0.711,
         description=f"TF's gs:// ({block_mb:g} MB blocks, a new connection per request)")
 
 
@@ -112,7 +126,7 @@ def posix_client() -> StorageClient:
     """A file system (local disk, NFS): one open (LOOKUP/OPEN) and one READ per MiB; one mount connection."""
     return StorageClient(
         name="posix", block_bytes=NFS_BLOCK, requests_per_open=1, request_overhead_ms=0.05,
-        request_cpu_ms=0.02, transfer_cpu_ms_per_mib=0.3, new_connection_per_request=False,
+        request_cpu_ms=0.02, transfer_cpu_ms_per_mib=0.3, new_connection_per_request=False, handshake_round_trips=0,
         description="a file system (one open and one read per MiB)")
 
 
@@ -345,7 +359,7 @@ class Costs:
     """Per-image costs (ms) of one format on one store through one client."""
 
     requests: float          # r
-    wait_ms: float           # r (L + s) less s's CPU part: time a reader waits on requests
+    wait_ms: float           # (r + k h) L + r s less s's CPU part: time a reader waits on requests
     transfer_ms: float       # b / B (inf bandwidth: 0)
     cpu_ms: float            # d: decode + the client's transfer and request CPU (+ a co-located server's)
     client_cpu_ms: float     # the part of d the reading itself costs (what a read-only thread holds)
@@ -358,24 +372,27 @@ class Costs:
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
           request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0) -> Costs:
-    """r, r(L + s), b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
+    """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
     (an emulator in a test; 0 for a real store)."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
     r = pattern.requests(client)
+    round_trips = r + pattern.connections(client) * client.handshake_round_trips
     transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
         pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
+    streamed = pattern.format == "records"  # read in pieces: each request's buffer is a whole block
+    buffer = client.block_buffer_cpu_ms_per_mib * client.block_bytes / MIB if streamed else 0.0
     reading = (pattern.bytes_per_image / MIB * client.transfer_cpu_ms_per_mib
-               + r * (client.request_cpu_ms + server_cpu_ms_per_request))
+               + r * (client.request_cpu_ms + buffer + server_cpu_ms_per_request))
     waiting = max(0.0, s - client.request_cpu_ms)  # s's CPU part is in d, where the cores cap it
-    return Costs(requests=r, wait_ms=r * (scenario.latency_ms + waiting), transfer_ms=transfer,
+    return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
                  cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image)
 
 
 def sequential_rate(c: Costs) -> float:
-    """Images/s reading one request at a time in the same chain as the decode: 1 / (r(L+s) + b/B + d)."""
+    """Images/s reading one request at a time in the same chain as the decode: 1 / ((r + kh)L + rs + b/B + d)."""
     total = c.sequential_ms
     return 1000.0 / total if total > 0 else math.inf
 
@@ -410,7 +427,7 @@ def _cpu_bound(c: Costs) -> str:
 
 
 def parallel_rate(c: Costs, in_flight: float, cores: float) -> tuple[float, str]:
-    """min(C / (r(L+s)), cores / d, B / b) images/s, and which term limits it: "requests",
+    """min(C / ((r + kh)L + rs), cores / d, B / b) images/s, and which term limits it: "requests",
     "bandwidth", or the CPU: "client" (mostly the storage client's work) or "cpu" (mostly decoding)."""
     whatif._require_positive("cores", cores)
     terms = {
@@ -604,7 +621,11 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
                          workload=workload, notes=tuple(notes))
 
 
+def as_configured_mode(config: PipelineConfig, source_format: str) -> str:
+    """The read mode of the config as it stands: sequential when it reads one at a time."""
+    return "sequential" if reads_of(config, source_format, 1).parallel_calls is None else "parallel"
+
+
 def as_configured(row: FormatWhatIf, config: PipelineConfig) -> ReadPrediction:
     """The cell that is the config as it stands: sequential when it reads one at a time."""
-    reads = reads_of(config, row.format, 1)
-    return row.sequential if reads.parallel_calls is None else row.parallel
+    return row.sequential if as_configured_mode(config, row.format) == "sequential" else row.parallel
