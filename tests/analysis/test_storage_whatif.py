@@ -252,6 +252,20 @@ def test_storage_advice_leaves_tfs_gcs_block_alone(monkeypatch):
     assert by_key["cache"].knobs == {} and "--cache file" in by_key["cache"].command  # too big for memory
 
 
+def test_storage_advice_shrinks_tfs_gcs_block_for_shards_smaller_than_it(monkeypatch):
+    """16 images of 100 kB a shard: every ranged GET of a 1.6 MB shard pays a 64 MB buffer (~46 ms)."""
+    monkeypatch.delenv(sw.GCS_BLOCK_ENV, raising=False)
+    small_shards = sw.IoPattern("records", 100_000, 1 / 16)
+    what = _named("10ms,1Gbit", SEED, pattern=small_shards)
+    advice = {a.key: a for a in storage_advice(what, SEED, data_bytes=10**12, memory_bytes=10**10,
+                                               local_images_per_second=600)}
+    assert "64 MB buffer" in advice["gcs_block_size"].reason and "convert_records" not in advice
+    big_shards = sw.IoPattern("records", 100_000, 1 / 2000)  # 200 MB shards: the block is filled anyway
+    what = _named("10ms,1Gbit", SEED, pattern=big_shards)
+    assert "gcs_block_size" not in {a.key for a in storage_advice(
+        what, SEED, data_bytes=10**12, memory_bytes=10**10, local_images_per_second=600)}
+
+
 def test_no_storage_advice_without_a_named_store_or_when_the_store_keeps_up():
     assert storage_advice(sw.storage_whatif(JPEG, SEED, WORKLOAD), SEED, data_bytes=1, memory_bytes=10**10,
                           local_images_per_second=600) == []

@@ -489,6 +489,7 @@ class FormatWhatIf:
     sequential: ReadPrediction
     parallel: ReadPrediction
     enough_in_flight: ReadPrediction
+    objects_per_image: float = 1.0  # shards per image for records: what a smaller block changes
 
     @property
     def cells(self) -> tuple[ReadPrediction, ...]:
@@ -572,7 +573,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
         format=pattern.format, client=client.name, basis="measured" if pattern.measured else "modelled",
         requests_per_image=c.requests, bytes_per_image=pattern.bytes_per_image,
         connections_per_image=pattern.connections(client, c_now, workload.examples),
-        costs=c, sequential=sequential, parallel=parallel, enough_in_flight=enough)
+        costs=c, sequential=sequential, parallel=parallel, enough_in_flight=enough,
+        objects_per_image=pattern.objects_per_image)
 
 
 @dataclasses.dataclass(frozen=True)
