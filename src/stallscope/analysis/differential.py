@@ -555,8 +555,24 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     )
 
 
+COUNTERS_SETTLE_S = 0.1   # a store rewrites its counters file a little after serving (ours: within 20 ms)
+COUNTERS_SETTLE_MAX_S = 2.0
+
+
 def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
-    return load_storage_counters(options.storage_counters) if options.storage_counters is not None else None
+    """The counters file once it has stopped moving (two reads COUNTERS_SETTLE_S apart agree), so the
+    last requests of a probe are not left out by a file written a moment after them."""
+    if options.storage_counters is None:
+        return None
+    counted = load_storage_counters(options.storage_counters)
+    deadline = time.monotonic() + COUNTERS_SETTLE_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(COUNTERS_SETTLE_S)
+        again = load_storage_counters(options.storage_counters)
+        if again == counted:
+            break
+        counted = again
+    return counted
 
 
 def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,
