@@ -85,11 +85,14 @@ class GcsStore(Store):
 
         return import_tensorflow()
 
-    def _errors(self, path: RemotePath, exc: Exception) -> StorageError:
+    def _errors(self, path: RemotePath, exc: Exception, action: str = "read") -> StorageError:
         tf = self._tf()
         text = " ".join(str(exc).split())
         curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
         text = curl.group(0) if curl else text
+        if action != "read" and (isinstance(exc, tf.errors.PermissionDeniedError) or " 403" in text):
+            return StorageError(f"{path}: gs:// refused to {action} ({short(text)}); expected credentials and a bucket "
+                                f"that allow storage.objects.{'create' if action == 'write' else 'delete'} here")
         if isinstance(exc, (tf.errors.UnauthenticatedError, tf.errors.PermissionDeniedError)) or " 401" in text or " 403" in text:
             return StorageError(f"{path}: gs:// refused the credentials ({short(text)}); expected Application Default "
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
@@ -99,12 +102,12 @@ class GcsStore(Store):
                                 "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")
         return StorageError(f"{path}: gs:// failed ({short(text)})")
 
-    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
+    def _call(self, path: RemotePath, fn: Callable[[], T], action: str = "read") -> T:
         tf = self._tf()
         try:
             return fn()
         except tf.errors.OpError as exc:
-            raise self._errors(path, exc) from None
+            raise self._errors(path, exc, action) from None
 
     def list(self, root: RemotePath) -> Listing:
         tf = self._tf()
@@ -160,16 +163,16 @@ class GcsStore(Store):
             with tf.io.gfile.GFile(str(path), "wb") as handle:
                 handle.write(data)
 
-        self._call(path, write)
+        self._call(path, write, "write")
 
     def upload(self, local: Path, path: RemotePath) -> None:
         tf = self._tf()
-        self._call(path, lambda: tf.io.gfile.copy(str(local), str(path), overwrite=True))
+        self._call(path, lambda: tf.io.gfile.copy(str(local), str(path), overwrite=True), "write")
 
     def rename(self, src: RemotePath, dst: RemotePath) -> None:
         tf = self._tf()
-        self._call(dst, lambda: tf.io.gfile.rename(str(src), str(dst), overwrite=True))
+        self._call(dst, lambda: tf.io.gfile.rename(str(src), str(dst), overwrite=True), "write")
 
     def delete(self, path: RemotePath) -> None:
         tf = self._tf()
-        self._call(path, lambda: tf.io.gfile.remove(str(path)))
+        self._call(path, lambda: tf.io.gfile.remove(str(path)), "delete")

@@ -66,7 +66,7 @@ class S3Store(Store):
         fs.retries = 2  # s3fs's own retries of dropped connections (5 by default)
         return fs
 
-    def error(self, path: RemotePath, exc: BaseException) -> StorageError:
+    def error(self, path: RemotePath, exc: BaseException, action: str = "read") -> StorageError:
         name = type(exc).__name__
         text = " ".join(str(exc).split())
         cause = exc.__cause__ or exc.__context__
@@ -81,7 +81,11 @@ class S3Store(Store):
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccessDenied") \
                 or isinstance(exc, PermissionError):
             why = code or short(text)
-            return StorageError(f"{path}: s3:// refused the credentials ({why}); expected AWS credentials that may read this bucket")
+            if action == "read" or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
+                return StorageError(f"{path}: s3:// refused the credentials ({why}); expected AWS credentials that may "
+                                    f"{action} this bucket")
+            return StorageError(f"{path}: s3:// refused to {action} ({why}); expected credentials and a bucket policy "
+                                f"that allow s3:{'PutObject' if action == 'write' else 'DeleteObject'} here")
         if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
         if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
@@ -93,13 +97,13 @@ class S3Store(Store):
             return StorageError(f"{path}: no such object or prefix; expected one that exists")
         return StorageError(f"{path}: s3:// failed ({name}: {short(text)})")
 
-    def _call(self, path: RemotePath, fn: Callable[[], T]) -> T:
+    def _call(self, path: RemotePath, fn: Callable[[], T], action: str = "read") -> T:
         try:
             return fn()
         except StorageError:
             raise
         except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
-            raise self.error(path, exc) from None
+            raise self.error(path, exc, action) from None
 
     def list(self, root: RemotePath) -> Listing:
         fs = self.fs()
@@ -139,13 +143,13 @@ class S3Store(Store):
         return out
 
     def write(self, path: RemotePath, data: bytes) -> None:
-        self._call(path, lambda: self.fs().pipe_file(self._key(path), data))
+        self._call(path, lambda: self.fs().pipe_file(self._key(path), data), "write")
 
     def upload(self, local: Path, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().put_file(str(local), self._key(path)))
+        self._call(path, lambda: self.fs().put_file(str(local), self._key(path)), "write")
 
     def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        self._call(dst, lambda: self.fs().mv(self._key(src), self._key(dst)))
+        self._call(dst, lambda: self.fs().mv(self._key(src), self._key(dst)), "write")
 
     def delete(self, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().rm_file(self._key(path)))
+        self._call(path, lambda: self.fs().rm_file(self._key(path)), "delete")
