@@ -4,6 +4,7 @@ or as a FUSE mount, with a latency per request and a shared bandwidth cap.
   stallscope storage serve data --gcs --latency 10ms --bandwidth 200Mbit     # gs://data
   stallscope storage serve data --s3 --latency 10ms                          # s3://data
   stallscope storage serve data --mount /mnt/slow --latency 10ms             # a slow file system
+  stallscope storage serve out --gcs --writable                               # gs://data takes writes into out/
 
 It prints the environment (export lines) or the path readers use, then serves in the foreground until
 Ctrl-C, SIGTERM or --for; scripts start it in the background and read --ready-file.
@@ -59,7 +60,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     serve = actions.add_parser("serve", help="serve a folder as an emulated bucket or mount",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_flags(serve)
-    serve.add_argument("root", metavar="DIR", help="the folder to serve, read-only")
+    serve.add_argument("root", metavar="DIR", help="the folder to serve (read-only unless --writable)")
     kind = serve.add_mutually_exclusive_group()
     kind.add_argument("--gcs", dest="kind", action="store_const", const="gcs",
                       help="a GCS store TensorFlow's gs:// reads (the default)")
@@ -71,6 +72,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                   "0 for none (default: 0)")
     add_flag(serve, "bandwidth", type=_bandwidth, default=None, metavar="RATE",
              help="shared cap per direction, e.g. 200Mbit, 1Gbit, 25MB/s (default: unlimited)")
+    add_flag(serve, "writable", action="store_true",
+             help="take uploads, copies and deletes into DIR (--gcs, --s3), e.g. to convert into the bucket; "
+                  "each object lands whole or not at all (default: read-only)")
     add_flag(serve, "bucket", default="data", help="the bucket name: gs://NAME, s3://NAME (default: data)")
     add_flag(serve, "port", type=non_negative_int, default=0,
              help="port on 127.0.0.1 readers connect to (default: 0, a free one)")
@@ -92,7 +96,7 @@ def _options(args: argparse.Namespace):
 
     kind = "mount" if args.mount_point is not None else (args.kind or "gcs")
     return StoreOptions(root=Path(args.root), kind=kind, latency_s=args.latency, bandwidth_bps=args.bandwidth,
-                        bucket=args.bucket, mount_point=args.mount_point, port=args.port)
+                        bucket=args.bucket, mount_point=args.mount_point, port=args.port, writable=args.writable)
 
 
 def _print_usage(store) -> None:
@@ -107,7 +111,7 @@ def _print_usage(store) -> None:
         print(f"export STALLSCOPE_STORAGE_URL={store.url}")
     else:
         print(f"# {store.options.root} served as {store.url} on 127.0.0.1:{store.port} ({shaping}); "
-              f"read-only")
+              + ("writable" if store.options.writable else "read-only"))
         for name, value in store.env.items():
             print(f"export {name}={value}")
         if store.options.kind == "gcs":

@@ -12,8 +12,8 @@ test can end it by its PID and a store never outlives its owner: it stops at `ma
 its parent dies, or at the end of the `with` block.
 
 TensorFlow reads its gs:// settings when it first opens a gs:// path, so a TF reader in the calling
-process must see `store.env` in os.environ before that (or run in a subprocess with it). Writes through
-the emulated stores are refused: they serve the folder read-only.
+process must see `store.env` in os.environ before that (or run in a subprocess with it). The HTTP stores
+refuse writes unless started `writable=True` (then uploads, copies and deletes land in the folder).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class EmulatedStore:
 
 def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
           bandwidth_bps: float | None = None, bucket: str = "data", mount_point: str | os.PathLike | None = None,
-          port: int = 0, max_duration_s: float = DEFAULT_MAX_DURATION_S, counters_path: str | os.PathLike | None = None,
+          port: int = 0, writable: bool = False, max_duration_s: float = DEFAULT_MAX_DURATION_S, counters_path: str | os.PathLike | None = None,
           start_timeout_s: float = START_TIMEOUT_S) -> EmulatedStore:
     """Starts a store and returns once it answers; the caller stops it (`emulate` does that for you).
 
@@ -104,7 +104,7 @@ def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
     taken, mount point not empty, no FUSE)."""
     options = StoreOptions(root=Path(root), kind=kind, latency_s=float(latency_s), bandwidth_bps=bandwidth_bps,
                            bucket=bucket, mount_point=Path(mount_point) if mount_point is not None else None,
-                           port=int(port))
+                           port=int(port), writable=writable)
     state_dir = Path(tempfile.mkdtemp(prefix="stallscope-storage-"))
     ready, log_path = state_dir / "ready.json", state_dir / "serve.log"
     command = [sys.executable, "-m", "stallscope", "storage", "serve", str(options.root),
@@ -112,6 +112,8 @@ def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
                "--for", f"{float(max_duration_s):.3f}s", "--ready-file", str(ready), "--state-dir", str(state_dir),
                "--parent-pid", str(os.getpid())]
     command += ["--mount", str(options.mount_point)] if kind == "mount" else [f"--{kind}"]
+    if writable:
+        command += ["--writable"]
     if bandwidth_bps:
         command += ["--bandwidth", f"{float(bandwidth_bps):.3f}bit"]
     if counters_path is not None:
@@ -137,7 +139,7 @@ def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
 @contextlib.contextmanager
 def emulate(root: str | os.PathLike, kind: str = "gcs", **options) -> Iterator[EmulatedStore]:
     """`start(...)` as a context manager: the store is stopped (and a mount unmounted) on exit.
-    Options: latency_s, bandwidth_bps, bucket, mount_point, port, max_duration_s, counters_path."""
+    Options: latency_s, bandwidth_bps, bucket, mount_point, port, writable, max_duration_s, counters_path."""
     store = start(root, kind, **options)
     try:
         yield store

@@ -8,23 +8,51 @@ connection. Plain HTTP works too (STORAGE_EMULATOR_HOST for the Python clients).
 
 Served: bucket metadata, object metadata, media download (with Range; `alt=media` on the JSON path or
 the storage.googleapis.com path), listings with prefix, delimiter, maxResults and pageToken.
-Writes (uploads, deletes, patches) are refused with 403: the store serves a folder read-only.
+Writes are refused with 403 unless the folder is served `writable`; then the uploads TF's gs:// makes
+(resumable sessions, in one or several chunks; `uploadType=media`), object deletes and
+rewrites/copies (TF's rename) land in the folder, each object whole or not at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
+import re
+import secrets
 import socketserver
 import ssl
+import threading
 import urllib.parse
+from pathlib import Path
+from typing import BinaryIO
 
 from stallscope.storage.http_base import CountingHandler, LoopbackServer
-from stallscope.storage.objects import ByteRangeError, FolderBucket, ObjectInfo, parse_range, read_range
+from stallscope.storage.objects import (
+    ByteRangeError,
+    FolderBucket,
+    ObjectInfo,
+    WriteRefused,
+    parse_range,
+    read_range,
+)
 
 JSON_API = "/storage/v1/b/"
 DOWNLOAD_API = "/download/storage/v1/b/"
+UPLOAD_API = "/upload/storage/v1/b/"
 ALLOWED_TUNNEL_SUFFIX = ".googleapis.com"
+MAX_OPEN_UPLOADS = 256  # resumable sessions begun and not finished; the oldest is dropped past this
+_CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-(\d+)|\*)/(\d+|\*)$")
+
+
+@dataclasses.dataclass
+class Upload:
+    """A resumable upload session: the object's key and the hidden file its bytes go to so far."""
+
+    key: str
+    part: Path
+    handle: BinaryIO
+    received: int = 0
 
 
 class GcsServer(LoopbackServer):
@@ -33,7 +61,18 @@ class GcsServer(LoopbackServer):
     def __init__(self, port: int, bucket: FolderBucket, counters, tls: ssl.SSLContext | None) -> None:
         self.bucket = bucket
         self.tls = tls
+        self.uploads: dict[str, Upload] = {}
+        self.uploads_lock = threading.Lock()
         super().__init__(port, GcsHandler, counters)
+
+    def server_close(self) -> None:
+        """Unfinished uploads leave nothing behind (their objects never existed)."""
+        super().server_close()
+        with self.uploads_lock:
+            for upload in self.uploads.values():
+                upload.handle.close()
+                self.bucket.abandon(upload.part)
+            self.uploads.clear()
 
 
 def _rfc3339(mtime_ns: int) -> str:
@@ -154,13 +193,129 @@ class GcsHandler(CountingHandler):
             body["nextPageToken"] = page.next_token
         self._json(body, head_only, lists=1)
 
-    # ----- refused writes
-    def _refuse_write(self) -> None:
-        self.drain_body()
-        self._error(403, "This emulated store is read-only: it serves a local folder and takes no writes.",
-                    "forbidden")
+    # ----- writes (a writable bucket; otherwise each is refused with 403)
+    def do_POST(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        if url.path.startswith(UPLOAD_API):
+            name, _, rest = url.path[len(UPLOAD_API):].partition("/")
+            if not self._our_bucket(urllib.parse.unquote(name)) or rest != "o":
+                return self._drained_error(404, f"Not found: {url.path}", "notFound")
+            key = query.get("name", [""])[0]
+            kind = query.get("uploadType", [""])[0]
+            if kind == "media":
+                return self._write(lambda: self.server.bucket.put(key, self.read_body()))
+            if kind == "resumable":
+                self.read_body()  # the object's metadata, if any: the name in the query is what counts
+                return self._begin_upload(key)
+            return self._drained_error(400, f"uploadType={kind!r} is not served here; expected media or resumable",
+                                       "invalid")
+        if url.path.startswith(JSON_API):
+            parts = url.path[len(JSON_API):].split("/")
+            # B/o/SRC/rewriteTo/b/B2/o/DST (or copyTo): TF's rename is a rewrite, then a delete
+            if len(parts) == 8 and parts[1] == "o" and parts[3] in ("rewriteTo", "copyTo") and parts[4:7:2] == ["b", "o"]:
+                source_bucket, source, target_bucket, target = (urllib.parse.unquote(parts[i]) for i in (0, 2, 5, 7))
+                if not (self._our_bucket(source_bucket) and self._our_bucket(target_bucket)):
+                    return self._drained_error(404, "The specified bucket does not exist", "notFound")
+                self.read_body()
+                return self._copy(source, target, rewrite=parts[3] == "rewriteTo")
+        return self._drained_error(404, f"Not found: {url.path}", "notFound")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse_write  # noqa: N815
+    def do_PUT(self) -> None:  # noqa: N802
+        """A chunk of a resumable upload (`Content-Range: bytes FIRST-LAST/TOTAL`), or its status query
+        (`bytes */TOTAL` or `bytes */*` with no body)."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        with self.server.uploads_lock:
+            upload = self.server.uploads.get(query.get("upload_id", [""])[0])
+        if upload is None:
+            return self._drained_error(404, "No such upload session", "notFound")
+        match = _CONTENT_RANGE.match((self.headers.get("Content-Range") or "bytes */*").strip())
+        if match is None:
+            return self._drained_error(400, f"Content-Range: expected 'bytes FIRST-LAST/TOTAL', got "
+                                            f"{self.headers.get('Content-Range')!r}", "invalid")
+        first, last, total = match.groups()
+        body = self.read_body()
+        if first is not None:
+            if int(first) != upload.received or int(last) - int(first) + 1 != len(body):
+                return self._error(400, f"Content-Range {first}-{last}: expected bytes from {upload.received} "
+                                        f"and a body of that length, got {len(body)} bytes", "invalid")
+            upload.handle.write(body)
+            upload.received += len(body)
+        if total != "*" and int(total) == upload.received:
+            with self.server.uploads_lock:
+                self.server.uploads.pop(query["upload_id"][0], None)
+            upload.handle.close()
+            return self._write(lambda: self.server.bucket.commit(upload.key, upload.part), abandon=upload.part)
+        headers = {"Range": f"bytes=0-{upload.received - 1}"} if upload.received else {}
+        self.count_request()
+        self.send_body(308, headers, b"", 0)
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path[len(JSON_API):].split("/", 2) if url.path.startswith(JSON_API) else []
+        self.drain_body()
+        if len(parts) != 3 or parts[1] != "o" or not self._our_bucket(urllib.parse.unquote(parts[0])):
+            return self._error(404, f"Not found: {url.path}", "notFound")
+        key = urllib.parse.unquote(parts[2])
+        try:
+            gone = self.server.bucket.delete(key)
+        except WriteRefused as refused:
+            return self._error(403, str(refused), "forbidden")
+        if not gone:
+            return self._error(404, f"No such object: {self.server.bucket.name}/{key}", "notFound")
+        self.count_request()
+        self.send_body(204, {}, b"", 0)
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._drained_error(403, "Metadata patches are not served by this emulated store.", "forbidden")
+
+    def _our_bucket(self, name: str) -> bool:
+        return name == self.server.bucket.name
+
+    def _begin_upload(self, key: str) -> None:
+        try:
+            part, handle = self.server.bucket.open_part(key)
+        except WriteRefused as refused:
+            return self._error(403, str(refused), "forbidden")
+        upload_id = secrets.token_hex(12)
+        with self.server.uploads_lock:
+            self.server.uploads[upload_id] = Upload(key, part, handle)
+            while len(self.server.uploads) > MAX_OPEN_UPLOADS:
+                dropped = self.server.uploads.pop(next(iter(self.server.uploads)))
+                dropped.handle.close()
+                self.server.bucket.abandon(dropped.part)
+        scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
+        host = self.headers.get("Host") or f"127.0.0.1:{self.server.port}"
+        bucket = urllib.parse.quote(self.server.bucket.name, safe="")
+        location = f"{scheme}://{host}{UPLOAD_API}{bucket}/o?uploadType=resumable&upload_id={upload_id}"
+        self.count_request()
+        self.send_body(200, {"Location": location}, b"", 0)
+
+    def _copy(self, source: str, target: str, *, rewrite: bool) -> None:
+        try:
+            info = self.server.bucket.copy(source, target)
+        except WriteRefused as refused:
+            return self._error(403, str(refused), "forbidden")
+        if info is None:
+            return self._error(404, f"No such object: {self.server.bucket.name}/{source}", "notFound")
+        resource = object_resource(self.server.bucket.name, info)
+        if rewrite:
+            resource = {"kind": "storage#rewriteResponse", "totalBytesRewritten": str(info.size),
+                        "objectSize": str(info.size), "done": True, "resource": resource}
+        self._json(resource, False)
+
+    def _write(self, make, abandon: Path | None = None) -> None:
+        try:
+            info: ObjectInfo = make()
+        except WriteRefused as refused:
+            if abandon is not None:
+                self.server.bucket.abandon(abandon)
+            return self._error(403, str(refused), "forbidden")
+        self._json(object_resource(self.server.bucket.name, info), False)
+
+    def _drained_error(self, status: int, message: str, reason: str) -> None:
+        self.drain_body()
+        self._error(status, message, reason)
 
     # ----- answers
     def _json(self, body: dict, head_only: bool, *, lists: int = 0) -> None:

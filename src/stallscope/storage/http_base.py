@@ -84,11 +84,33 @@ class CountingHandler(http.server.BaseHTTPRequestHandler):
             sent += len(chunk)
         self.server.counters.add(bytes=sent)
 
-    def drain_body(self) -> None:
-        """Reads and drops a request body, so the connection stays usable after a refused write."""
+    def read_body(self, limit: int = 1 << 30) -> bytes:
+        """The request's body, sent with a Content-Length or chunked; at most `limit` bytes kept."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            pieces, kept = [], 0
+            while True:
+                size = int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return b"".join(pieces)
+                chunk = self.rfile.read(size)
+                self.rfile.readline(16)
+                if kept < limit:
+                    pieces.append(chunk[: limit - kept])
+                    kept += len(pieces[-1])
         length = int(self.headers.get("Content-Length") or 0)
+        pieces, kept = [], 0
         while length > 0:
             chunk = self.rfile.read(min(length, 1 << 16))
             if not chunk:
                 break
             length -= len(chunk)
+            if kept < limit:
+                pieces.append(chunk[: limit - kept])
+                kept += len(pieces[-1])
+        return b"".join(pieces)
+
+    def drain_body(self) -> None:
+        """Reads and drops a request body, so the connection stays usable after a refused write."""
+        self.read_body(limit=0)

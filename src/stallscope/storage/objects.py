@@ -4,17 +4,26 @@ Both HTTP stores (GCS and S3 dialects) answer from here, so they agree on what e
 file under the folder is an object whose key is its relative path with '/' separators; folders are
 not objects, and an empty folder does not exist (as in a real bucket). Keys that would leave the
 folder ('..', absolute, through a link pointing outside) are not found.
+
+A bucket made `writable` also takes whole objects (written beside their place under a hidden name,
+then renamed, so a reader never sees half an object), deletes and copies. A folder object (`a/b/`,
+as TF's gs:// makedirs writes) is kept as a hidden marker file in that folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import BinaryIO
 
 DEFAULT_PAGE_SIZE = 1000
+PART_PREFIX = ".stallscope-part-"  # an object being written: never listed, never an object
+FOLDER_MARKER = ".stallscope-folder"  # the file behind a folder object `a/b/` (what a gs:// makedirs writes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +73,17 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return first, min(last, size - 1)
 
 
-class FolderBucket:
-    """The objects of one folder, read-only."""
+class WriteRefused(ValueError):
+    """A write the bucket does not take: it is read-only, or the key names no place for an object."""
 
-    def __init__(self, root: str | os.PathLike, name: str) -> None:
+
+class FolderBucket:
+    """The objects of one folder; read-only unless `writable`."""
+
+    def __init__(self, root: str | os.PathLike, name: str, *, writable: bool = False) -> None:
         self.root = Path(root).resolve()
         self.name = name
+        self.writable = writable
         self._snapshots: OrderedDict[str, list] = OrderedDict()  # next-page token -> rest of a listing
         self._lock = threading.Lock()
 
@@ -91,7 +105,8 @@ class FolderBucket:
 
     def path_of(self, key: str) -> Path | None:
         """The file behind `key`, or None when no object has that key."""
-        if not key or key.startswith("/") or "\0" in key:
+        key = _file_key(key)
+        if not key or key.startswith("/") or "\0" in key or key.rpartition("/")[2].startswith(PART_PREFIX):
             return None
         found = self._inside(key)
         return found[0] if found is not None and found[0].is_file() else None
@@ -105,6 +120,66 @@ class FolderBucket:
         except OSError:
             return None
         return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+
+    # ----- writes
+    def _place_for(self, key: str) -> Path:
+        if not self.writable:
+            raise WriteRefused("this emulated store is read-only: start it with --writable to take writes")
+        key = _file_key(key)
+        found = self._inside(key) if key and "\0" not in key and not key.startswith("/") else None
+        if found is None or found[0].name.startswith(PART_PREFIX) or found[0].is_dir():
+            raise WriteRefused(f"no object can be written under the key {key!r} in this folder")
+        return found[0]
+
+    def open_part(self, key: str) -> tuple[Path, BinaryIO]:
+        """A hidden file beside `key`'s place to write the object into; `commit` or `abandon` it."""
+        target = self._place_for(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise WriteRefused(f"no object can be written under the key {key!r}: a parent is an object") from None
+        handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=PART_PREFIX, delete=False)
+        return Path(handle.name), handle
+
+    def commit(self, key: str, part: Path) -> ObjectInfo:
+        target = self._place_for(key)
+        os.replace(part, target)
+        status = target.stat()
+        return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+
+    @staticmethod
+    def abandon(part: Path) -> None:
+        part.unlink(missing_ok=True)
+
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        part, handle = self.open_part(key)
+        with handle:
+            handle.write(data)
+        return self.commit(key, part)
+
+    def delete(self, key: str) -> bool:
+        """Removes the object (and the folders it leaves empty); False when there was none."""
+        self._place_for(key)
+        path = self.path_of(key)
+        if path is None:
+            return False
+        path.unlink()
+        folder = path.parent
+        while folder != self.root and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+        return True
+
+    def copy(self, source_key: str, key: str) -> ObjectInfo | None:
+        """`source_key`'s bytes as `key`; None when there is no such source."""
+        source = self.path_of(source_key)
+        if source is None:
+            self._place_for(key)
+            return None
+        part, handle = self.open_part(key)
+        with handle, open(source, "rb") as reading:
+            shutil.copyfileobj(reading, handle, 1 << 20)
+        return self.commit(key, part)
 
     # ----- listings
     def list(self, prefix: str = "", delimiter: str = "", token: str = "",
@@ -162,7 +237,9 @@ class FolderBucket:
             relative = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
             base = "" if relative == "." else relative + "/"
             for name in filenames:
-                key = base + name
+                if name.startswith(PART_PREFIX) or (name == FOLDER_MARKER and not base):
+                    continue
+                key = base if name == FOLDER_MARKER else base + name
                 if key.startswith(prefix):
                     info = self._info(Path(dirpath) / name, key)
                     if info is not None:
@@ -180,7 +257,12 @@ class FolderBucket:
         except OSError:
             return []
         for entry in scan:
-            if not entry.name.startswith(stem):
+            if not entry.name.startswith(stem) or entry.name.startswith(PART_PREFIX):
+                continue
+            if entry.name == FOLDER_MARKER:
+                if base and not stem:
+                    info = self._info(Path(entry.path), base)
+                    entries.extend([info] if info is not None else [])
                 continue
             key = base + entry.name
             if entry.is_dir():
@@ -209,13 +291,18 @@ class FolderBucket:
         return ObjectInfo(key, status.st_size, status.st_mtime_ns)
 
 
+def _file_key(key: str) -> str:
+    """The key of the file behind an object: a folder object's marker file for `a/b/`."""
+    return key + FOLDER_MARKER if key.endswith("/") and key.strip("/") else key
+
+
 def _entry_key(entry) -> str:
     return entry.key if isinstance(entry, ObjectInfo) else entry
 
 
 def _holds_a_file(folder: Path) -> bool:
     for _, _, filenames in os.walk(folder):
-        if filenames:
+        if any(not name.startswith(PART_PREFIX) for name in filenames):
             return True
     return False
 

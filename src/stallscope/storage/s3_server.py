@@ -1,7 +1,9 @@
-"""A read-only S3-compatible store on loopback: GetObject (with Range), HeadObject, HeadBucket,
-ListObjectsV2 and ListObjects over a local folder, path-style (`http://127.0.0.1:PORT/BUCKET/KEY`).
+"""An S3-compatible store on loopback: GetObject (with Range), HeadObject, HeadBucket, ListObjectsV2
+and ListObjects over a local folder, path-style (`http://127.0.0.1:PORT/BUCKET/KEY`); served
+`writable`, also PutObject (plain or aws-chunked bodies), CopyObject, DeleteObject and DeleteObjects, each object
+whole or not at all. Multipart uploads are refused (501): objects here are test-sized.
 
-Signatures are not checked (any AWS_ACCESS_KEY_ID works); writes are refused with 403. Ours rather
+Signatures are not checked (any AWS_ACCESS_KEY_ID works); writes to a read-only store get 403. Ours rather
 than moto's server mode: moto spends about 3 ms of CPU per request, which on a 2-core machine becomes
 the storage cost being measured.
 """
@@ -11,10 +13,18 @@ from __future__ import annotations
 import datetime
 import email.utils
 import urllib.parse
+import xml.etree.ElementTree as ElementTree
 from xml.sax.saxutils import escape
 
 from stallscope.storage.http_base import CountingHandler, LoopbackServer
-from stallscope.storage.objects import ByteRangeError, FolderBucket, ObjectInfo, parse_range, read_range
+from stallscope.storage.objects import (
+    ByteRangeError,
+    FolderBucket,
+    ObjectInfo,
+    WriteRefused,
+    parse_range,
+    read_range,
+)
 
 _XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
 
@@ -113,12 +123,92 @@ class S3Handler(CountingHandler):
         parts.append("</ListBucketResult>")
         self._xml("".join(parts), False, lists=1)
 
+    # ----- writes (a writable bucket; otherwise each is refused with 403)
+    def _object_key(self) -> tuple[str, str, dict]:
+        url = urllib.parse.urlsplit(self.path)
+        name, _, key = url.path.lstrip("/").partition("/")
+        return urllib.parse.unquote(name), urllib.parse.unquote(key), \
+            urllib.parse.parse_qs(url.query, keep_blank_values=True)
+
+    def do_PUT(self) -> None:  # noqa: N802
+        name, key, query = self._object_key()
+        body = self.read_body()
+        if name != self.server.bucket.name:
+            return self._error(404, "NoSuchBucket", "The specified bucket does not exist", name, False)
+        if not key:
+            return self._error(403, "AccessDenied", "Buckets are not created here", name, False)
+        if "uploadId" in query or "partNumber" in query:
+            return self._error(501, "NotImplemented", "Multipart uploads are not served here", key, False)
+        source = self.headers.get("x-amz-copy-source")
+        try:
+            if source:
+                source_name, _, source_key = urllib.parse.unquote(source.split("?")[0]).lstrip("/").partition("/")
+                if source_name != self.server.bucket.name:
+                    return self._error(404, "NoSuchBucket", "The specified bucket does not exist", source_name, False)
+                info = self.server.bucket.copy(source_key, key)
+                if info is None:
+                    return self._error(404, "NoSuchKey", "The specified key does not exist.", source_key, False)
+                return self._xml(f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult xmlns="{_XMLNS}">'
+                                 f"<LastModified>{_iso(info.mtime_ns)}</LastModified><ETag>{escape(_etag(info))}"
+                                 "</ETag></CopyObjectResult>", False)
+            info = self.server.bucket.put(key, self._decoded(body))
+        except WriteRefused as refused:
+            return self._error(403, "AccessDenied", str(refused), key, False)
+        self.count_request()
+        self.send_body(200, {"ETag": _etag(info)}, b"", 0)
+
+    def _decoded(self, body: bytes) -> bytes:
+        """An aws-chunked body (`SIZE;chunk-signature=...\\r\\nDATA\\r\\n`..., then trailers) as its data."""
+        streamed = (self.headers.get("x-amz-content-sha256") or "").startswith("STREAMING-")
+        if "aws-chunked" not in (self.headers.get("Content-Encoding") or "") and not streamed:
+            return body
+        data, at = [], 0
+        while at < len(body):
+            end = body.index(b"\r\n", at)
+            size = int(body[at:end].split(b";")[0], 16)
+            if size == 0:
+                break
+            data.append(body[end + 2:end + 2 + size])
+            at = end + 2 + size + 2
+        return b"".join(data)
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        name, key, _ = self._object_key()
+        self.drain_body()
+        if name != self.server.bucket.name:
+            return self._error(404, "NoSuchBucket", "The specified bucket does not exist", name, False)
+        try:
+            self.server.bucket.delete(key)  # S3 answers 204 whether or not the key was there
+        except WriteRefused as refused:
+            return self._error(403, "AccessDenied", str(refused), key, False)
+        self.count_request()
+        self.send_body(204, {}, b"", 0)
+
+    def do_POST(self) -> None:  # noqa: N802
+        """DeleteObjects (`POST /BUCKET?delete`, s3fs's rm); anything else posted is refused."""
+        name, key, query = self._object_key()
+        if key or "delete" not in query or name != self.server.bucket.name:
+            return self._refuse_write()
+        try:
+            keys = [element.text or "" for element in ElementTree.fromstring(self.read_body()).iter()
+                    if element.tag.rpartition("}")[2] == "Key"]
+        except ElementTree.ParseError:
+            return self._error(400, "MalformedXML", "expected a Delete document", name, False)
+        try:
+            for one in keys:
+                self.server.bucket.delete(one)
+        except WriteRefused as refused:
+            return self._error(403, "AccessDenied", str(refused), name, False)
+        deleted = "".join(f"<Deleted><Key>{escape(one)}</Key></Deleted>" for one in keys)
+        self._xml(f'<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="{_XMLNS}">{deleted}</DeleteResult>', False)
+
     def _refuse_write(self) -> None:
         self.drain_body()
-        self._error(403, "AccessDenied", "This emulated store is read-only: it serves a local folder.",
+        self._error(403 if not self.server.bucket.writable else 501, "AccessDenied" if not self.server.bucket.writable
+                    else "NotImplemented", "This emulated store takes PutObject, CopyObject, DeleteObject(s) only.",
                     self.path, self.command == "HEAD")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse_write  # noqa: N815
+    do_PATCH = _refuse_write  # noqa: N815
 
     def _xml(self, body: str, head_only: bool, *, lists: int = 0) -> None:
         data = body.encode()

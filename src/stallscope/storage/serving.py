@@ -23,11 +23,12 @@ KINDS = ("gcs", "s3", "mount")
 class StoreOptions:
     """One emulated store.
 
-    root: the folder served (read-only). kind: 'gcs', 's3' or 'mount'.
+    root: the folder served. kind: 'gcs', 's3' or 'mount'.
     latency_s: held per request burst (HTTP stores) or per open/read/listing (mount); 0 for none.
     bandwidth_bps: a shared cap in bits per second per direction; None for none.
     bucket: the bucket name of gs://BUCKET or s3://BUCKET. mount_point: an empty folder (mount only).
     port: the port readers connect to on 127.0.0.1; 0 takes a free one.
+    writable: the HTTP stores take uploads, copies and deletes into root (read-only otherwise).
     """
 
     root: Path
@@ -37,6 +38,7 @@ class StoreOptions:
     bucket: str = "data"
     mount_point: Path | None = None
     port: int = 0
+    writable: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -51,6 +53,8 @@ class StoreOptions:
             raise UsageError(f"port: expected a port in 0..65535, got {self.port!r}")
         if self.kind == "mount" and self.mount_point is None:
             raise UsageError("mount_point: expected a folder to mount at for kind 'mount', got nothing")
+        if self.kind == "mount" and self.writable:
+            raise UsageError("--writable: expected --gcs or --s3 (the mount serves its folder read-only)")
 
 
 def _valid_bucket(name: str) -> bool:
@@ -110,7 +114,7 @@ class RunningStore:
         from stallscope.storage.objects import FolderBucket
 
         options = self.options
-        bucket = FolderBucket(options.root, options.bucket)
+        bucket = FolderBucket(options.root, options.bucket, writable=options.writable)
         shaped = bool(options.latency_s or options.bandwidth_bps)
         store_port = 0 if shaped else options.port
         try:
@@ -186,4 +190,5 @@ class RunningStore:
         return {"kind": self.options.kind, "url": self.url, "env": self.env, "pid": os.getpid(),
                 "port": self.port, "server_port": self.server_port, "root": str(Path(self.options.root).resolve()),
                 "latency_s": self.options.latency_s, "bandwidth_bps": self.options.bandwidth_bps,
+                "writable": self.options.writable,
                 "counters_map": str(self.counters.path)}
