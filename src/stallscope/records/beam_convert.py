@@ -456,36 +456,48 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
     this tool owns there; one state per written shard; the item lists) lives under the prefix's
     `.stallscope-convert/`; an earlier manifest goes first and the new one is written last, so an
     interrupted run never looks complete, and running the same command again reuses its finished shards."""
-    from stallscope.records import sharding
+    from stallscope.records.remote_lock import bucket_lease
     from stallscope.records.remote_output import _remote_owned, check_remote_output
-    from stallscope.records.writer import is_temporary
 
     out: RemotePath = options.output_path
-    state_dir = out / STATE_DIR
     try:
         check_remote_output(out)
         owned, _ = _remote_owned(out)
         planned = {shard.filename for shard in plan.shards}
         command = " ".join([convert_command(options), "--runner beam",
                             *(f"--beam-option={shlex.quote(a)}" for a in args if a != f"--runner={DEFAULT_RUNNER}")])
-        location.write_bytes(state_dir / RUN_NAME, json.dumps({"command": command, "owned": sorted(owned | planned)}).encode())
-        if (out / MANIFEST_NAME).exists():
-            location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
-        results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state)
-        manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
-        for entry in list(out.iterdir()):
-            stale_shard = entry.name in owned - planned and sharding.SHARD_NAME.match(entry.name)
-            if entry.is_file() and (stale_shard or is_temporary(entry.name)):
-                log.info("removing %s left by an earlier conversion", entry)
-                location.delete(entry)
-        with tempfile.TemporaryDirectory(prefix="stallscope-manifest-") as scratch:
-            save_manifest(Path(scratch), manifest)
-            location.upload_file(Path(scratch) / LABELS_NAME, out / LABELS_NAME)
-            location.upload_file(Path(scratch) / MANIFEST_NAME, out / MANIFEST_NAME)  # last: now the copy is complete
-        for entry in list(state_dir.walk_files()):
-            location.delete(entry)
+        with bucket_lease(out, command):
+            manifest, reused = _publish_into_store(options, args, plan, out, owned, planned, command)
     except StorageError as exc:
         if str(exc).startswith("--output_path"):
             raise
         raise StorageError(f"--output_path: {exc}") from None
     return _checked_report(options, plan, manifest, reused, started)
+
+
+def _publish_into_store(options: ConvertOptions, args: Sequence[str], plan, out: RemotePath, owned: set[str],
+                        planned: set[str], command: str):
+    """Under the lease: state first, shards by the workers, then labels and manifest, state last."""
+    from stallscope.records import sharding
+    from stallscope.records.remote_lock import LOCK_OBJECT
+    from stallscope.records.writer import is_temporary
+
+    state_dir = out / STATE_DIR
+    location.write_bytes(state_dir / RUN_NAME, json.dumps({"command": command, "owned": sorted(owned | planned)}).encode())
+    if (out / MANIFEST_NAME).exists():
+        location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
+    results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state)
+    manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
+    for entry in list(out.iterdir()):
+        stale_shard = entry.name in owned - planned and sharding.SHARD_NAME.match(entry.name)
+        if entry.is_file() and (stale_shard or is_temporary(entry.name)):
+            log.info("removing %s left by an earlier conversion", entry)
+            location.delete(entry)
+    with tempfile.TemporaryDirectory(prefix="stallscope-manifest-") as scratch:
+        save_manifest(Path(scratch), manifest)
+        location.upload_file(Path(scratch) / LABELS_NAME, out / LABELS_NAME)
+        location.upload_file(Path(scratch) / MANIFEST_NAME, out / MANIFEST_NAME)  # last: now the copy is complete
+    for entry in list(state_dir.walk_files()):
+        if entry.name != LOCK_OBJECT:  # the lease goes when the block that holds it ends
+            location.delete(entry)
+    return manifest, reused

@@ -5,11 +5,13 @@ the bucket's copy from ever looking complete while it is not: first a state obje
 (`.stallscope-convert/run.json`) records the shards this tool owns there, then the old manifest goes,
 each shard is written under a temporary name and renamed, shards of an older conversion that the new
 one has no place for are deleted (only those our manifest or state lists), and `manifest.json` is
-written last. Objects convert did not write make it refuse, before any work, as for a local folder.
+written last. Objects convert did not write make it refuse, before any work, as for a local folder,
+and so does another conversion holding the prefix's lease (`remote_lock.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,6 +24,7 @@ from stallscope.errors import UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
+from stallscope.records.remote_lock import bucket_lease
 from stallscope.records.writer import is_temporary
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
@@ -112,19 +115,21 @@ def convert_to_store(options, progress=None):
     from stallscope.records.convert import convert_command, convert_tree
 
     out = options.output_path
-    try:
-        check_remote_output(out)
-    except StorageError as exc:
-        raise StorageError(f"--output_path: {exc}") from None
-    local = staging_dir(out)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    report = convert_tree(dataclasses.replace(options, output_path=local), progress)
-    manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
-    save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
-    try:
-        copied = publish(local, out, convert_command(options))
-    except StorageError as exc:
-        raise StorageError(f"--output_path: {exc}") from None
+    with contextlib.ExitStack() as held:
+        try:
+            check_remote_output(out)
+            held.enter_context(bucket_lease(out, convert_command(options)))  # and proves the prefix takes writes
+        except StorageError as exc:
+            raise StorageError(f"--output_path: {exc}") from None
+        local = staging_dir(out)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        report = convert_tree(dataclasses.replace(options, output_path=local), progress)
+        manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
+        save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
+        try:
+            copied = publish(local, out, convert_command(options))
+        except StorageError as exc:
+            raise StorageError(f"--output_path: {exc}") from None
     shutil.rmtree(local, ignore_errors=True)
     log.info("published %d shard(s) to %s", copied, out)
     return dataclasses.replace(report, output_path=out, manifest=manifest)

@@ -1,0 +1,98 @@
+"""A lease on a bucket prefix, so two conversions do not publish into it at once.
+
+A bucket has no `flock`, and TF's gs:// offers no conditional create, so this is a lease: the holder
+writes `.stallscope-convert/lock.json` (host, PID, command, heartbeat) before any work (which also
+proves the prefix takes writes before hours of converting), rewrites its heartbeat every
+HEARTBEAT_S and deletes it at the end. Another run refuses while the heartbeat is younger than
+LEASE_S, unless the holder is a dead process on this same host. Two runs started within the same
+moment can both take it; one started later never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from stallscope.records.completeness import STATE_DIR
+from stallscope.records.lock import LockedError
+from stallscope.storage import location
+from stallscope.storage.location import RemotePath, StorageError
+
+log = logging.getLogger(__name__)
+
+LOCK_OBJECT = "lock.json"
+HEARTBEAT_S = 60.0
+LEASE_S = 600.0  # a holder silent this long is taken for dead (its host lost, say)
+
+
+def _alive_here(holder: dict) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return True  # another host's process: only its heartbeat tells
+    try:
+        os.kill(int(holder.get("pid", 0)), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return int(holder.get("pid", 0)) > 0
+
+
+def _held_by_other(lock: RemotePath) -> dict | None:
+    if not lock.is_file():
+        return None
+    try:
+        holder = json.loads(lock.read_bytes())
+        age = time.time() - float(holder["heartbeat"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable: no one can be vouched for
+    if age > LEASE_S or not _alive_here(holder):
+        log.info("%s: taking over a lease left by PID %s on %s (%.0f s old)", lock, holder.get("pid"),
+                 holder.get("host"), age)
+        return None
+    return {**holder, "age": age}
+
+
+@contextlib.contextmanager
+def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Holds the lease on `out` for the block; raises LockedError naming the holder when another
+    run holds it, and StorageError when the prefix takes no writes."""
+    lock = out / STATE_DIR / LOCK_OBJECT
+    holder = _held_by_other(lock)
+    if holder is not None:
+        raise LockedError(
+            f"--output_path: another `stallscope convert` into {out} is running (PID {holder.get('pid')} on "
+            f"{holder.get('host')}, heartbeat {holder['age']:.0f} s ago, lease {LEASE_S:.0f} s); wait for it to "
+            f"finish, or delete {lock} if it is gone")
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "command": command, "started": time.time()}
+
+    def beat() -> None:
+        location.write_bytes(lock, json.dumps({**me, "heartbeat": time.time()}).encode())
+
+    beat()
+    stop = threading.Event()
+
+    def keep_beating() -> None:
+        while not stop.wait(heartbeat_s):
+            try:
+                beat()
+            except StorageError as exc:  # the next beat may get through; the lease is long
+                log.warning("could not renew the lease on %s: %s", out, exc)
+
+    thread = threading.Thread(target=keep_beating, daemon=True, name="bucket-lease")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=heartbeat_s + 30)
+        try:
+            if lock.is_file():  # a Beam run's clean-up may have taken it with the rest of the state
+                location.delete(lock)
+        except StorageError as exc:
+            log.warning("could not remove the lease %s (it expires in %.0f s): %s", lock, LEASE_S, exc)
