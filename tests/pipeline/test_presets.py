@@ -83,3 +83,31 @@ def test_loading_a_config_with_an_unknown_key_names_it(tmp_path):
     path.write_text(json.dumps({"batch_size": 8, "turbo": True}))
     with pytest.raises(UsageError, match="unknown key.*turbo"):
         PipelineConfig.load(path)
+
+
+def test_tuned_keeps_more_reads_in_flight_only_on_gs_jpegs():
+    from pathlib import Path
+
+    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.pipeline.sources import DataSource
+    from stallscope.storage.location import as_path
+
+    def source(kind, first):
+        return DataSource(kind=kind, path=first.parent, split="train", labels=("a",), files=(first,),
+                          file_labels=(0,) if kind == "files" else (), schema="", num_examples=1, total_bytes=1)
+
+    tuned = PRESETS["tuned"]
+    on_gs = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
+    assert on_gs.read_parallelism == REMOTE_READS_IN_FLIGHT and on_gs.preset == "tuned"
+    assert on_gs.private_threadpool_size > REMOTE_READS_IN_FLIGHT  # the reads and a thread per core to decode
+    assert overridden_fields(on_gs).keys() == {"read_parallelism", "private_threadpool_size"}
+    unchanged = [
+        (tuned, source("files", Path("/data/train/a/1.jpg"))),                       # local disk
+        (tuned, source("files", as_path("s3://bucket/train/a/1.jpg"))),              # s3fs keeps its own in flight
+        (tuned, source("records", as_path("gs://bucket/records/train-0.tfrecord"))),  # a request per 64 MB
+        (PRESETS["seed"], source("files", as_path("gs://bucket/train/a/1.jpg"))),    # seed stays as the seeds wrote it
+        (tuned.replace(private_threadpool_size=4), source("files", as_path("gs://b/t/a/1.jpg"))),  # the user's own
+        (tuned.replace(read_parallelism=8), source("files", as_path("gs://b/t/a/1.jpg"))),
+    ]
+    for config, src in unchanged:
+        assert tuned_for_source(config, src) is config

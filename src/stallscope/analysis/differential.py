@@ -504,6 +504,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     from stallscope.tfimport import import_tensorflow
 
     import_tensorflow()
+    from stallscope.pipeline.presets import tuned_for_source
     from stallscope.pipeline.sources import open_source
 
     say = progress or (lambda message: logger.info("%s", message))
@@ -512,7 +513,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     source = open_source(train.source, train.dataset_path, train.split, train.labels_file)
     with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
-        config = options.pipeline
+        config = tuned_for_source(options.pipeline, source)  # as `train` would read this source
         max_images = source.num_examples
         cold = None
         if options.cold_cache:
@@ -548,7 +549,8 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
                 "reader": describe_reader(source.kind, source.files, read_parallelism=config.read_parallelism,
-                                          map_parallelism=config.map_parallelism)},
+                                          map_parallelism=config.map_parallelism,
+                                          private_pool=config.private_threadpool_size)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=notes,
         storage=figures, storage_whatif=what,

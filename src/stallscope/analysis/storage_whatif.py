@@ -36,6 +36,7 @@ from stallscope.analysis import whatif
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.presets import tuned_for_store
 
 MIB = 1024**2
 FORMATS = ("files", "records")
@@ -550,7 +551,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
-    reads = reads_of(config, pattern.format, workload.shared_pool_threads)
+    scheme = {"tf-gcs": "gs", "s3fs": "s3"}.get(client.name, "file")
+    reads = reads_of(tuned_for_store(config, pattern.format, scheme), pattern.format, workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
     shards = max(1, round(workload.examples * pattern.objects_per_image))

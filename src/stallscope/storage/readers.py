@@ -105,7 +105,8 @@ def records_dataset(shards: list[str]) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(shards).flat_map(shard_records)
 
 
-def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None) -> str:
+def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None,
+                    private_pool: int | None = None) -> str:
     """The reader a pipeline over `files` runs, e.g. 's3fs (16 in flight)' or 'TF gs:// (...)'."""
     first = files[0] if files else None
     if isinstance(first, S3Path):
@@ -114,7 +115,11 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
             return f"s3fs ({requests} in flight)"
         return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks)"
     if isinstance(first, RemotePath):
-        return f"TF gs:// ({gcs_block_note()})"
+        reads = ""
+        if kind == "files" and read_parallelism is not None and read_parallelism > 1:
+            pool = f" on a private pool of {private_pool} threads" if private_pool else ""
+            reads = f"{read_parallelism} reads in flight{pool}; "
+        return f"TF gs:// ({reads}{gcs_block_note()})"
     return "TF local files"
 
 

@@ -322,6 +322,18 @@ class _BatchNormKeeper:
                 "recalibration_images": self.images if self.recalibrations else None}
 
 
+def _for_source(options: TrainOptions, source) -> TrainOptions:
+    """The pipeline as it reads this source (`tuned` keeps more reads in flight on gs://)."""
+    from stallscope.pipeline.presets import tuned_for_source
+
+    pipeline = tuned_for_source(options.pipeline, source)
+    if pipeline == options.pipeline:
+        return options
+    log.info("tuned on JPEG files in gs://: %d reads in flight on a private pool of %d threads",
+                pipeline.read_parallelism, pipeline.private_threadpool_size)
+    return dataclasses.replace(options, pipeline=pipeline)
+
+
 def run_training(options: TrainOptions, *, dataset=None, source=None,
                  on_step: Callable[[StepProgress], None] | None = None) -> TrainResult:
     """Trains (or emulates training) as `options` say; writes the run directory; returns the figures."""
@@ -337,6 +349,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
 
     if source is None:
         source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
+    options = _for_source(options, source)
     validation_source = _open_validation(options, source.labels) if options.validation_path else None
     plan = _plan(options, source, dataset is not None)
     run_dir = _make_run_dir(options)
@@ -601,7 +614,8 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
                    "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
                    "schema": source.schema, "classes": source.num_classes,
                    "reader": describe_reader(source.kind, source.files, read_parallelism=options.pipeline.read_parallelism,
-                                             map_parallelism=options.pipeline.map_parallelism)},
+                                             map_parallelism=options.pipeline.map_parallelism,
+                                             private_pool=options.pipeline.private_threadpool_size)},
         "accelerator": options.accelerator.to_dict(),
         "dataset_path": str(options.dataset_path),
         "dataset_size": plan.examples,
