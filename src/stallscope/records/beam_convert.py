@@ -31,12 +31,12 @@ from stallscope.data import images
 from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
-    UNREADABLE, VANISHED, ConvertOptions, ConvertReport, PlannedShard, _build_manifest, _fetch_chunk, _file_entry,
-    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion,
+    ConvertOptions, ConvertReport, PlannedShard, _build_manifest, _fetch_chunk, _file_entry,
+    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
 from stallscope.records.schema import get_schema
-from stallscope.records.writer import ShardWriter, encode_example_bytes, frame_record
+from stallscope.records.writer import ShardWriter, frame_record
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
 
@@ -194,19 +194,8 @@ def judge_image(data: bytes | OSError, name: bytes, label: int, label_text: byte
                 image_options: images.ImageOptions) -> tuple:
     """One image's bytes (or the error that stopped their read), as the local convert's workers judge
     them: ("ok", frame, actions) or ("skip", reason, detail)."""
-    if isinstance(data, FileNotFoundError):
-        return ("skip", VANISHED, "")
-    if isinstance(data, OSError):
-        return ("skip", UNREADABLE, f"{data.__class__.__name__}: {data.strerror or data}")
-    try:
-        image = images.prepare_image(data, image_options)
-    except images.UnusableImage as exc:
-        return ("skip", exc.reason, exc.detail)
-    payload = encode_example_bytes(
-        get_schema(schema_name), image=image.data, label=label, filename=name, label_text=label_text,
-        height=image.height, width=image.width,
-    )
-    return ("ok", frame_record(payload), image.actions)
+    result = prepare_record(get_schema(schema_name), image_options, (data, name, label, label_text))
+    return ("ok", frame_record(result[1]), result[2]) if result[0] == "ok" else result
 
 
 def convert_image(path: bytes | str, name: bytes, label: int, label_text: bytes, schema_name: str,

@@ -35,12 +35,15 @@ def _alive_here(holder: dict) -> bool:
     if holder.get("host") != socket.gethostname():
         return True  # another host's process: only its heartbeat tells
     try:
-        os.kill(int(holder.get("pid", 0)), 0)
+        pid = int(holder.get("pid", 0))
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
     except (ProcessLookupError, ValueError):
         return False
     except PermissionError:
-        return True
-    return int(holder.get("pid", 0)) > 0
+        return True  # someone else's process: alive
+    return True
 
 
 def _held_by_other(lock: RemotePath) -> dict | None:

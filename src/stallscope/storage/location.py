@@ -15,6 +15,7 @@ does not answer) is a `StorageError`: one line, raised within the storage timeou
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import dataclasses
 import logging
@@ -327,30 +328,36 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
-class Store:
+class Store(abc.ABC):
     """What a store's client does for this module; see gcs.py and s3.py."""
 
+    @abc.abstractmethod
     def list(self, root: RemotePath) -> Listing:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def read(self, path: RemotePath) -> bytes:
-        raise NotImplementedError
+        ...
 
     def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
         with concurrent.futures.ThreadPoolExecutor(max(1, in_flight)) as pool:
             return list(pool.map(self.read, paths))
 
+    @abc.abstractmethod
     def write(self, path: RemotePath, data: bytes) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def upload(self, local: Path, path: RemotePath) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def delete(self, path: RemotePath) -> None:
-        raise NotImplementedError
+        ...
 
 
 def deadline() -> float:
