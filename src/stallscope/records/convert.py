@@ -274,8 +274,8 @@ def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -
         if isinstance(path, bytes):
             data = path
         else:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            with open(path, "rb", buffering=0) as handle:  # one read into the bytes object, no buffer
+                data = handle.readall()
     except FileNotFoundError:
         return ("skip", VANISHED, "")
     except OSError as exc:
