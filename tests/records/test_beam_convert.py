@@ -139,3 +139,47 @@ def test_killed_beam_run_looks_unfinished_and_a_rerun_finishes_it(tmp_path):
     reference = tmp_path / "local"
     convert_tree(ConvertOptions(src, reference, shards=16))
     _assert_same_output(out, reference)
+
+
+def test_progress_counts_the_shards_workers_finish(tmp_path, monkeypatch):
+    """The launcher's progress comes from the state files the workers save, whatever the runner: a new
+    state counts its shard's images as soon as it appears; one left by an earlier run only at the end."""
+    from stallscope.records import beam_convert
+    from stallscope.records.convert import PlannedShard
+
+    monkeypatch.setattr(beam_convert, "PROGRESS_POLL_S", 0.02)
+    state_dir = tmp_path / "state"
+    (state_dir / beam_convert.PLAN_DIR).mkdir(parents=True)
+    shards = [PlannedShard("train", f"train-{i:05d}-of-00003.tfrecord", tuple(range(n)), "f") for i, n in enumerate((5, 7, 4))]
+    (state_dir / f"{shards[2].filename}.json").write_text("{}")  # an earlier run's state: not news
+    (state_dir / beam_convert.PLAN_DIR / f"{shards[1].filename}.json").write_text("{}")  # an item list, not a state
+    calls: list[tuple[int, int]] = []
+
+    def wait_for(done: int) -> None:
+        deadline = time.monotonic() + 10
+        while (not calls or calls[-1][0] != done) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls and calls[-1] == (done, 30), calls
+
+    with beam_convert.watching_shards(state_dir, shards, 14, 30, lambda done, total: calls.append((done, total))):
+        time.sleep(0.1)
+        assert calls == []  # nothing new yet: no report
+        (state_dir / f"{shards[1].filename}.json").write_text("{}")
+        wait_for(14 + 7)
+        (state_dir / f"{shards[0].filename}.json").write_text("{}")
+        wait_for(14 + 7 + 5)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_beam_convert_reports_progress_to_the_last_image(image_tree_factory, tmp_path, monkeypatch):
+    from stallscope.records import beam_convert
+
+    monkeypatch.setattr(beam_convert, "PROGRESS_POLL_S", 0.05)
+    src = image_tree_factory(classes=2, per_class=6)
+    calls: list[tuple[int, int]] = []
+    report = beam_convert.convert_with_beam(ConvertOptions(src, tmp_path / "out", shards=4),
+                                            ("--runner=FnApiRunner", "--direct_num_workers=1"),
+                                            progress=lambda done, total: calls.append((done, total)))
+    assert report.examples == 12
+    assert calls[0] == (0, 12) and calls[-1] == (12, 12)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)

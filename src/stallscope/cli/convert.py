@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args
 
-        report = convert_with_beam(options, pipeline_args(args.beam_option, args.beam_options_file))
+        beam_args = pipeline_args(args.beam_option, args.beam_options_file)
+        with ProgressBar("convert (beam)", enabled=not args.no_progress) as bar:
+            report = convert_with_beam(options, beam_args, progress=bar.to if bar.enabled else None)
     else:
         if args.beam_option or args.beam_options_file:
             flag = "--beam-option" if args.beam_option else "--beam-options-file"

@@ -30,6 +30,11 @@ class ProgressBar:
                              file=sys.stderr)
         self._bar.update(amount)
 
+    @property
+    def enabled(self) -> bool:
+        """False when nothing will be shown: a caller can skip the work of counting."""
+        return self._enabled
+
     def to(self, done: int, total: int) -> None:
         self(done - (self._bar.n if self._bar is not None else 0), total)
 

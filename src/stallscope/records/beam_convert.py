@@ -14,6 +14,7 @@ folder that `verify` and `train` refuse and that either runner finishes (the sta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,6 +23,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ from stallscope.data import images
 from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
-    ConvertOptions, ConvertReport, PlannedShard, _build_manifest, _fetch_chunk, _file_entry,
+    ConvertOptions, ConvertReport, PlannedShard, Progress, _build_manifest, _fetch_chunk, _file_entry,
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
@@ -50,6 +52,11 @@ INSTALL_HINT = "pip install 'stallscope[beam]' (or apache-beam)"
 REMOTE_ONLY_RUNNERS = ("dataflowrunner", "dataflow")
 # Images a worker fetches at once from a bucket (the local convert's chunk: its requests are in flight together).
 FETCH_CHUNK = 32
+# How often the launcher counts the shards the workers have finished, for the progress bar: in a local
+# state folder, and in a bucket's (one listing request each time).
+PROGRESS_POLL_S = 2.0
+REMOTE_PROGRESS_POLL_S = 10.0
+STATE_SUFFIX = ".tfrecord.json"
 
 
 def is_remote(path: str) -> bool:
@@ -386,10 +393,63 @@ def _finished_state(out: Path | RemotePath, state_dir: Path | RemotePath, shard:
     return state
 
 
+def _saved_state_names(state_dir: Path | RemotePath) -> set[str]:
+    """The shards whose state a worker has saved so far, from a fresh listing (never a cached one)."""
+    if isinstance(state_dir, RemotePath):
+        names: Iterator[str] = iter(location.backend(state_dir).list(state_dir).files)
+    else:
+        names = iter(os.listdir(state_dir))
+    return {n[: -len(".json")] for n in names if n.endswith(STATE_SUFFIX) and "/" not in n}
+
+
+@contextlib.contextmanager
+def watching_shards(state_dir: Path | RemotePath, pending: list[PlannedShard], done: int, total: int,
+                    progress: Progress | None) -> Iterator[None]:
+    """While the block runs, `progress(images done, total)` each time the workers finish shards. A
+    worker saves a shard's state just before renaming the shard into place, in the state folder every
+    runner's workers write to, so the launcher counts them there whatever the runner (Beam's own
+    metrics reach the launcher only on some runners, and only when the job ends on the DirectRunner).
+    States that were there before the block are counted only when it ends."""
+    if progress is None or not pending:
+        yield
+        return
+    remote = isinstance(state_dir, RemotePath)
+    interval = REMOTE_PROGRESS_POLL_S if remote else PROGRESS_POLL_S
+    sizes = {shard.filename: len(shard.items) for shard in pending}
+    stop = threading.Event()
+
+    def count() -> set[str]:
+        try:
+            return _saved_state_names(state_dir)
+        except (OSError, StorageError) as exc:  # progress only: the pipeline's own errors are what count
+            log.debug("counting finished shards in %s: %s", state_dir, exc)
+            return set()
+
+    before = count()
+
+    def watch() -> None:
+        reported = done
+        while not stop.wait(interval):
+            finished = count() - before
+            now = done + sum(n for name, n in sizes.items() if name in finished)
+            if now > reported:
+                progress(now, total)
+                reported = now
+
+    thread = threading.Thread(target=watch, name="stallscope-beam-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=interval + location.storage_timeout() if remote else interval + 5)
+
+
 def _run_pending_shards(options: ConvertOptions, args: Sequence[str], plan, state_dir: Path | RemotePath,
-                        reusable: Callable) -> tuple[dict[str, dict[str, Any]], int]:
+                        reusable: Callable, progress: Progress | None = None) -> tuple[dict[str, dict[str, Any]], int]:
     """({shard: state} for every planned shard, how many an earlier run had finished): the shards
-    `reusable` does not vouch for are written by the pipeline."""
+    `reusable` does not vouch for are written by the pipeline; `progress(images done, total)` hears of
+    the kept ones first, then of the workers' shards as they finish."""
     out = options.output_path
     results: dict[str, dict[str, Any]] = {}
     for shard in plan.shards:
@@ -398,17 +458,27 @@ def _run_pending_shards(options: ConvertOptions, args: Sequence[str], plan, stat
             results[shard.filename] = state
     reused = len(results)
     pending = [s for s in plan.shards if s.filename not in results]
+    total = len(plan.candidates)
+    done = total - sum(len(s.items) for s in pending)
+    if progress:
+        progress(done, total)
     if pending:
         log.info("running %d shard(s) on Beam (%s); %d kept from an earlier run", len(pending), " ".join(args), reused)
-        run_pipeline(args, _write_plan_files(options, state_dir, pending))
+        tasks = _write_plan_files(options, state_dir, pending)
+        with watching_shards(state_dir, pending, done, total, progress):
+            run_pipeline(args, tasks)
         location.forget_listings()  # in a bucket, the workers wrote objects this process has not seen
         for shard in pending:
             results[shard.filename] = _finished_state(out, state_dir, shard)
+        if progress:
+            progress(total, total)
     return results, reused
 
 
-def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner={DEFAULT_RUNNER}",)) -> ConvertReport:
-    """`convert_tree`'s result, written by a Beam pipeline run with `args` (see `pipeline_args`)."""
+def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner={DEFAULT_RUNNER}",),
+                      progress: Progress | None = None) -> ConvertReport:
+    """`convert_tree`'s result, written by a Beam pipeline run with `args` (see `pipeline_args`);
+    `progress(images done, total)` as the workers finish shards (see `watching_shards`)."""
     started = time.perf_counter()
     require_beam()
     if options.workers is not None:
@@ -418,9 +488,9 @@ def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner
     plan = plan_conversion(options)
     out = options.output_path
     if isinstance(out, RemotePath):
-        return _convert_into_store(options, args, plan, started)
+        return _convert_into_store(options, args, plan, started, progress)
     with claimed_output(options, plan.shards) as state_dir:
-        results, reused = _run_pending_shards(options, args, plan, state_dir, _reusable)
+        results, reused = _run_pending_shards(options, args, plan, state_dir, _reusable, progress)
         manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
         save_manifest(out, manifest)
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -438,7 +508,8 @@ def _checked_report(options: ConvertOptions, plan, manifest, reused: int, starte
     return report
 
 
-def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, started: float) -> ConvertReport:
+def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, started: float,
+                        progress: Progress | None = None) -> ConvertReport:
     """The Beam convert into gs:// or s3://: the workers upload their shards themselves (no staging on
     the launcher, whose disk a cluster's workers never see). The bucket's copy keeps the local rules:
     objects convert did not write make it refuse before any work; the state (`run.json`: the shards
@@ -456,7 +527,7 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
         command = " ".join([convert_command(options), "--runner beam",
                             *(f"--beam-option={shlex.quote(a)}" for a in args if a != f"--runner={DEFAULT_RUNNER}")])
         with bucket_lease(out, command):
-            manifest, reused = _publish_into_store(options, args, plan, out, owned, planned, command)
+            manifest, reused = _publish_into_store(options, args, plan, out, owned, planned, command, progress)
     except StorageError as exc:
         if str(exc).startswith("--output_path"):
             raise
@@ -465,7 +536,7 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
 
 
 def _publish_into_store(options: ConvertOptions, args: Sequence[str], plan, out: RemotePath, owned: set[str],
-                        planned: set[str], command: str):
+                        planned: set[str], command: str, progress: Progress | None = None):
     """Under the lease: state first, shards by the workers, then labels and manifest, state last."""
     from stallscope.records import sharding
     from stallscope.records.remote_lock import LOCK_OBJECT
@@ -475,7 +546,7 @@ def _publish_into_store(options: ConvertOptions, args: Sequence[str], plan, out:
     location.write_bytes(state_dir / RUN_NAME, json.dumps({"command": command, "owned": sorted(owned | planned)}).encode())
     if (out / MANIFEST_NAME).exists():
         location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
-    results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state)
+    results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state, progress)
     manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
     for entry in list(out.iterdir()):
         stale_shard = entry.name in owned - planned and sharding.SHARD_NAME.match(entry.name)
