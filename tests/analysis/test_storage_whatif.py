@@ -104,6 +104,35 @@ def test_the_model_reproduces_sequential_reads_through_tfs_gcs_on_the_emulator()
         assert sw.sequential_rate(c) == pytest.approx(images_per_second, rel=0.3), latency
 
 
+def test_the_measured_local_pace_bounds_the_pipelines_own_part_of_a_sequential_chain():
+    """A pipeline's CPU per image counts TF's threads beside the chain; where the diagnosis measured the
+    local pace, the chain's own part is no more than it. The CPU cap of parallel reads keeps the CPU."""
+    scenario = sw.StorageScenario("x", 10.0, math.inf)
+    by_cpu = sw.costs(JPEG, scenario, PLAIN, cpu_ms_per_image=0.9)
+    by_pace = sw.costs(JPEG, scenario, PLAIN, cpu_ms_per_image=0.9, local_chain_ms=0.3)
+    slower_pace = sw.costs(JPEG, scenario, PLAIN, cpu_ms_per_image=0.9, local_chain_ms=2.0)
+    assert by_cpu.sequential_ms - by_pace.sequential_ms == pytest.approx(0.6)
+    assert slower_pace.sequential_ms == pytest.approx(by_cpu.sequential_ms)  # never more than its CPU
+    assert sw.parallel_rate(by_pace, 16, cores=2) == sw.parallel_rate(by_cpu, 16, cores=2)
+
+
+def test_a_store_on_this_host_spends_its_request_time_on_these_cores():
+    """s beyond the client's CPU is the store's own time; an emulator on the same cores spends it as CPU,
+    so its measured CPU per request moves that much from the wait into the cores' budget."""
+    scenario = sw.StorageScenario("x", 10.0, math.inf)
+    gcs = sw.tf_gcs_client()
+    remote = sw.costs(JPEG, scenario, gcs, cpu_ms_per_image=1.0)
+    here = sw.costs(JPEG, scenario, gcs, cpu_ms_per_image=1.0, server_cpu_ms_per_request=1.0)
+    busier = sw.costs(JPEG, scenario, gcs, cpu_ms_per_image=1.0, server_cpu_ms_per_request=3.0)
+    assert remote.wait_ms - here.wait_ms == pytest.approx(1.0) and here.cpu_ms - remote.cpu_ms == pytest.approx(1.0)
+    assert here.sequential_ms == pytest.approx(remote.sequential_ms)  # one chain: the same time, spent here
+    assert busier.sequential_ms == pytest.approx(remote.sequential_ms + 3.0 - (gcs.request_overhead_ms - gcs.request_cpu_ms))
+    at_zero = sw.StorageScenario("x", 0.0, math.inf)
+    remote, here = (sw.costs(JPEG, at_zero, gcs, cpu_ms_per_image=1.0, server_cpu_ms_per_request=cpu) for cpu in (0.0, 1.0))
+    assert sw.parallel_rate(here, 16, cores=2)[0] == pytest.approx(2000 / here.cpu_ms)  # the cores cap it
+    assert sw.parallel_rate(here, 16, cores=2)[0] < sw.parallel_rate(remote, 16, cores=2)[0]
+
+
 def test_a_new_connection_per_request_waits_its_handshake_too():
     pooled = dataclasses.replace(PLAIN, new_connection_per_request=False, handshake_round_trips=2)
     fresh = dataclasses.replace(PLAIN, handshake_round_trips=2)

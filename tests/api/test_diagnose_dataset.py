@@ -113,3 +113,22 @@ def test_serve_profiler_reports_a_taken_port_in_one_line():
             stallscope.serve_profiler(port)
     with pytest.raises(UsageError, match="port must be an integer"):
         stallscope.serve_profiler(70000)
+
+
+def test_the_probes_steady_pace_leaves_out_a_slow_start():
+    """The pace after the first batch is what a chain of reads and decodes costs once running (the
+    storage what-if's sequential chain); a slow first batch (tracing, buffers) stays out of it."""
+    import time
+
+    from stallscope.analysis.probes import probe_dataset
+
+    def slow_first(i):
+        if int(i) < 4:
+            time.sleep(0.1)
+        return i
+
+    dataset = tf.data.Dataset.range(64).map(lambda i: tf.py_function(slow_first, [i], tf.int64)).batch(4)
+    probe = probe_dataset(dataset, cache_state="warm", files=[], max_batches=8, budget_s=30)
+    assert probe.batches == 8 and probe.steady_images == probe.images - 4
+    assert probe.steady_ms_per_image < probe.ms_per_image / 4  # 0.4 s of start over 32 images
+    assert probe.to_dict()["steady_ms_per_image"] == pytest.approx(probe.steady_ms_per_image)

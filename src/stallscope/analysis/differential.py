@@ -597,7 +597,8 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
     worst = max(phases, key=lambda p: p.input_share)
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
                         compute_ms=worst.compute_ms, batch_size=config.batch_size, overlapped=worst.overlapped,
-                        examples=source.num_examples, machine_cores=warm.cores)
+                        examples=source.num_examples, machine_cores=warm.cores,
+                        chain_ms_per_image=warm.steady_ms_per_image)
     what = storage_whatif(pattern, config, workload, scenarios=options.storage_scenarios, object_client=client)
     return figures, what, tuple(notes)
 

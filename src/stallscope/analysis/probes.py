@@ -60,10 +60,20 @@ class PipelineProbe:
     io: dict[str, int] | None
     io_per_image: iostats.IoPerImage | None
     batch_size: int
+    # After the first batch: the pipeline's steady pace, without building the iterator and filling
+    # buffers (a short probe's start can be a third of its time). None with fewer than two batches.
+    steady_seconds: float | None = None
+    steady_images: int | None = None
 
     @property
     def ms_per_image(self) -> float:
         return self.seconds * 1000.0 / self.images if self.images else math.inf
+
+    @property
+    def steady_ms_per_image(self) -> float | None:
+        if not self.steady_images or self.steady_seconds is None:
+            return None
+        return self.steady_seconds * 1000.0 / self.steady_images
 
     @property
     def ms_per_batch(self) -> float:
@@ -87,7 +97,8 @@ class PipelineProbe:
         data["io_per_image"] = self.io_per_image.to_dict() if self.io_per_image else None
         data.update(ms_per_image=self.ms_per_image, ms_per_batch=self.ms_per_batch,
                     images_per_second=self.images_per_second, cpu_ms_per_image=self.cpu_ms_per_image,
-                    cpu_demand_ms_per_image=self.cpu_demand_ms_per_image)
+                    cpu_demand_ms_per_image=self.cpu_demand_ms_per_image,
+                    steady_ms_per_image=self.steady_ms_per_image)
         return data
 
 
@@ -223,6 +234,7 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
         iostats.warm_page_cache(local)
     cached = iostats.cached_fraction(local) if local and len(local) <= MINCORE_FILES_LIMIT else None
     batches = images = 0
+    first_at, first_images = 0.0, 0
     delay_before = run_queue_delay_s()
     with ResourceMonitor(interval_s=_MONITOR_INTERVAL_S) as monitor:
         started = time.perf_counter()
@@ -231,9 +243,12 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
             batch = next(iterator)
             batches += 1
             images, enough = tally(batch)
+            if batches == 1:
+                first_at, first_images = time.perf_counter(), images
             if enough or time.perf_counter() - started >= budget_s:
                 break
-        seconds = time.perf_counter() - started
+        ended = time.perf_counter()
+        seconds = ended - started
         delay_after = run_queue_delay_s()
     del iterator
     run_queue = None if delay_before is None or delay_after is None else max(0.0, delay_after - delay_before)
@@ -248,6 +263,8 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
         io_per_image=iostats.per_image(report.io, images, source_kind=source_kind,
                                        files_in_source=len(files), examples=examples),
         batch_size=batch_size,
+        steady_seconds=ended - first_at if batches > 1 else None,
+        steady_images=images - first_images if batches > 1 else None,
     )
     logger.info("%s pipeline probe: %d images in %.2f s (%.0f images/s, %.2f CPU ms/image, %.2f ms/image "
                 "waiting for a core)", cache_state, images, seconds, probe.images_per_second,

@@ -16,6 +16,11 @@ request (TCP or a proxy's CONNECT, then TLS 1.3: 2): TF's gs:// opens one per re
 waits 3 latencies, not 1 (the storage emulator, benchmarks/storage.py: 3.2 latencies per JPEG at
 10 and 30 ms); pooled clients open a few per run, so their k h L vanishes on a long run.
 
+In the sequential chain, d's own part (the decode) is at most the pipeline's measured local pace per
+image (the warm probe after its first batch): its CPU per image also counts TF's threads beside the
+chain. s beyond the client's CPU is the store's own time, spent on another machine by a real store
+and on these cores by an emulator here (`server_cpu_ms_per_request` moves it from the wait into d).
+
 C is the requests really in flight: a stage's parallel calls run on a thread pool (tf.data's shared
 pool has as many threads as cores; `private_threadpool_size` gives a pipeline its own), and a thread
 that also decodes holds a request only part of the time, so `num_parallel_calls=16` on 2 shared
@@ -365,17 +370,27 @@ class Costs:
     cpu_ms: float            # d: decode + the client's transfer and request CPU (+ a co-located server's)
     client_cpu_ms: float     # the part of d the reading itself costs (what a read-only thread holds)
     bytes: float
+    local_chain_ms: float | None = None  # the pipeline's own time per image in one chain, where measured
 
     @property
     def sequential_ms(self) -> float:
-        return self.wait_ms + self.transfer_ms + self.cpu_ms
+        """One image's time when reads wait in the chain: the store's part, then the pipeline's own
+        (its measured local pace where known: threads of TF's own that run beside the chain make its
+        CPU per image an overestimate; else all of its CPU)."""
+        own = self.cpu_ms - self.client_cpu_ms
+        if self.local_chain_ms is not None:
+            own = min(own, self.local_chain_ms)
+        return self.wait_ms + self.transfer_ms + self.client_cpu_ms + own
 
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
-          request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0) -> Costs:
+          request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0,
+          local_chain_ms: float | None = None) -> Costs:
     """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
-    (an emulator in a test; 0 for a real store)."""
+    (an emulator in a test; 0 for a real store), the part of s a remote store spends on its own
+    machine. local_chain_ms: the pipeline's measured local time
+    per image (None: unknown; the sequential chain is then all of d)."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
@@ -387,13 +402,17 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     buffer = client.block_buffer_cpu_ms_per_mib * client.block_bytes / MIB if streamed else 0.0
     reading = (pattern.bytes_per_image / MIB * client.transfer_cpu_ms_per_mib
                + r * (client.request_cpu_ms + buffer + server_cpu_ms_per_request))
-    waiting = max(0.0, s - client.request_cpu_ms)  # s's CPU part is in d, where the cores cap it
+    # s's CPU part is in d, where the cores cap it. The rest is the store's own time per request, which
+    # a store on this host spends on these cores: its CPU (in d) replaces that much of the wait.
+    waiting = max(0.0, s - client.request_cpu_ms - server_cpu_ms_per_request)
     return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
-                 cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image)
+                 cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image,
+                 local_chain_ms=local_chain_ms)
 
 
 def sequential_rate(c: Costs) -> float:
-    """Images/s reading one request at a time in the same chain as the decode: 1 / ((r + kh)L + rs + b/B + d)."""
+    """Images/s reading one request at a time in the same chain as the decode: 1 / ((r + kh)L + rs + b/B + d),
+    with d's own part no more than the pipeline's measured local time per image."""
     total = c.sequential_ms
     return 1000.0 / total if total > 0 else math.inf
 
@@ -528,6 +547,9 @@ class Workload:
     overlapped: bool           # the pipeline as written overlaps the step (prefetch)
     examples: int
     machine_cores: int | None = None  # cores the machine has: tf.data's shared pool size (None: cores)
+    # The pipeline's local time per image once running (the warm probe after its first batch): what
+    # one chain of reads and decodes costs before the store adds to it. None: not measured.
+    chain_ms_per_image: float | None = None
 
     @property
     def shared_pool_threads(self) -> int:
@@ -540,7 +562,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     """The three ways of reading one format: sequential, the config's parallel reads (autotune on
     the shared pool when it reads one at a time), and enough reads in flight on a private pool."""
     c = costs(pattern, scenario, client, cpu_ms_per_image=workload.cpu_ms_per_image,
-              request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request)
+              request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request,
+              local_chain_ms=workload.chain_ms_per_image)
     cores = workload.cores
 
     def step(rate: float, overlapped: bool) -> whatif.Prediction:
