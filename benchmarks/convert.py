@@ -18,8 +18,9 @@ Variants:
                    eager, shared by the threads) to check it and get its size, and writes a
                    tf.train.Example with the same features as the original through tf.io.TFRecordWriter
   seed-002         the blog's loop: one thread, tf.io.read_file per image, tf.train.Example, no checks
-  stream-only      Pillow decoding every file's compressed stream at 1/8 scale in `--workers` processes,
-                   nothing written: the ceiling for a converter that checks every stream
+  stream-only      Pillow decoding every file's compressed stream (pixels rebuilt in grey at 1/8 scale,
+                   as stallscope's stream check does) in `--workers` processes, nothing written: the
+                   ceiling for a converter that checks every stream
   stream-write     stream-only plus what any converter must do with the bytes it keeps: each of
                    `--shards` files written by one task, every image's bytes hashed (sha256) and
                    written, the file fsync'd: the ceiling for a converter that checks and writes
@@ -231,7 +232,7 @@ def _decode_files(paths: list[str], scaled: bool = False) -> int:
         with open(path, "rb") as handle:
             image = Image.open(io.BytesIO(handle.read()))
             if scaled:
-                image.draft("RGB", (1, 1))
+                image.draft("L", (1, 1))  # as stallscope's stream check: grey, 1/8 scale
             image.load()
     return len(paths)
 
@@ -261,7 +262,7 @@ def _stream_and_write(job: tuple[list[str], str]) -> int:
             with open(path, "rb") as handle:
                 data = handle.read()
             image = Image.open(io.BytesIO(data))
-            image.draft("RGB", (1, 1))
+            image.draft("L", (1, 1))  # as stallscope's stream check: grey, 1/8 scale
             image.load()
             sha.update(data)
             sink.write(data)
