@@ -3,6 +3,7 @@ keep-alive, every idle connection timed out, counters for connections, requests 
 
 from __future__ import annotations
 
+import abc
 import http.server
 import logging
 import socket
@@ -41,7 +42,7 @@ class LoopbackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-class CountingHandler(http.server.BaseHTTPRequestHandler):
+class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta):
     """HTTP/1.1 with keep-alive; `send_body` and `send_error_body` count what they send."""
 
     protocol_version = "HTTP/1.1"
@@ -63,8 +64,9 @@ class CountingHandler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self._answer(head_only=True)
 
+    @abc.abstractmethod
     def _answer(self, *, head_only: bool) -> None:
-        raise NotImplementedError
+        """Answers a GET (or a HEAD, without the body): each store's own."""
 
     def count_request(self, *, lists: int = 0, errors: int = 0) -> None:
         self.server.counters.add(requests=1, lists=lists, errors=errors)
