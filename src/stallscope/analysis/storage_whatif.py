@@ -42,6 +42,7 @@ from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.presets import tuned_for_store
+from stallscope.storage import s3_reading
 
 MIB = 1024**2
 FORMATS = ("files", "records")
@@ -81,12 +82,19 @@ class StorageClient:
     description: str
     handshake_round_trips: int = 2
     block_buffer_cpu_ms_per_mib: float = 0.0
+    # A shard streamed in pieces (records), where the client reads it its own way: requests before its
+    # data (s3fs's open asks for the size: a HEAD) and its block size (0: block_bytes).
+    streamed_requests_per_open: int = 0
+    streamed_block_bytes: int = 0
+    # Requests in flight come from the client's own event loop (stallscope's s3:// reader), not from
+    # tf.data's threads: `num_parallel_calls` sets them directly.
+    own_event_loop: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
             raise UsageError(f"block_bytes: expected a positive integer, got {self.block_bytes!r}")
         for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib",
-                     "block_buffer_cpu_ms_per_mib"):
+                     "block_buffer_cpu_ms_per_mib", "streamed_requests_per_open", "streamed_block_bytes"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UsageError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -94,6 +102,12 @@ class StorageClient:
     def requests_per_object(self, object_bytes: float) -> int:
         """Requests to read one object of `object_bytes` start to end."""
         return self.requests_per_open + max(1, math.ceil(object_bytes / self.block_bytes - 1e-9))
+
+    def requests_per_streamed_object(self, object_bytes: float) -> int:
+        """Requests to stream one shard of `object_bytes` start to end."""
+        block = self.streamed_block_bytes or self.block_bytes
+        return (self.requests_per_open + self.streamed_requests_per_open
+                + max(1, math.ceil(object_bytes / block - 1e-9)))
 
 
 def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | None = None) -> StorageClient:
@@ -120,12 +134,15 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
 
 
 def s3fs_client() -> StorageClient:
-    """fsspec/s3fs: 5 MiB ranged GETs over pooled connections (aiobotocore keeps them); sizes come
-    from the cached listing, so no HEAD per object; ~1.5 ms of Python per request (not measured here)."""
+    """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them), ~1.5 ms
+    of Python per request. JPEGs: one GET per object, in groups of requests in flight on s3fs's event
+    loop. Shards: opened with a HEAD (the size), then 16 MiB ranged GETs (the storage emulator at 0-30 ms,
+    benchmarks/storage.py --store s3: 1.4-2 latencies per shard)."""
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=1.5,
         request_cpu_ms=1.5, transfer_cpu_ms_per_mib=5.0, new_connection_per_request=False,
-        description="fsspec/s3fs (5 MiB blocks, pooled connections)")
+        streamed_requests_per_open=1, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
+        description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
 def posix_client() -> StorageClient:
@@ -288,7 +305,10 @@ class IoPattern:
         """r: requests per image, measured or from objects x requests per object."""
         if self.requests_per_image is not None:
             return self.requests_per_image
-        return self.objects_per_image * client.requests_per_object(self.bytes_per_image / self.objects_per_image)
+        object_bytes = self.bytes_per_image / self.objects_per_image
+        if self.format == "records":
+            return self.objects_per_image * client.requests_per_streamed_object(object_bytes)
+        return self.objects_per_image * client.requests_per_object(object_bytes)
 
     def connections(self, client: StorageClient, in_flight: float = 1.0, images: float = math.inf) -> float:
         """Connections opened per image: one per request without reuse; with reuse, a pool of about
@@ -331,10 +351,13 @@ class Reads:
     pool_threads: int
     reads_in_decode_map: bool
     private_pool: bool
+    event_loop: bool = False  # the client's own event loop holds the requests, not the pool's threads
 
     def describe(self) -> str:
         if self.parallel_calls is None:
             return "one read at a time"
+        if self.event_loop:
+            return f"{self.parallel_calls} requests in flight on the client's event loop"
         calls = "autotune" if self.parallel_calls == AUTOTUNE else str(self.parallel_calls)
         pool = f"a private pool of {self.pool_threads}" if self.private_pool else \
             f"tf.data's shared pool ({self.pool_threads} threads = cores)"
@@ -432,6 +455,8 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
     if reads.parallel_calls is None:
         return 1.0
     calls = resolved_calls(reads)
+    if reads.event_loop:
+        return float(calls)
     held = c.cpu_ms
     busy = c.wait_ms + c.transfer_ms
     share = busy / (busy + held) if busy + held > 0 else 1.0
@@ -578,6 +603,10 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     reads = reads_of(tuned_for_store(config, pattern.format, scheme), pattern.format, workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
+    if client.own_event_loop and pattern.format == "files":  # stallscope's s3:// reader: groups of requests
+        calls = s3_reading.in_flight(reads.parallel_calls)
+        reads = Reads(parallel_calls=calls, pool_threads=calls, reads_in_decode_map=False, private_pool=False,
+                      event_loop=True)
     shards = max(1, round(workload.examples * pattern.objects_per_image))
     if pattern.format == "records" and resolved_calls(reads) > shards:  # an interleave reads at most every shard
         reads = dataclasses.replace(reads, parallel_calls=shards)
@@ -589,7 +618,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     if pattern.format == "records":  # each shard is read one request at a time
         need = min(need, shards)
     pool = need + max(1, math.ceil(cores))
-    enough_reads = Reads(parallel_calls=need, pool_threads=pool, reads_in_decode_map=False, private_pool=True)
+    enough_reads = Reads(parallel_calls=need, pool_threads=pool, reads_in_decode_map=False, private_pool=True,
+                         event_loop=client.own_event_loop and pattern.format == "files")
     c_enough = requests_in_flight(enough_reads, c)
     enough_rate, enough_bound = parallel_rate(c, c_enough, cores)
     enough = ReadPrediction("enough_in_flight", c_enough, enough_rate, enough_bound, step(enough_rate, True),

@@ -18,24 +18,12 @@ import tensorflow as tf
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, read_many
-
-# Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
-AUTOTUNE_IN_FLIGHT = 16
-# Block size of a streamed s3:// shard: one request per this many bytes.
-SHARD_BLOCK_BYTES = 16 * 1024 * 1024
+from stallscope.storage.s3_reading import AUTOTUNE_IN_FLIGHT, SHARD_BLOCK_BYTES, in_flight  # noqa: F401
 
 
 def needs_own_reader(files) -> bool:
     """True when TensorFlow cannot open these paths itself (s3://)."""
     return bool(files) and isinstance(files[0], S3Path)
-
-
-def in_flight(parallelism: int | None) -> int:
-    """Requests at once for a read of this parallelism: sequential (None) is one; AUTOTUNE is
-    AUTOTUNE_IN_FLIGHT; a number is that number."""
-    if parallelism is None:
-        return 1
-    return AUTOTUNE_IN_FLIGHT if parallelism < 0 else int(parallelism)
 
 
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
