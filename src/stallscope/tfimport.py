@@ -7,6 +7,7 @@ the first import here keeps every later `import tensorflow` quiet too.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -25,6 +26,27 @@ def stderr_fd_silenced():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+_SILENT_AT_EXIT = []
+
+
+def silence_cpp_stderr_at_exit() -> None:
+    """From the exit handlers on, what C++ code writes to file descriptor 2 is dropped: TF's threads
+    log their own shutdown as the process ends (after failed decodes: "Local rendezvous is aborting
+    with status: ABORTED: Shutdown"). Python has printed everything of ours, tracebacks included, by
+    the time exit handlers run."""
+    if _SILENT_AT_EXIT:
+        return
+    _SILENT_AT_EXIT.append(True)
+
+    def silence() -> None:
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    atexit.register(silence)
 
 
 def import_tensorflow():

@@ -27,9 +27,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.records.verify import verify_records
-    from stallscope.tfimport import stderr_fd_silenced
+    from stallscope.tfimport import silence_cpp_stderr_at_exit, stderr_fd_silenced
 
     # libjpeg's warnings and TF's C++ log lines would repeat, unreadably, what the problems below say
+    silence_cpp_stderr_at_exit()
     with stderr_fd_silenced():
         report = verify_records(args.records_dir, decode=not args.no_decode)
     for problem in report.problems[: args.max_problems]:
