@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import sys
 
@@ -28,17 +29,12 @@ def stderr_fd_silenced():
         os.close(devnull)
 
 
-_SILENT_AT_EXIT = []
-
-
+@functools.cache  # one exit handler, however often it is asked for
 def silence_cpp_stderr_at_exit() -> None:
     """From the exit handlers on, what C++ code writes to file descriptor 2 is dropped: TF's threads
     log their own shutdown as the process ends (after failed decodes: "Local rendezvous is aborting
     with status: ABORTED: Shutdown"). Python has printed everything of ours, tracebacks included, by
     the time exit handlers run."""
-    if _SILENT_AT_EXIT:
-        return
-    _SILENT_AT_EXIT.append(True)
 
     def silence() -> None:
         sys.stderr.flush()

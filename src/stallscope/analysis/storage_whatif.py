@@ -412,8 +412,8 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
     (an emulator in a test; 0 for a real store), the part of s a remote store spends on its own
-    machine. local_chain_ms: the pipeline's measured local time
-    per image (None: unknown; the sequential chain is then all of d)."""
+    machine. local_chain_ms: the pipeline's measured local time per image (None: unknown; the
+    sequential chain is then all of d)."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
@@ -603,7 +603,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     reads = reads_of(tuned_for_store(config, pattern.format, scheme), pattern.format, workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
-    if client.own_event_loop and pattern.format == "files":  # stallscope's s3:// reader: groups of requests
+    event_loop = client.own_event_loop and pattern.format == "files"  # stallscope's s3:// reader
+    if event_loop:  # groups of requests, as many as the read's parallel calls
         calls = s3_reading.in_flight(reads.parallel_calls)
         reads = Reads(parallel_calls=calls, pool_threads=calls, reads_in_decode_map=False, private_pool=False,
                       event_loop=True)
@@ -619,7 +620,7 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
         need = min(need, shards)
     pool = need + max(1, math.ceil(cores))
     enough_reads = Reads(parallel_calls=need, pool_threads=pool, reads_in_decode_map=False, private_pool=True,
-                         event_loop=client.own_event_loop and pattern.format == "files")
+                         event_loop=event_loop)
     c_enough = requests_in_flight(enough_reads, c)
     enough_rate, enough_bound = parallel_rate(c, c_enough, cores)
     enough = ReadPrediction("enough_in_flight", c_enough, enough_rate, enough_bound, step(enough_rate, True),

@@ -56,7 +56,6 @@ FETCH_CHUNK = 32
 # state folder, and in a bucket's (one listing request each time).
 PROGRESS_POLL_S = 2.0
 REMOTE_PROGRESS_POLL_S = 10.0
-STATE_SUFFIX = ".tfrecord.json"
 
 
 def is_remote(path: str) -> bool:
@@ -393,13 +392,11 @@ def _finished_state(out: Path | RemotePath, state_dir: Path | RemotePath, shard:
     return state
 
 
-def _saved_state_names(state_dir: Path | RemotePath) -> set[str]:
-    """The shards whose state a worker has saved so far, from a fresh listing (never a cached one)."""
+def _listed_names(state_dir: Path | RemotePath) -> set[str]:
+    """What the state folder holds now, from a fresh listing (never a cached one)."""
     if isinstance(state_dir, RemotePath):
-        names: Iterator[str] = iter(location.backend(state_dir).list(state_dir).files)
-    else:
-        names = iter(os.listdir(state_dir))
-    return {n[: -len(".json")] for n in names if n.endswith(STATE_SUFFIX) and "/" not in n}
+        return set(location.backend(state_dir).list(state_dir).files)
+    return set(os.listdir(state_dir))
 
 
 @contextlib.contextmanager
@@ -415,12 +412,12 @@ def watching_shards(state_dir: Path | RemotePath, pending: list[PlannedShard], d
         return
     remote = isinstance(state_dir, RemotePath)
     interval = REMOTE_PROGRESS_POLL_S if remote else PROGRESS_POLL_S
-    sizes = {shard.filename: len(shard.items) for shard in pending}
+    sizes = {_state_path(state_dir, shard).name: len(shard.items) for shard in pending}  # state name -> images
     stop = threading.Event()
 
     def count() -> set[str]:
         try:
-            return _saved_state_names(state_dir)
+            return _listed_names(state_dir)
         except (OSError, StorageError) as exc:  # progress only: the pipeline's own errors are what count
             log.debug("counting finished shards in %s: %s", state_dir, exc)
             return set()

@@ -18,7 +18,7 @@ import tensorflow as tf
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, read_many
-from stallscope.storage.s3_reading import AUTOTUNE_IN_FLIGHT, SHARD_BLOCK_BYTES, in_flight  # noqa: F401
+from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight
 
 
 def needs_own_reader(files) -> bool:
