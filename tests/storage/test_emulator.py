@@ -98,6 +98,46 @@ def test_s3_through_the_s3_reader_reads_the_same_bytes_as_the_folder(served, s3_
     assert counted.bytes >= sum((served / k).stat().st_size for k in read)
 
 
+def _records(dataset) -> list[bytes]:
+    return [record.numpy() for record in dataset]
+
+
+def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch):
+    import tensorflow as tf
+
+    from stallscope.storage import readers
+
+    monkeypatch.setattr(readers, "GROUP_RECORDS", 5)  # 12 records a shard: groups of 5, 5 and 2
+    for shard in sorted((served / "records").glob("*.tfrecord")):
+        local = _records(tf.data.TFRecordDataset(str(shard)))
+        remote = _records(readers.shard_records(tf.constant(f"{s3_emulated.url}/records/{shard.name}")))
+        assert remote == local and len(local) == 12
+
+
+def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch):
+    import tensorflow as tf
+
+    from stallscope.storage import readers
+
+    monkeypatch.setattr(readers, "GROUP_RECORDS", 5)
+    shard = sorted((served / "records").glob("*.tfrecord"))[0]
+    local = _records(tf.data.TFRecordDataset(str(shard)))
+    damaged = bytearray(shard.read_bytes())
+    eighth = sum(12 + len(record) + 4 for record in local[:7])  # header 12, payload, footer 4
+    damaged[eighth + 12 + 10] ^= 0xFF  # inside the eighth record's payload
+    folder = served / "damaged"
+    folder.mkdir()
+    try:
+        (folder / shard.name).write_bytes(bytes(damaged))
+        got = []
+        with pytest.raises(tf.errors.OpError, match=f"damaged/{shard.name}: corrupted record at byte {eighth}"):
+            for record in readers.shard_records(tf.constant(f"{s3_emulated.url}/damaged/{shard.name}")):
+                got.append(record.numpy())
+        assert got == local[:7]  # as TFRecordDataset: every record before the damaged one
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_the_pipeline_trains_from_the_emulated_s3_bucket(s3_emulated, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = main(["train", "--source", "records", "--dataset_path", f"{s3_emulated.url}/records", "--steps", "3",

@@ -137,10 +137,12 @@ def s3fs_client() -> StorageClient:
     """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them), ~1.5 ms
     of Python per request. JPEGs: one GET per object, in groups of requests in flight on s3fs's event
     loop. Shards: opened with a HEAD (the size), then 16 MiB ranged GETs (the storage emulator at 0-30 ms,
-    benchmarks/storage.py --store s3: 1.4-2 latencies per shard)."""
+    benchmarks/storage.py --store s3: 1.4-2 latencies per shard). ~2.5 ms of CPU per MiB received: a shard
+    through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in groups
+    about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=1.5,
-        request_cpu_ms=1.5, transfer_cpu_ms_per_mib=5.0, new_connection_per_request=False,
+        request_cpu_ms=1.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
         streamed_requests_per_open=1, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
         description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 

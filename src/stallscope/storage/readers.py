@@ -5,7 +5,8 @@ TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDat
 pipeline fetches through fsspec/s3fs: image files in groups of `in_flight` requests at once (one
 `tf.numpy_function` per group, the group fetched concurrently on s3fs's event loop, so the requests in
 flight do not depend on tf.data's thread pool, which has as many threads as cores), and TFRecord
-shards streamed in large blocks by a generator that checks every record's checksums.
+shards streamed in large blocks by a generator that checks every record's checksums and hands
+them to tf.data in groups.
 """
 
 from __future__ import annotations
@@ -46,16 +47,37 @@ def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | 
     return grouped.unbatch()
 
 
-def _shard_frames(url: bytes):
-    """Yields the serialized records of one s3:// shard, checking both checksums of every frame."""
+# Records handed to tf.data per Python call. `from_generator` costs ~0.5 ms of CPU per element it
+# yields (7.6 vs 1.0 ms per MiB of 75 KB records, one element per record or the bare generator), so a
+# shard's records come out in groups and are unbatched in the graph.
+GROUP_RECORDS = 256
+GROUP_BYTES = 4 * 1024 * 1024
+
+
+def _shard_groups(url: bytes):
+    """Yields the serialized records of one s3:// shard in groups, checking both checksums of every
+    frame; the records before a bad frame still come out before its error, as from TFRecordDataset."""
     path = as_path(url.decode())
     store = backend(path)
+    group: list[bytes] = []
+    size = 0
     try:
-        yield from _frames(path, store.fs())
+        for payload in _frames(path, store.fs()):
+            group.append(payload)
+            size += len(payload)
+            if len(group) >= GROUP_RECORDS or size >= GROUP_BYTES:
+                yield group
+                group, size = [], 0
     except (ValueError, StorageError):
+        if group:
+            yield group
         raise
     except Exception as exc:  # botocore, aiohttp, OSError: the store failed mid-shard
+        if group:
+            yield group
         raise store.error(path, exc) from None
+    if group:
+        yield group
 
 
 def _frames(path: RemotePath, fs):
@@ -83,9 +105,10 @@ def _frames(path: RemotePath, fs):
 
 def shard_records(shard) -> tf.data.Dataset:
     """The records of one s3:// shard (a scalar string tensor), for an interleave."""
-    return tf.data.Dataset.from_generator(
-        _shard_frames, args=(shard,), output_signature=tf.TensorSpec((), tf.string), name="s3_shard",
+    groups = tf.data.Dataset.from_generator(
+        _shard_groups, args=(shard,), output_signature=tf.TensorSpec((None,), tf.string), name="s3_shard",
     )
+    return groups.unbatch(name="s3_records")
 
 
 def records_dataset(shards: list[str]) -> tf.data.Dataset:
