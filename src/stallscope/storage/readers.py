@@ -61,6 +61,7 @@ def _shard_groups(url: bytes):
     store = backend(path)
     group: list[bytes] = []
     size = 0
+    failure = None
     try:
         for payload in _frames(path, store.fs()):
             group.append(payload)
@@ -68,16 +69,14 @@ def _shard_groups(url: bytes):
             if len(group) >= GROUP_RECORDS or size >= GROUP_BYTES:
                 yield group
                 group, size = [], 0
-    except (ValueError, StorageError):
-        if group:
-            yield group
-        raise
+    except (ValueError, StorageError) as exc:
+        failure = exc
     except Exception as exc:  # botocore, aiohttp, OSError: the store failed mid-shard
-        if group:
-            yield group
-        raise store.error(path, exc) from None
+        failure = store.error(path, exc)
     if group:
         yield group
+    if failure is not None:
+        raise failure
 
 
 def _frames(path: RemotePath, fs):
