@@ -102,16 +102,37 @@ def _records(dataset) -> list[bytes]:
     return [record.numpy() for record in dataset]
 
 
-def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch):
+@pytest.mark.parametrize("block_bytes", [333, 16 * 1024 * 1024])  # headers and records across blocks; one block
+def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch, block_bytes):
     import tensorflow as tf
 
     from stallscope.storage import readers
 
     monkeypatch.setattr(readers, "GROUP_RECORDS", 5)  # 12 records a shard: groups of 5, 5 and 2
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", block_bytes)
     for shard in sorted((served / "records").glob("*.tfrecord")):
         local = _records(tf.data.TFRecordDataset(str(shard)))
         remote = _records(readers.shard_records(tf.constant(f"{s3_emulated.url}/records/{shard.name}")))
         assert remote == local and len(local) == 12
+
+
+def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served, s3_emulated, monkeypatch):
+    from stallscope.storage import readers
+
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    shard = sorted((served / "records").glob("*.tfrecord"))[0]
+    path = location.as_path(f"{s3_emulated.url}/records/{shard.name}")
+    before = s3_emulated.counters().requests
+    blocks = readers._blocks(path, readers.backend(path).fs())
+    try:
+        assert next(blocks) == shard.read_bytes()[:333]
+        waited = time.monotonic() + LIMIT_S
+        while s3_emulated.counters().requests - before < 3 and time.monotonic() < waited:
+            time.sleep(0.05)
+        time.sleep(0.2)  # room for a request too many to show up
+        assert s3_emulated.counters().requests - before == 3  # its size, the first block, the next one only
+    finally:
+        blocks.close()
 
 
 def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch):
@@ -120,6 +141,7 @@ def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served
     from stallscope.storage import readers
 
     monkeypatch.setattr(readers, "GROUP_RECORDS", 5)
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
     local = _records(tf.data.TFRecordDataset(str(shard)))
     damaged = bytearray(shard.read_bytes())

@@ -5,20 +5,24 @@ TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDat
 pipeline fetches through fsspec/s3fs: image files in groups of `in_flight` requests at once (one
 `tf.numpy_function` per group, the group fetched concurrently on s3fs's event loop, so the requests in
 flight do not depend on tf.data's thread pool, which has as many threads as cores), and TFRecord
-shards streamed in large blocks by a generator that checks every record's checksums and hands
-them to tf.data in groups.
+shards streamed in large blocks, the next requested while one is parsed, by a generator that checks
+every record's checksums and hands them to tf.data in groups.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import re
 
 import numpy as np
 import tensorflow as tf
 
+from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
-from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, read_many
+from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, deadline, read_many
 from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight
 
 
@@ -79,27 +83,98 @@ def _shard_groups(url: bytes):
         raise failure
 
 
+# Block requests of a shard in flight beyond the one being parsed: the next block's latency and
+# transfer overlap the records of this one (s3fs's own read-ahead cache fetches only on demand).
+BLOCKS_AHEAD = 1
+
+
+def _block(path: RemotePath, request: concurrent.futures.Future) -> bytes:
+    try:
+        return request.result(timeout=deadline())
+    except concurrent.futures.TimeoutError:
+        raise StorageError(f"{path}: the store did not answer within {deadline():.0f} s (--storage-timeout); "
+                           "expected a store that answers") from None
+
+
+def _blocks(path: RemotePath, fs):
+    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order, with BLOCKS_AHEAD more requested on
+    the client's event loop while each is consumed."""
+    key = f"{path.bucket}/{path.key}"
+    size = int(fs.info(key)["size"])
+    starts = iter(range(0, size, SHARD_BLOCK_BYTES))
+
+    def request(start: int) -> concurrent.futures.Future:
+        fetch = fs._cat_file(key, start=start, end=min(start + SHARD_BLOCK_BYTES, size))
+        return asyncio.run_coroutine_threadsafe(fetch, fs.loop)
+
+    pending: collections.deque = collections.deque()
+    try:
+        for start in starts:
+            pending.append(request(start))
+            if len(pending) <= BLOCKS_AHEAD:
+                continue  # the first blocks: ask for the ones ahead before waiting for the first
+            yield _block(path, pending.popleft())
+        while pending:
+            yield _block(path, pending.popleft())
+    finally:  # the consumer stopped early (an error, a step limit): nothing left running for it
+        for future in pending:
+            future.cancel()
+
+
+class _ByteStream:
+    """Reads exact byte counts across a sequence of blocks; copies only what a read takes."""
+
+    def __init__(self, blocks) -> None:
+        self._blocks = blocks
+        self._block = b""
+        self._pos = 0
+
+    def read(self, count: int) -> bytes:
+        """`count` bytes, or fewer only where the blocks end."""
+        end = self._pos + count
+        if end <= len(self._block):
+            out = self._block[self._pos:end]
+            self._pos = end
+            return out
+        parts = [self._block[self._pos:]]
+        need = count - len(parts[0])
+        self._block, self._pos = b"", 0
+        while need > 0:
+            block = next(self._blocks, None)
+            if block is None:
+                break
+            if len(block) > need:
+                parts.append(block[:need])
+                self._block, self._pos = block, need
+                break
+            parts.append(block)
+            need -= len(block)
+        return b"".join(parts)
+
+
 def _frames(path: RemotePath, fs):
-    with fs.open(f"{path.bucket}/{path.key}", "rb", block_size=SHARD_BLOCK_BYTES, cache_type="readahead") as handle:
-        offset = 0
-        while True:
-            header = handle.read(HEADER_BYTES)
-            if not header:
-                return
-            if len(header) < HEADER_BYTES:
-                raise ValueError(f"{path}: truncated record header at byte {offset}")
-            length_bytes = header[: LENGTH.size]
-            if CRC.unpack(header[LENGTH.size:])[0] != masked_crc32c(length_bytes):
-                raise ValueError(f"{path}: corrupted record length at byte {offset}")
-            (length,) = LENGTH.unpack(length_bytes)
-            body = handle.read(length + FOOTER_BYTES)
-            if len(body) < length + FOOTER_BYTES:
-                raise ValueError(f"{path}: truncated record at byte {offset}")
-            payload = body[:length]
-            if CRC.unpack(body[length:])[0] != masked_crc32c(payload):
-                raise ValueError(f"{path}: corrupted record at byte {offset}")
-            offset += HEADER_BYTES + length + FOOTER_BYTES
-            yield payload
+    stream = _ByteStream(_blocks(path, fs))
+    offset = 0
+    while True:
+        header = stream.read(HEADER_BYTES)
+        if not header:
+            return
+        if len(header) < HEADER_BYTES:
+            raise ValueError(f"{path}: truncated record header at byte {offset}")
+        length_bytes = header[: LENGTH.size]
+        if CRC.unpack(header[LENGTH.size:])[0] != masked_crc32c(length_bytes):
+            raise ValueError(f"{path}: corrupted record length at byte {offset}")
+        (length,) = LENGTH.unpack(length_bytes)
+        if length > MAX_RECORD_BYTES:
+            raise ValueError(f"{path}: implausible record length {length} at byte {offset}")
+        payload = stream.read(length)
+        footer = stream.read(FOOTER_BYTES)
+        if len(footer) < FOOTER_BYTES:
+            raise ValueError(f"{path}: truncated record at byte {offset}")
+        if CRC.unpack(footer)[0] != masked_crc32c(payload):
+            raise ValueError(f"{path}: corrupted record at byte {offset}")
+        offset += HEADER_BYTES + length + FOOTER_BYTES
+        yield payload
 
 
 def shard_records(shard) -> tf.data.Dataset:
@@ -123,7 +198,7 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
         if kind == "files":
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
             return f"s3fs ({requests} in flight)"
-        return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks)"
+        return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks, {BLOCKS_AHEAD} requested ahead)"
     if isinstance(first, RemotePath):
         reads = ""
         if kind == "files" and read_parallelism is not None and read_parallelism > 1:
