@@ -172,13 +172,14 @@ def writable_s3(tmp_path, monkeypatch):
         location.set_timeout(location.DEFAULT_TIMEOUT_S)
 
 
-def test_a_bucket_lease_keeps_a_second_conversion_out_until_it_ends(writable_s3):
+def test_a_bucket_lease_keeps_a_second_conversion_out_until_it_ends(writable_s3, monkeypatch):
     import socket
     import time
 
     from stallscope.records import remote_lock
     from stallscope.records.lock import LockedError
 
+    monkeypatch.setattr(remote_lock, "SETTLE_S", 0.05)
     out, served = writable_s3
     lock = out / ".stallscope-convert" / remote_lock.LOCK_OBJECT
     with remote_lock.bucket_lease(out, "stallscope convert A", heartbeat_s=0.05):
@@ -209,3 +210,26 @@ def test_a_bucket_lease_keeps_a_second_conversion_out_until_it_ends(writable_s3)
     with pytest.raises(LockedError, match="PID 1 on another-host, heartbeat 5 s ago"):
         with remote_lock.bucket_lease(out, "E"):
             pass
+
+
+def test_of_two_runs_that_find_a_prefix_free_at_once_only_the_later_writer_holds_it(writable_s3, monkeypatch):
+    import time
+
+    from stallscope.records import remote_lock
+    from stallscope.records.lock import LockedError
+
+    out, _ = writable_s3
+    lock = out / ".stallscope-convert" / remote_lock.LOCK_OBJECT
+    rival = {"host": "another-host", "pid": 4242, "command": "stallscope convert B", "started": time.time(),
+             "heartbeat": time.time()}
+
+    def rival_writes_while_we_settle(seconds: float) -> None:  # B looked before A wrote, and writes now
+        location.write_bytes(lock, json.dumps(rival).encode())
+
+    monkeypatch.setattr(remote_lock, "_settle", rival_writes_while_we_settle)
+    entered = []
+    with pytest.raises(LockedError, match=r"took the lease at the same moment \(PID 4242 on another-host\)"):
+        with remote_lock.bucket_lease(out, "stallscope convert A"):
+            entered.append(True)
+    assert not entered
+    assert json.loads(location.backend(lock).read(lock)) == rival  # B's lease stays: A wrote no more, deleted nothing

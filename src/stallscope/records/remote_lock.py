@@ -4,8 +4,10 @@ A bucket has no `flock`, and TF's gs:// offers no conditional create, so this is
 writes `.stallscope-convert/lock.json` (host, PID, command, heartbeat) before any work (which also
 proves the prefix takes writes before hours of converting), rewrites its heartbeat every
 HEARTBEAT_S and deletes it at the end. Another run refuses while the heartbeat is younger than
-LEASE_S, unless the holder is a dead process on this same host. Two runs started within the same
-moment can both take it; one started later never does.
+LEASE_S, unless the holder is a dead process on this same host. Two runs that both find the prefix
+free both write the lease, and the store keeps the last write: so each reads it back SETTLE_S later,
+and the one whose write was overwritten refuses, leaving the lease to the other. Only runs whose
+look and write are SETTLE_S or more apart could both hold it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 LOCK_OBJECT = "lock.json"
 HEARTBEAT_S = 60.0
 LEASE_S = 600.0  # a holder silent this long is taken for dead (its host lost, say)
+SETTLE_S = 1.0  # from writing the lease to reading it back: longer than one look-and-write
 
 
 def _alive_here(holder: dict) -> bool:
@@ -61,6 +64,24 @@ def _held_by_other(lock: RemotePath) -> dict | None:
     return {**holder, "age": age}
 
 
+def _settle(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _still_mine(lock: RemotePath, me: dict, out: RemotePath) -> None:
+    """Reads the lease back from the store (not from a listing): another run that wrote it after us
+    holds it now; raises LockedError naming that run."""
+    try:
+        holder = json.loads(location.backend(lock).read(lock))
+    except ValueError:
+        holder = {}
+    if all(holder.get(key) == me[key] for key in ("host", "pid", "started")):
+        return
+    raise LockedError(
+        f"--output_path: another `stallscope convert` into {out} took the lease at the same moment (PID "
+        f"{holder.get('pid')} on {holder.get('host')}); wait for it to finish, or delete {lock} if it is gone")
+
+
 @contextlib.contextmanager
 def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
     """Holds the lease on `out` for the block; raises LockedError naming the holder when another
@@ -78,6 +99,8 @@ def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEA
         location.write_bytes(lock, json.dumps({**me, "heartbeat": time.time()}).encode())
 
     beat()
+    _settle(SETTLE_S)
+    _still_mine(lock, me, out)
     stop = threading.Event()
 
     def keep_beating() -> None:
