@@ -228,8 +228,33 @@ def test_of_two_runs_that_find_a_prefix_free_at_once_only_the_later_writer_holds
 
     monkeypatch.setattr(remote_lock, "_settle", rival_writes_while_we_settle)
     entered = []
-    with pytest.raises(LockedError, match=r"took the lease at the same moment \(PID 4242 on another-host\)"):
+    with pytest.raises(LockedError, match=r"holds the lease now \(PID 4242 on another-host\)"):
         with remote_lock.bucket_lease(out, "stallscope convert A"):
             entered.append(True)
     assert not entered
     assert json.loads(location.backend(lock).read(lock)) == rival  # B's lease stays: A wrote no more, deleted nothing
+
+
+def test_a_run_whose_lease_was_taken_over_neither_renews_nor_deletes_it_and_confirms_no_more(writable_s3, monkeypatch):
+    import time
+
+    from stallscope.records import remote_lock
+    from stallscope.records.lock import LockedError
+
+    monkeypatch.setattr(remote_lock, "SETTLE_S", 0.05)
+    out, _ = writable_s3
+    lock = out / ".stallscope-convert" / remote_lock.LOCK_OBJECT
+    rival = {"host": "another-host", "pid": 4343, "command": "stallscope convert B", "started": time.time(),
+             "heartbeat": time.time()}
+    with remote_lock.bucket_lease(out, "stallscope convert A", heartbeat_s=0.05) as lease:
+        lease.confirm()  # ours
+        location.write_bytes(lock, json.dumps(rival).encode())  # B took it over while A was silent
+        waited = time.monotonic() + 30
+        while lease.lost_to is None and time.monotonic() < waited:
+            time.sleep(0.05)
+        time.sleep(0.2)  # beats that would overwrite B's lease, were there any
+        assert json.loads(location.backend(lock).read(lock)) == rival
+        with pytest.raises(LockedError, match=r"holds the lease now \(PID 4343 on another-host\); this run writes "
+                                              r"nothing more there"):
+            lease.confirm()
+    assert json.loads(location.backend(lock).read(lock)) == rival  # B's lease outlives A's block

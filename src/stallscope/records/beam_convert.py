@@ -523,8 +523,8 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
         planned = {shard.filename for shard in plan.shards}
         command = " ".join([convert_command(options), "--runner beam",
                             *(f"--beam-option={shlex.quote(a)}" for a in args if a != f"--runner={DEFAULT_RUNNER}")])
-        with bucket_lease(out, command):
-            manifest, reused = _publish_into_store(options, args, plan, out, owned, planned, command, progress)
+        with bucket_lease(out, command) as lease:
+            manifest, reused = _publish_into_store(options, args, plan, out, owned, planned, command, lease, progress)
     except StorageError as exc:
         if str(exc).startswith("--output_path"):
             raise
@@ -533,18 +533,22 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
 
 
 def _publish_into_store(options: ConvertOptions, args: Sequence[str], plan, out: RemotePath, owned: set[str],
-                        planned: set[str], command: str, progress: Progress | None = None):
-    """Under the lease: state first, shards by the workers, then labels and manifest, state last."""
+                        planned: set[str], command: str, lease, progress: Progress | None = None):
+    """Under the lease: state first, shards by the workers, then labels and manifest, state last; the
+    lease is confirmed still ours before the state is written and before anything is removed or
+    the manifest published."""
     from stallscope.records import sharding
     from stallscope.records.remote_lock import LOCK_OBJECT
     from stallscope.records.writer import is_temporary
 
     state_dir = out / STATE_DIR
+    lease.confirm()
     location.write_bytes(state_dir / RUN_NAME, json.dumps({"command": command, "owned": sorted(owned | planned)}).encode())
     if (out / MANIFEST_NAME).exists():
         location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
     results, reused = _run_pending_shards(options, args, plan, state_dir, _saved_state, progress)
     manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
+    lease.confirm()  # the workers took hours, perhaps: another run may hold the prefix now
     for entry in list(out.iterdir()):
         stale_shard = entry.name in owned - planned and sharding.SHARD_NAME.match(entry.name)
         if entry.is_file() and (stale_shard or is_temporary(entry.name)):

@@ -68,24 +68,61 @@ def _settle(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _still_mine(lock: RemotePath, me: dict, out: RemotePath) -> None:
-    """Reads the lease back from the store (not from a listing): another run that wrote it after us
-    holds it now; raises LockedError naming that run."""
-    try:
-        holder = json.loads(location.backend(lock).read(lock))
-    except ValueError:
-        holder = {}
-    if all(holder.get(key) == me[key] for key in ("host", "pid", "started")):
-        return
-    raise LockedError(
-        f"--output_path: another `stallscope convert` into {out} took the lease at the same moment (PID "
-        f"{holder.get('pid')} on {holder.get('host')}); wait for it to finish, or delete {lock} if it is gone")
+class Lease:
+    """A held lease. `confirm()` reads it back from the store (not from a listing) and raises
+    LockedError naming the run that holds it now, if another does: a run whose write replaced ours at
+    the start, or one that took it over while this run was silent past LEASE_S."""
+
+    def __init__(self, out: RemotePath, lock: RemotePath, me: dict) -> None:
+        self.out, self.lock, self.me = out, lock, me
+        self.lost_to: dict | None = None
+
+    def beat(self) -> None:
+        location.write_bytes(self.lock, json.dumps({**self.me, "heartbeat": time.time()}).encode())
+
+    def _holder(self) -> dict:
+        try:
+            return json.loads(location.backend(self.lock).read(self.lock))
+        except ValueError:
+            return {}
+
+    def _mine(self, holder: dict) -> bool:
+        return all(holder.get(key) == self.me[key] for key in ("host", "pid", "started"))
+
+    def confirm(self) -> None:
+        holder = self.lost_to or self._holder()
+        if self._mine(holder):
+            return
+        self.lost_to = holder
+        raise LockedError(
+            f"--output_path: another `stallscope convert` into {self.out} holds the lease now (PID "
+            f"{holder.get('pid')} on {holder.get('host')}); this run writes nothing more there; wait for it "
+            f"to finish, or delete {self.lock} if it is gone")
+
+    def renew(self) -> None:
+        """The heartbeat: rewrites the lease while it is ours; never overwrites another run's."""
+        if self.lost_to is not None:
+            return
+        holder = self._holder()
+        if not self._mine(holder):
+            self.lost_to = holder
+            log.error("%s: the lease was taken by PID %s on %s; this run will publish nothing more", self.out,
+                      holder.get("pid"), holder.get("host"))
+            return
+        self.beat()
+
+    def release(self) -> None:
+        """Deletes the lease if it is still ours (a Beam run's clean-up may have taken it with the rest
+        of the state; another run's is left alone)."""
+        if self.lost_to is None and self.lock.is_file() and self._mine(self._holder()):
+            location.delete(self.lock)
 
 
 @contextlib.contextmanager
-def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
+def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Lease]:
     """Holds the lease on `out` for the block; raises LockedError naming the holder when another
-    run holds it, and StorageError when the prefix takes no writes."""
+    run holds it, and StorageError when the prefix takes no writes. Publishing code calls the
+    yielded lease's `confirm()` before each step that another run's publishing would clash with."""
     lock = out / STATE_DIR / LOCK_OBJECT
     holder = _held_by_other(lock)
     if holder is not None:
@@ -93,32 +130,28 @@ def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEA
             f"--output_path: another `stallscope convert` into {out} is running (PID {holder.get('pid')} on "
             f"{holder.get('host')}, heartbeat {holder['age']:.0f} s ago, lease {LEASE_S:.0f} s); wait for it to "
             f"finish, or delete {lock} if it is gone")
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "command": command, "started": time.time()}
-
-    def beat() -> None:
-        location.write_bytes(lock, json.dumps({**me, "heartbeat": time.time()}).encode())
-
-    beat()
+    lease = Lease(out, lock, {"host": socket.gethostname(), "pid": os.getpid(), "command": command,
+                              "started": time.time()})
+    lease.beat()
     _settle(SETTLE_S)
-    _still_mine(lock, me, out)
+    lease.confirm()  # two runs that found the prefix free at once: the later write holds it
     stop = threading.Event()
 
     def keep_beating() -> None:
         while not stop.wait(heartbeat_s):
             try:
-                beat()
+                lease.renew()
             except StorageError as exc:  # the next beat may get through; the lease is long
                 log.warning("could not renew the lease on %s: %s", out, exc)
 
     thread = threading.Thread(target=keep_beating, daemon=True, name="bucket-lease")
     thread.start()
     try:
-        yield
+        yield lease
     finally:
         stop.set()
         thread.join(timeout=heartbeat_s + 30)
         try:
-            if lock.is_file():  # a Beam run's clean-up may have taken it with the rest of the state
-                location.delete(lock)
+            lease.release()
         except StorageError as exc:
             log.warning("could not remove the lease %s (it expires in %.0f s): %s", lock, LEASE_S, exc)

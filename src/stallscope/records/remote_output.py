@@ -24,7 +24,7 @@ from stallscope.errors import UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
-from stallscope.records.remote_lock import bucket_lease
+from stallscope.records.remote_lock import Lease, bucket_lease
 from stallscope.records.writer import is_temporary
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
@@ -84,12 +84,15 @@ def check_remote_output(out: RemotePath) -> None:
         )
 
 
-def publish(local: Path, out: RemotePath, command: str) -> int:
-    """Copies a finished local conversion to `out` (see the module docstring); returns the shards copied."""
+def publish(local: Path, out: RemotePath, command: str, lease: Lease) -> int:
+    """Copies a finished local conversion to `out` (see the module docstring); returns the shards copied.
+    The lease is confirmed still ours before the first write and before old shards are removed and
+    the manifest published."""
     manifest = load_manifest(local)
     new = {s.file: s for split in manifest.splits.values() for s in split.shards}
     owned, old_hashes = _remote_owned(out)
     state = out / STATE_DIR / RUN_NAME
+    lease.confirm()
     location.write_bytes(state, json.dumps({"command": command, "owned": sorted(owned | set(new))}).encode())
     if (out / MANIFEST_NAME).exists():
         location.delete(out / MANIFEST_NAME)  # from here until the end the bucket's copy is unfinished
@@ -100,6 +103,7 @@ def publish(local: Path, out: RemotePath, command: str) -> int:
             continue  # the same shard is there already
         location.upload_file(local / name, target)
         copied += 1
+    lease.confirm()
     for name in sorted(owned - set(new)):
         if (out / name).exists() and sharding.SHARD_NAME.match(name):
             log.info("removing %s left by an earlier conversion", name)
@@ -118,7 +122,7 @@ def convert_to_store(options, progress=None):
     with contextlib.ExitStack() as held:
         try:
             check_remote_output(out)
-            held.enter_context(bucket_lease(out, convert_command(options)))  # and proves the prefix takes writes
+            lease = held.enter_context(bucket_lease(out, convert_command(options)))  # and proves the prefix takes writes
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
         local = staging_dir(out)
@@ -127,7 +131,7 @@ def convert_to_store(options, progress=None):
         manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
         save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
         try:
-            copied = publish(local, out, convert_command(options))
+            copied = publish(local, out, convert_command(options), lease)
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
     shutil.rmtree(local, ignore_errors=True)
