@@ -116,6 +116,15 @@ def test_the_measured_local_pace_bounds_the_pipelines_own_part_of_a_sequential_c
     assert sw.parallel_rate(by_pace, 16, cores=2) == sw.parallel_rate(by_cpu, 16, cores=2)
 
 
+def test_parallel_reads_need_no_more_cpu_per_image_than_the_cores_sustained_locally():
+    """Process CPU counts TF's spinning threads: a pipeline that ran at 0.3 ms per image on 2 cores
+    needs at most 0.6 ms of core time per image; a slower chain (one read at a time) keeps its CPU."""
+    base = dict(cores=2.0, compute_ms=1.0, batch_size=16, overlapped=True, examples=160)
+    assert sw.sustained_cpu_ms(sw.Workload(cpu_ms_per_image=1.6, chain_ms_per_image=0.3, **base)) == pytest.approx(0.6)
+    assert sw.sustained_cpu_ms(sw.Workload(cpu_ms_per_image=1.6, chain_ms_per_image=2.0, **base)) == 1.6
+    assert sw.sustained_cpu_ms(sw.Workload(cpu_ms_per_image=1.6, **base)) == 1.6
+
+
 def test_a_store_on_this_host_spends_its_request_time_on_these_cores():
     """s beyond the client's CPU is the store's own time; an emulator on the same cores spends it as CPU,
     so its measured CPU per request moves that much from the wait into the cores' budget."""

@@ -134,15 +134,16 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
 
 
 def s3fs_client() -> StorageClient:
-    """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them), ~1.5 ms
-    of Python per request. JPEGs: one GET per object, in groups of requests in flight on s3fs's event
-    loop. Shards: opened with a HEAD (the size), then 16 MiB ranged GETs (the storage emulator at 0-30 ms,
+    """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them), ~2.5 ms
+    of Python per request (signing, aiohttp, botocore's parsing: 3.2-4.4 ms of process CPU per GET in a
+    bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py --store s3 put
+    it). JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop. Shards: opened with a HEAD (the size), then 16 MiB ranged GETs (the storage emulator at 0-30 ms,
     benchmarks/storage.py --store s3: 1.4-2 latencies per shard). ~2.5 ms of CPU per MiB received: a shard
     through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in groups
     about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
-        name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=1.5,
-        request_cpu_ms=1.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
+        name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
+        request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
         streamed_requests_per_open=1, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
         description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
@@ -583,12 +584,22 @@ class Workload:
         return max(1, int(self.machine_cores if self.machine_cores else round(self.cores)))
 
 
+def sustained_cpu_ms(workload: Workload) -> float:
+    """d: the pipeline's CPU per image, no more than the cores x its measured local time per image.
+    A parallel pipeline that ran locally at 1,000 images/s on 2 cores needs at most 2 ms of core time
+    per image, whatever its process CPU says (TF's idle threads spin; measured, benchmarks/storage.py:
+    tuned records on the tiny set predicted at 0.64-0.72x of measured at 0 ms from process CPU)."""
+    if workload.chain_ms_per_image is None:
+        return workload.cpu_ms_per_image
+    return min(workload.cpu_ms_per_image, workload.cores * workload.chain_ms_per_image)
+
+
 def predict_format(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, config: PipelineConfig,
                    workload: Workload, *, request_overhead_ms: float | None = None,
                    server_cpu_ms_per_request: float = 0.0) -> FormatWhatIf:
     """The three ways of reading one format: sequential, the config's parallel reads (autotune on
     the shared pool when it reads one at a time), and enough reads in flight on a private pool."""
-    c = costs(pattern, scenario, client, cpu_ms_per_image=workload.cpu_ms_per_image,
+    c = costs(pattern, scenario, client, cpu_ms_per_image=sustained_cpu_ms(workload),
               request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request,
               local_chain_ms=workload.chain_ms_per_image)
     cores = workload.cores
