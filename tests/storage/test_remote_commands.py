@@ -251,3 +251,32 @@ def test_shards_whose_store_dies_mid_run_fail_with_a_storage_error(s3_env, monke
                            log_path=tmp_path / "run")
     with pytest.raises(StorageError, match=f"s3://{BUCKET}/records/train-0000.-of-00002.tfrecord: .*did not answer"):
         run_training(options, source=source)
+
+
+def test_a_listing_that_waits_on_a_silent_store_holds_up_no_other_lookup(s3_env, monkeypatch, silent_port):
+    """Listings are cached per process; asking the store for one must not block lookups in another
+    (a later run in the same process, tf.data threads reading paths already listed)."""
+    import threading
+
+    from stallscope.storage import location
+
+    listed = location.as_path(f"s3://{BUCKET}/tree")
+    classes = list(listed.iterdir())  # listed while the store answers, and kept
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent_port}")
+    location.set_timeout(2)  # a new client, for the store that hangs
+    outcome = []
+
+    def look_up_records() -> None:
+        try:
+            location.as_path(f"s3://{BUCKET}/records").exists()
+        except location.StorageError as exc:
+            outcome.append(str(exc))
+
+    waiting = threading.Thread(target=look_up_records, daemon=True)
+    waiting.start()
+    time.sleep(0.5)  # the listing of records/ is now waiting on the silent store
+    assert waiting.is_alive()
+    assert len(classes) == 3 and all(c.is_dir() for c in classes) and len(list(listed.walk_files())) == 24
+    assert waiting.is_alive()  # the lookups above did not wait for it
+    waiting.join(timeout=60)
+    assert outcome and "did not answer" in outcome[0]

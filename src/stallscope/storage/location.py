@@ -215,12 +215,26 @@ _LISTINGS: dict[RemotePath, Listing] = {}
 _LOCK = threading.RLock()
 
 
-def _listing_and_rel(path: RemotePath) -> tuple[Listing, str]:
+def _cached_listing(path: RemotePath) -> tuple[Listing, str] | None:
     with _LOCK:
         for root, listing in _LISTINGS.items():
             if type(root) is type(path) and (root == path or root in path.parents):
                 return listing, path.relative_to(root).as_posix() if root != path else ""
-        listing = backend(path).list(path)
+    return None
+
+
+def _listing_and_rel(path: RemotePath) -> tuple[Listing, str]:
+    """The cached listing covering `path`, else a new listing of `path` itself. The store is asked
+    outside the lock: a listing that waits on a slow or dead store (up to --storage-timeout, with
+    retries) must not hold up every other lookup, nor a later run's listing in the same process."""
+    cached = _cached_listing(path)
+    if cached is not None:
+        return cached
+    listing = backend(path).list(path)
+    with _LOCK:
+        cached = _cached_listing(path)  # another thread listed it meanwhile: keep the one all see
+        if cached is not None:
+            return cached
         _LISTINGS[path] = listing
         return listing, ""
 
