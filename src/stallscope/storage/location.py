@@ -320,6 +320,12 @@ def abandoned_requests() -> bool:
     return bool(_settings.get("abandoned"))
 
 
+def no_answer(what: object, seconds: float) -> StorageError:
+    """The one line for a request the store did not answer in time."""
+    return StorageError(f"{what}: the store did not answer within {seconds:.0f} s (--storage-timeout); "
+                        "expected a store that answers")
+
+
 def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     """`fn()`, or a StorageError when it has not returned within `seconds` (it runs on in a daemon
     thread; see `abandoned_requests`)."""
@@ -336,7 +342,7 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     thread.join(seconds)
     if thread.is_alive():
         _settings["abandoned"] = True
-        raise StorageError(f"{what}: the store did not answer within {seconds:.0f} s (--storage-timeout); expected a store that answers")
+        raise no_answer(what, seconds)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]

@@ -22,7 +22,9 @@ import tensorflow as tf
 from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
-from stallscope.storage.location import RemotePath, S3Path, StorageError, as_path, backend, deadline, read_many
+from stallscope.storage.location import (
+    RemotePath, S3Path, StorageError, as_path, backend, deadline, no_answer, read_many,
+)
 from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight
 
 
@@ -92,8 +94,7 @@ def _block(path: RemotePath, request: concurrent.futures.Future) -> bytes:
     try:
         return request.result(timeout=deadline())
     except concurrent.futures.TimeoutError:
-        raise StorageError(f"{path}: the store did not answer within {deadline():.0f} s (--storage-timeout); "
-                           "expected a store that answers") from None
+        raise no_answer(path, deadline()) from None
 
 
 def _blocks(path: RemotePath, fs):
