@@ -98,6 +98,17 @@ def test_s3_through_the_s3_reader_reads_the_same_bytes_as_the_folder(served, s3_
     assert counted.bytes >= sum((served / k).stat().st_size for k in read)
 
 
+def test_the_s3_reader_reads_each_object_with_one_request_and_keeps_one_listing(served, s3_emulated):
+    root = location.as_path(f"{s3_emulated.url}/tree")
+    local = sorted(p.relative_to(served / "tree").as_posix() for p in (served / "tree").rglob("*") if p.is_file())
+    files = [root / name for name in local]  # named, not listed: nothing known of them before the reads
+    before = s3_emulated.counters().requests
+    assert location.read_many(files, 8) == [(served / "tree" / name).read_bytes() for name in local]
+    assert s3_emulated.counters().requests - before == len(files)  # a GET each, no HEAD before it
+    assert sorted(p.relative_to(root).as_posix() for p in root.walk_files()) == local
+    assert not location.backend(root).fs().dircache  # the listing is held once, by stallscope
+
+
 def _records(dataset) -> list[bytes]:
     return [record.numpy() for record in dataset]
 

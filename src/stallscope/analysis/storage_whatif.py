@@ -135,8 +135,8 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
 
 def s3fs_client() -> StorageClient:
     """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them).
-    ~2.5 ms of Python per request (signing, aiohttp, botocore's parsing): 3.2-4.4 ms of process CPU
-    per GET in a bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py
+    ~2.5 ms of Python per request (signing, aiohttp, botocore's parsing): 2.4 ms of process CPU per
+    GET in a bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py
     --store s3 put it. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
     Shards: a HEAD (the size), then 16 MiB ranged GETs, the next asked for while one is parsed (the
     storage emulator at 0-30 ms: 1.4-2 latencies per shard). ~2.5 ms of CPU per MiB received: a shard
