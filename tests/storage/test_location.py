@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import gcs, location
+from stallscope.storage import gcs, location, s3_reading
 from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
 
 from .conftest import BUCKET
@@ -48,13 +48,72 @@ def test_one_listing_answers_every_question_about_the_tree(s3_env, monkeypatch):
     assert calls == [root, as_path(f"s3://{BUCKET}/no-such-prefix")]  # the tree listed once, whatever was asked
 
 
-def test_reads_return_the_local_bytes_with_many_requests_in_flight(s3_env):
+@pytest.fixture(params=["obstore", "s3fs"])
+def s3_reader(request, monkeypatch):
+    """Each reader of whole s3:// objects in turn (STALLSCOPE_S3_READER)."""
+    if request.param == "obstore":
+        pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
+    monkeypatch.setenv(s3_reading.READER_ENV, request.param)
+    return request.param
+
+
+def test_reads_return_the_local_bytes_with_many_requests_in_flight(s3_env, s3_reader):
     tree = s3_env["tree"]
     root = as_path(f"s3://{BUCKET}/tree")
     files = list(root.walk_files())
     expected = [(tree / p.relative_to(root).as_posix()).read_bytes() for p in files]
     assert location.read_many(files, 8) == expected
     assert files[0].read_bytes() == expected[0]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials (SignatureDoesNotMatch)"),
+    ({"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, "refused the credentials (InvalidAccessKeyId)"),
+    ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, "no credentials for s3://; expected AWS_ACCESS_KEY_ID"),
+])
+def test_refused_reads_are_one_line_naming_the_object(s3_env, s3_reader, monkeypatch, overrides, expected):
+    root = as_path(f"s3://{BUCKET}/tree")
+    files = sorted(root.walk_files(), key=str)[:4]  # listed with good credentials
+    for name, value in overrides.items():
+        monkeypatch.setenv(name, value) if value else monkeypatch.delenv(name)
+    location.set_timeout(5)  # fresh clients that read the changed environment
+    with pytest.raises(StorageError) as caught:
+        location.read_many(files, 4)
+    message = str(caught.value)
+    assert expected in message and message.startswith(str(files[0])) and "\n" not in message
+
+
+def test_missing_buckets_objects_and_a_dead_store_are_one_line_for_reads(s3_env, s3_reader, monkeypatch):
+    from .conftest import free_port
+
+    here = as_path(f"s3://{BUCKET}/tree/no-such.jpg")
+    with pytest.raises(StorageError, match=r"^s3://data/tree/no-such.jpg: no such object or prefix; expected one"):
+        location.read_many([here], 1)
+    with pytest.raises(StorageError, match=r"^s3://no-such-bucket/a.jpg: bucket 'no-such-bucket' does not exist"):
+        location.read_many([as_path("s3://no-such-bucket/a.jpg")], 1)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    location.set_timeout(2)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=f"^{here}: the store at {dead} did not answer .*--storage-timeout$"):
+        location.read_many([here], 1)
+    assert time.monotonic() - started < 30
+
+
+def test_obstore_reads_a_bucket_in_the_region_s3_names_when_none_is_configured(s3_env, monkeypatch):
+    pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
+    client = s3_env["client"]
+    client.create_bucket(Bucket="far-away", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    client.put_object(Bucket="far-away", Key="a.jpg", Body=b"far")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv(s3_reading.READER_ENV, "obstore")
+    location.set_timeout(5)
+    path = as_path("s3://far-away/a.jpg")
+    assert location.read_many([path], 1) == [b"far"]
+    assert location.backend(path).objects().store("far-away").config["region"] == "eu-west-1"
+    client.delete_object(Bucket="far-away", Key="a.jpg")
+    client.delete_bucket(Bucket="far-away")
 
 
 def test_writes_land_under_their_name_and_update_the_listing(s3_env):
@@ -119,7 +178,13 @@ def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
     assert gcs.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
     assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
         "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=4)"
-    assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == "s3fs (16 in flight)"
+    for reader in ("s3fs", "obstore"):
+        monkeypatch.setenv(s3_reading.READER_ENV, reader)
+        assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == \
+            f"{reader} (16 in flight)"
+    monkeypatch.setenv(s3_reading.READER_ENV, "boto")
+    with pytest.raises(location.UsageError, match="STALLSCOPE_S3_READER: expected one of obstore, s3fs, got 'boto'"):
+        describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1)
     assert describe_reader("files", [Path("x.jpg")], read_parallelism=None, map_parallelism=None) == "TF local files"
 
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from stallscope.cli.main import main
+from stallscope.storage import s3_reading
 
 from .conftest import BUCKET, child_environment, free_port, s3_environment
 
@@ -18,11 +19,14 @@ TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--a
 
 
 @pytest.mark.parametrize("source, prefix, pipeline, reader", [
-    ("files", "tree", "seed", "s3fs (1 in flight)"),
-    ("files", "tree", "tuned", "s3fs (16 in flight)"),
+    ("files", "tree", "seed", "s3fs (1 in flight)"),  # STALLSCOPE_S3_READER=s3fs
+    ("files", "tree", "tuned", "obstore (16 in flight)"),
     ("records", "records", "tuned", "s3fs (records streamed in 16 MB blocks, 1 requested ahead)"),
 ])
-def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, source, prefix, pipeline, reader):
+def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, monkeypatch, source, prefix, pipeline, reader):
+    if reader.startswith("obstore"):
+        pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
+    monkeypatch.setenv(s3_reading.READER_ENV, reader.split()[0])
     run_dir = tmp_path / "run"
     code = main(["train", "--source", source, "--dataset_path", f"s3://{BUCKET}/{prefix}", "--steps", "6",
                  "--pipeline", pipeline, "--log_path", str(run_dir), *TINY])
@@ -41,7 +45,8 @@ def test_diagnose_reads_from_a_bucket(s3_env, capsys):
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert 0.0 <= report["input_share"] <= 1.0 and report["phases"]
-    assert report["source"]["reader"] == "s3fs (1 in flight)" and report["source"]["path"] == f"s3://{BUCKET}/tree"
+    assert report["source"]["reader"] == f"{s3_reading.reader_name()} (1 in flight)"
+    assert report["source"]["path"] == f"s3://{BUCKET}/tree"
 
 
 def test_evaluate_reads_from_a_bucket(s3_env, tmp_path, capsys):

@@ -2,11 +2,11 @@
 the reader a pipeline runs, for the run record.
 
 TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDataset`). For s3:// the
-pipeline fetches through fsspec/s3fs: image files in groups of `in_flight` requests at once (one
-`tf.numpy_function` per group, the group fetched concurrently on s3fs's event loop, so the requests in
-flight do not depend on tf.data's thread pool, which has as many threads as cores), and TFRecord
-shards streamed in large blocks, the next requested while one is parsed, by a generator that checks
-every record's checksums and hands them to tf.data in groups.
+pipeline fetches image files in groups of `in_flight` requests at once (one `tf.numpy_function` per
+group, the group fetched concurrently by obstore's request threads, or on s3fs's event loop, so the
+requests in flight do not depend on tf.data's thread pool, which has as many threads as cores), and,
+through fsspec/s3fs, TFRecord shards streamed in large blocks, the next requested while one is
+parsed, by a generator that checks every record's checksums and hands them to tf.data in groups.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.location import (
     RemotePath, S3Path, StorageError, as_path, backend, deadline, no_answer, read_many,
 )
-from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight
+from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight, reader_name
 
 
 def needs_own_reader(files) -> bool:
@@ -34,7 +34,7 @@ def needs_own_reader(files) -> bool:
 
 
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
-    """(path, label) elements -> (bytes, label, path), fetched `requests` at a time through s3fs; the
+    """(path, label) elements -> (bytes, label, path), fetched `requests` at a time; the
     next group is fetched while the previous one is consumed when `requests` > 1."""
 
     def fetch(batch: np.ndarray) -> np.ndarray:
@@ -198,7 +198,7 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
     if isinstance(first, S3Path):
         if kind == "files":
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
-            return f"s3fs ({requests} in flight)"
+            return f"{reader_name()} ({requests} in flight)"
         return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks, {BLOCKS_AHEAD} requested ahead)"
     if isinstance(first, RemotePath):
         reads = ""

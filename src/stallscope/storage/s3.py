@@ -14,12 +14,15 @@ import functools
 import inspect
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from stallscope.errors import UsageError
+from stallscope.storage import s3_objects
+from stallscope.storage.s3_reading import reader_name
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, short, storage_timeout, with_deadline,
 )
@@ -29,6 +32,7 @@ logger = logging.getLogger(__name__)
 S3_CONNECTIONS = 64  # open connections the client keeps, so requests in flight do not queue for one
 
 T = TypeVar("T")
+_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
 
 
 @functools.cache
@@ -50,6 +54,22 @@ class S3Store(Store):
         self._fs = None
         self._pid = 0
         self._lock = threading.Lock()
+        self._objects: s3_objects.ObjectReader | None = None
+
+    def objects(self) -> s3_objects.ObjectReader:
+        """The obstore reader of whole objects (one per store; it remakes itself after a fork)."""
+        with self._lock:
+            if self._objects is None:
+                self._objects = s3_objects.ObjectReader(self._bucket_region)
+            return self._objects
+
+    def _bucket_region(self, bucket: str) -> str | None:
+        """The bucket's region as S3 names it in a HEAD of the bucket (None where it cannot be had)."""
+        try:
+            found = self.fs().call_s3("head_bucket", Bucket=bucket)
+            return found["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
+        except Exception:  # refused, missing or unreachable: the reads themselves then say so in one line
+            return None
 
     def fs(self):
         with self._lock:  # tf.data threads ask at once on the first read
@@ -82,13 +102,15 @@ class S3Store(Store):
 
     def error(self, path: RemotePath, exc: BaseException, action: str = "read") -> StorageError:
         name = type(exc).__name__
-        text = " ".join(str(exc).split())
+        text = s3_objects.storage_error_text(exc)
         cause = exc.__cause__ or exc.__context__
         code = ""
         for candidate in (exc, cause):
             response = getattr(candidate, "response", None)
             if isinstance(response, dict):
                 code = response.get("Error", {}).get("Code", "") or code
+        if not code and (found := _XML_CODE.search(text)):  # obstore: the store's XML error, as text
+            code = found.group(1)
         if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
             return StorageError(f"{path}: no credentials for s3://; expected AWS_ACCESS_KEY_ID and "
                                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials")
@@ -103,7 +125,8 @@ class S3Store(Store):
         if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
         if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
-                or "connect" in text.lower() or "timeout" in text.lower() or isinstance(exc, (TimeoutError, ConnectionError)):
+                or any(word in text.lower() for word in ("connect", "timeout", "timed out", "error sending request")) \
+                or isinstance(exc, (TimeoutError, ConnectionError)):
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
             return StorageError(f"{path}: the store at {endpoint} did not answer ({short(text)}); "
                                 "expected a reachable S3 endpoint within --storage-timeout")
@@ -143,10 +166,14 @@ class S3Store(Store):
         return f"{path.bucket}/{path.key}"
 
     def read(self, path: RemotePath) -> bytes:
+        if reader_name() == "obstore":
+            return self.objects().read_many([path], 1, self.error)[0]
         fs = self.fs()
         return self._call(path, lambda: fs.cat_file(self._key(path), **_one_get(type(fs))))
 
     def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
+        if reader_name() == "obstore":
+            return self.objects().read_many(paths, in_flight, self.error)
         keys = [self._key(p) for p in paths]
         fs = self.fs()
         found = self._call(paths[0], lambda: fs.cat(keys, batch_size=max(1, in_flight), on_error="return",

@@ -3,6 +3,15 @@ and the storage what-if, which must model the reader that really runs."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
+from stallscope.errors import UsageError
+
+# Which reader fetches whole s3:// objects (JPEGs): obstore where installed, unless this says s3fs.
+READER_ENV = "STALLSCOPE_S3_READER"
+READERS = ("obstore", "s3fs")
+
 # Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
 AUTOTUNE_IN_FLIGHT = 16
 # Block size of a streamed s3:// shard: one request per this many bytes.
@@ -15,3 +24,18 @@ def in_flight(parallelism: int | None) -> int:
     if parallelism is None:
         return 1
     return AUTOTUNE_IN_FLIGHT if parallelism < 0 else int(parallelism)
+
+
+def reader_name() -> str:
+    """The reader whole s3:// objects are read with: obstore where installed, unless
+    STALLSCOPE_S3_READER says s3fs (the reader that runs, and the one the what-if models)."""
+    wanted = os.environ.get(READER_ENV, "").strip().lower()
+    if wanted and wanted not in READERS:
+        raise UsageError(f"{READER_ENV}: expected one of {', '.join(READERS)}, got {wanted!r}")
+    if wanted == "s3fs":
+        return "s3fs"
+    if importlib.util.find_spec("obstore") is None:
+        if wanted == "obstore":
+            raise UsageError(f"{READER_ENV}=obstore needs the obstore package: pip install 'stallscope[storage]'")
+        return "s3fs"
+    return "obstore"
