@@ -42,12 +42,13 @@ import psutil  # noqa: E402
 from stallscope.analysis import storage_whatif as sw  # noqa: E402
 from stallscope.analysis.storage_whatif import as_configured_mode  # noqa: E402
 from stallscope.pipeline.config import PipelineConfig  # noqa: E402
+from stallscope.storage import s3_reading  # noqa: E402
 from stallscope.storage.emulator import emulate  # noqa: E402
 
 ACCELERATOR = "emulated:20000"   # 0.8 ms per batch of 16: input dominates every run here
 COMMON = ["--batch-size", "16", "--image-size", "96", "--model", "mobilenet", "--weights", "none",
           "--accelerator", ACCELERATOR]
-CLIENT = {"gcs": "tf-gcs", "s3": "s3fs"}
+CLIENT = {"gcs": "tf-gcs", "s3": s3_reading.reader_name()}  # s3://: obstore where installed (STALLSCOPE_S3_READER)
 TARGET_RATIO = 0.25
 TARGET_TUNED_AT_10 = {"files": 0.8, "records": 0.9}
 

@@ -82,8 +82,8 @@ class DiagnoseOptions:
     work_dir: where the probe runs' directories go (kept); None: a temporary directory, removed.
     storage_scenarios: stores the storage what-if predicts for (and the storage advice weighs);
         empty: the presets are shown and no storage advice is given.
-    storage_client: the object-store client the what-if models ("tf-gcs", "s3fs"); None: from the
-        data set path (s3:// -> s3fs, else TF's gs://).
+    storage_client: the object-store client the what-if models ("tf-gcs", "s3fs", "obstore"); None:
+        from the data set path (s3:// -> the s3:// reader that runs, else TF's gs://).
     storage_counters: a store's counters file (`StorageCounters`), read around the pipeline probe:
         requests, connections and bytes per image are then measured, not modelled.
     extra_stages: builder hooks added to every probe's pipeline (library use: tests, experiments).
