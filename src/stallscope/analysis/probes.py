@@ -165,9 +165,11 @@ def probe_pipeline(
     max_images: int,
     budget_s: float,
     extra_stages: Mapping[str, Any] | None = None,
+    min_seconds: float = 0.0,
 ) -> PipelineProbe:
-    """Runs the pipeline alone until `max_images` went through decode or `budget_s` passed
-    (checked between batches; a shuffle buffer larger than max_images is filled in full)."""
+    """Runs the pipeline alone until `max_images` went through decode and `min_seconds` passed (more
+    passes: a steady pace past the first batch), or `budget_s` passed (checked between batches; a
+    shuffle buffer larger than max_images is filled in full)."""
     from stallscope.tfimport import import_tensorflow
 
     tf = import_tensorflow()
@@ -182,7 +184,7 @@ def probe_pipeline(
     return _timed_probe(
         dataset, lambda batch: _so_far(int(counter.numpy()), max_images), cache_state=cache_state,
         files=[str(p) for p in source.files], budget_s=budget_s, batch_size=config.batch_size,
-        source_kind=source.kind, examples=source.num_examples)
+        source_kind=source.kind, examples=source.num_examples, min_s=min_seconds)
 
 
 def _so_far(images: int, wanted: int) -> tuple[int, bool]:
@@ -222,9 +224,10 @@ def batch_images(batch) -> int:
 
 
 def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s: float, batch_size: int,
-                 source_kind: str, examples: int) -> PipelineProbe:
+                 source_kind: str, examples: int, min_s: float = 0.0) -> PipelineProbe:
     """Iterates `dataset` with the page cache in `cache_state` until `tally(batch)` -> (images so far,
-    enough) says enough or budget_s passed; measures time, CPU, run-queue delay and I/O meanwhile."""
+    enough) says enough and min_s passed, or budget_s passed; measures time, CPU, run-queue delay and
+    I/O meanwhile."""
     from stallscope.storage.location import is_remote
 
     local = [f for f in files if not is_remote(str(f))]  # the page cache holds local files only
@@ -245,7 +248,8 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
             images, enough = tally(batch)
             if batches == 1:
                 first_at, first_images = time.perf_counter(), images
-            if enough or time.perf_counter() - started >= budget_s:
+            elapsed = time.perf_counter() - started
+            if (enough and elapsed >= min_s) or elapsed >= budget_s:
                 break
         ended = time.perf_counter()
         seconds = ended - started
