@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from stallscope.analysis.storage_counters import load_storage_counters
 from stallscope.cli.main import main
 from stallscope.errors import UsageError
 from stallscope.records.convert import ConvertOptions, convert_tree
-from stallscope.storage import location
+from stallscope.storage import location, s3_reading
 from stallscope.storage.emulator import emulate
 
 from .conftest import child_environment
@@ -113,11 +114,19 @@ def _records(dataset) -> list[bytes]:
     return [record.numpy() for record in dataset]
 
 
+READERS = [pytest.param("obstore", marks=pytest.mark.skipif(importlib.util.find_spec("obstore") is None,
+                                                             reason="obstore (the storage extra) not installed")),
+           "s3fs"]
+
+
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("block_bytes", [333, 16 * 1024 * 1024])  # headers and records across blocks; one block
-def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch, block_bytes):
+def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch, block_bytes, reader):
     import tensorflow as tf
 
     from stallscope.storage import readers
+
+    monkeypatch.setenv(s3_reading.READER_ENV, reader)
 
     monkeypatch.setattr(readers, "GROUP_RECORDS", 5)  # 12 records a shard: groups of 5, 5 and 2
     monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", block_bytes)
@@ -127,14 +136,16 @@ def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monk
         assert remote == local and len(local) == 12
 
 
-def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served, s3_emulated, monkeypatch):
+@pytest.mark.parametrize("reader", READERS)
+def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served, s3_emulated, monkeypatch, reader):
     from stallscope.storage import readers
 
+    monkeypatch.setenv(s3_reading.READER_ENV, reader)
     monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
     path = location.as_path(f"{s3_emulated.url}/records/{shard.name}")
     before = s3_emulated.counters().requests
-    blocks = readers._blocks(path, readers.backend(path).fs())
+    blocks = readers._blocks(path, readers.backend(path))
     try:
         assert next(blocks) == shard.read_bytes()[:333]
         waited = time.monotonic() + LIMIT_S
@@ -146,10 +157,13 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served,
         blocks.close()
 
 
-def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch):
+@pytest.mark.parametrize("reader", READERS)
+def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch, reader):
     import tensorflow as tf
 
     from stallscope.storage import readers
+
+    monkeypatch.setenv(s3_reading.READER_ENV, reader)
 
     monkeypatch.setattr(readers, "GROUP_RECORDS", 5)
     monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
@@ -158,13 +172,13 @@ def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served
     damaged = bytearray(shard.read_bytes())
     eighth = sum(12 + len(record) + 4 for record in local[:7])  # header 12, payload, footer 4
     damaged[eighth + 12 + 10] ^= 0xFF  # inside the eighth record's payload
-    folder = served / "damaged"
+    folder = served / f"damaged-{reader}"
     folder.mkdir()
     try:
         (folder / shard.name).write_bytes(bytes(damaged))
         got = []
-        with pytest.raises(tf.errors.OpError, match=f"damaged/{shard.name}: corrupted record at byte {eighth}"):
-            for record in readers.shard_records(tf.constant(f"{s3_emulated.url}/damaged/{shard.name}")):
+        with pytest.raises(tf.errors.OpError, match=f"{folder.name}/{shard.name}: corrupted record at byte {eighth}"):
+            for record in readers.shard_records(tf.constant(f"{s3_emulated.url}/{folder.name}/{shard.name}")):
                 got.append(record.numpy())
         assert got == local[:7]  # as TFRecordDataset: every record before the damaged one
     finally:

@@ -243,7 +243,7 @@ def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Datas
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
     """(dataset of serialized records, "serialized")."""
     shards = [str(p) for p in source.files]
-    own_reader = readers.needs_own_reader(source.files)  # s3://: records streamed through s3fs
+    own_reader = readers.needs_own_reader(source.files)  # s3://: records streamed by our reader
     files = None
     if config.shuffle_files:
         files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)

@@ -4,14 +4,13 @@ the reader a pipeline runs, for the run record.
 TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDataset`). For s3:// the
 pipeline fetches image files in groups of `in_flight` requests at once (one `tf.numpy_function` per
 group, the group fetched concurrently by obstore's request threads, or on s3fs's event loop, so the
-requests in flight do not depend on tf.data's thread pool, which has as many threads as cores), and,
-through fsspec/s3fs, TFRecord shards streamed in large blocks, the next requested while one is
+requests in flight do not depend on tf.data's thread pool, which has as many threads as cores), and
+TFRecord shards streamed in large blocks through the same reader, the next requested while one is
 parsed, by a generator that checks every record's checksums and hands them to tf.data in groups.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import re
@@ -69,7 +68,7 @@ def _shard_groups(url: bytes):
     size = 0
     failure = None
     try:
-        for payload in _frames(path, store.fs()):
+        for payload in _frames(path, store):
             group.append(payload)
             size += len(payload)
             if len(group) >= GROUP_RECORDS or size >= GROUP_BYTES:
@@ -97,16 +96,14 @@ def _block(path: RemotePath, request: concurrent.futures.Future) -> bytes:
         raise no_answer(path, deadline()) from None
 
 
-def _blocks(path: RemotePath, fs):
-    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order, with BLOCKS_AHEAD more requested on
-    the client's event loop while each is consumed."""
-    key = f"{path.bucket}/{path.key}"
-    size = int(fs.info(key)["size"])
+def _blocks(path: RemotePath, store):
+    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order, with BLOCKS_AHEAD more requested
+    (on the client's own threads or event loop) while each is consumed."""
+    size = store.size(path)
     starts = iter(range(0, size, SHARD_BLOCK_BYTES))
 
     def request(start: int) -> concurrent.futures.Future:
-        fetch = fs._cat_file(key, start=start, end=min(start + SHARD_BLOCK_BYTES, size))
-        return asyncio.run_coroutine_threadsafe(fetch, fs.loop)
+        return store.request_range(path, start, min(start + SHARD_BLOCK_BYTES, size))
 
     pending: collections.deque = collections.deque()
     try:
@@ -153,8 +150,8 @@ class _ByteStream:
         return b"".join(parts)
 
 
-def _frames(path: RemotePath, fs):
-    stream = _ByteStream(_blocks(path, fs))
+def _frames(path: RemotePath, store):
+    stream = _ByteStream(_blocks(path, store))
     offset = 0
     while True:
         header = stream.read(HEADER_BYTES)
@@ -199,7 +196,8 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
         if kind == "files":
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
             return f"{reader_name()} ({requests} in flight)"
-        return f"s3fs (records streamed in {SHARD_BLOCK_BYTES >> 20} MB blocks, {BLOCKS_AHEAD} requested ahead)"
+        blocks = f"{SHARD_BLOCK_BYTES >> 20} MB blocks, {BLOCKS_AHEAD} requested ahead"
+        return f"{reader_name()} (records streamed in {blocks})"
     if isinstance(first, RemotePath):
         reads = ""
         if kind == "files" and read_parallelism is not None and read_parallelism > 1:

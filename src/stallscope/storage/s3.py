@@ -9,6 +9,7 @@ AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
 import functools
 import inspect
@@ -185,6 +186,19 @@ class S3Store(Store):
                 raise self.error(path, value or FileNotFoundError(key))
             out.append(value)
         return out
+
+    def size(self, path: RemotePath) -> int:
+        """An object's size, asked of the store (a HEAD): a shard's blocks are planned from it."""
+        if reader_name() == "obstore":
+            return self.objects().size(path)
+        return int(self.fs().info(self._key(path))["size"])
+
+    def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
+        """Bytes [start, end) of an object, asked for now; the future holds them (or the error)."""
+        if reader_name() == "obstore":
+            return self.objects().request_range(path, start, end)
+        fs = self.fs()
+        return asyncio.run_coroutine_threadsafe(fs._cat_file(self._key(path), start=start, end=end), fs.loop)
 
     def write(self, path: RemotePath, data: bytes) -> None:
         self._call(path, lambda: self.fs().pipe_file(self._key(path), data), "write")
