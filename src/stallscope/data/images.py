@@ -105,15 +105,6 @@ class PreparedImage:
         return bool(self.actions)
 
 
-_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
-
-
-def _without_addresses(exc: Exception) -> str:
-    """Pillow names the buffer it read (`<_io.BytesIO object at 0x7f...>`); the address differs in every
-    process, and a manifest must be the same bytes on every run."""
-    return _OBJECT_REPR.sub("", str(exc))
-
-
 def sniff_format(data: bytes) -> str | None:
     """The image format named by the magic bytes, or None."""
     for name, test in _MAGIC:
