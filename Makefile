@@ -63,6 +63,7 @@ bench: venv
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/api_overhead.py
 	$(BIN)/python benchmarks/storage.py
+	$(BIN)/python benchmarks/s3_reader.py
 	$(BIN)/python benchmarks/storage_emulator.py
 
 clean:

@@ -1,4 +1,5 @@
-"""s3:// through fsspec/s3fs (TF 2.21 has no s3://; tensorflow-io does not load against it).
+"""s3:// through fsspec/s3fs (TF 2.21 has no s3://; tensorflow-io does not load against it): listings
+and writes, and reads where obstore is not the reader (`s3_objects` reads otherwise).
 
 One client per process (made again in a forked child), with botocore's connect and read timeouts set
 to the storage timeout, two attempts, and enough pooled connections for a pipeline's requests in
@@ -23,10 +24,10 @@ from typing import TypeVar
 
 from stallscope.errors import UsageError
 from stallscope.storage import s3_objects
-from stallscope.storage.s3_reading import reader_name
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, short, storage_timeout, with_deadline,
 )
+from stallscope.storage.s3_reading import reader_name
 
 logger = logging.getLogger(__name__)
 
