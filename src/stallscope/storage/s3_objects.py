@@ -2,8 +2,9 @@
 
 s3fs spends ~2.4 ms of Python per GET on one event loop, holding the GIL: a few hundred JPEGs a
 second per process, on any number of cores. obstore's GETs cost ~0.35 ms of this process's CPU each
-(the emulator, 16-32 in flight) and run outside the GIL. A shard's 16 MB blocks cost about what they
-cost through s3fs (3-5 ms of CPU per MiB, receiving included, on the emulator), but off the GIL too.
+(the emulator, 16-32 in flight) and run outside the GIL. A shard's 16 MB blocks cost about the same
+CPU per MiB through either (~1.5 ms), but cut into checked records obstore's took 0.3x the CPU at 3x
+the rate: s3fs's event loop and the parser take turns at the GIL (benchmarks/s3_reader.py).
 Listings and writes stay on s3fs. Credentials
 come from botocore's chain (environment, AWS_PROFILE, ~/.aws, SSO, instance roles: what s3fs uses),
 the endpoint from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, the region from the AWS configuration.
