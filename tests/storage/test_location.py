@@ -116,6 +116,17 @@ def test_obstore_reads_a_bucket_in_the_region_s3_names_when_none_is_configured(s
     client.delete_bucket(Bucket="far-away")
 
 
+def test_a_profiles_endpoint_serves_listings_and_reads_alike(s3_env, s3_reader, monkeypatch, tmp_path):
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\nendpoint_url = {s3_env['endpoint']}\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    location.set_timeout(5)
+    root = as_path(f"s3://{BUCKET}/tree")
+    files = sorted(root.walk_files(), key=str)[:3]  # listed through s3fs
+    assert location.read_many(files, 3) == [(s3_env["tree"] / p.relative_to(root).as_posix()).read_bytes() for p in files]
+
+
 def test_writes_land_under_their_name_and_update_the_listing(s3_env):
     out = as_path(f"s3://{BUCKET}/written")
     location.write_bytes(out / "a.txt", b"hello")

@@ -7,7 +7,7 @@ CPU per MiB through either (~1.5 ms), but cut into checked records obstore's too
 the rate: s3fs's event loop and the parser take turns at the GIL (benchmarks/s3_reader.py).
 Listings and writes stay on s3fs. Credentials
 come from botocore's chain (environment, AWS_PROFILE, ~/.aws, SSO, instance roles: what s3fs uses),
-the endpoint from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, the region from the AWS configuration.
+the endpoint and region from the AWS configuration as botocore reads it.
 STALLSCOPE_S3_READER=s3fs reads through s3fs instead.
 """
 
@@ -25,8 +25,19 @@ REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outsid
 CREDENTIALS_TTL = datetime.timedelta(minutes=5)  # how long obstore keeps refreshable credentials
 
 
-def endpoint_url() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+def endpoint_url(session) -> str | None:
+    """The S3 endpoint botocore (and so s3fs) would use: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, or the
+    profile's `endpoint_url` (its services section first), so that listings and reads reach one store.
+    None: AWS's own endpoints. botocore's lookup is private API; the environment alone where it moved."""
+    if str(session.get_config_variable("ignore_configured_endpoint_urls")).lower() == "true":
+        return None
+    try:
+        from botocore.configprovider import ConfiguredEndpointProvider
+
+        return ConfiguredEndpointProvider(full_config=session.full_config, scoped_config=session.get_scoped_config(),
+                                          client_name="s3").provide() or None
+    except (ImportError, TypeError, AttributeError):
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
 class NoCredentials(Exception):
@@ -72,7 +83,7 @@ class ObjectReader:
                 self._session = botocore.session.Session()
             self._credentials()  # none at all: one line now, not a wrapped error per request
             seconds = storage_timeout()
-            endpoint = endpoint_url()
+            endpoint = endpoint_url(self._session)
             limit = datetime.timedelta(seconds=seconds)
             options = {"connect_timeout": limit, "timeout": limit,
                        "allow_http": bool(endpoint and endpoint.startswith("http://"))}
