@@ -5,10 +5,9 @@ second per process, on any number of cores. obstore's GETs cost ~0.35 ms of this
 (the emulator, 16-32 in flight) and run outside the GIL. A shard's 16 MB blocks cost about the same
 CPU per MiB through either (~1.5 ms), but cut into checked records obstore's took 0.3x the CPU at 3x
 the rate: s3fs's event loop and the parser take turns at the GIL (benchmarks/s3_reader.py).
-Listings and writes stay on s3fs. Credentials
-come from botocore's chain (environment, AWS_PROFILE, ~/.aws, SSO, instance roles: what s3fs uses),
-the endpoint and region from the AWS configuration as botocore reads it.
-STALLSCOPE_S3_READER=s3fs reads through s3fs instead.
+Listings and writes stay on s3fs. Credentials come from botocore's chain (environment, AWS_PROFILE,
+~/.aws, SSO, instance roles: what s3fs uses), the endpoint and region from the AWS configuration as
+botocore reads it. STALLSCOPE_S3_READER=s3fs reads through s3fs instead.
 """
 
 from __future__ import annotations
