@@ -193,6 +193,11 @@ def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
         monkeypatch.setenv(s3_reading.READER_ENV, reader)
         assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == \
             f"{reader} (16 in flight)"
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/private-ca.pem")  # botocore trusts it; obstore would not
+    assert s3_reading.reader_name() == "obstore"  # asked for by name
+    monkeypatch.delenv(s3_reading.READER_ENV)
+    assert s3_reading.reader_name() == "s3fs"
+    monkeypatch.delenv("AWS_CA_BUNDLE")
     monkeypatch.setenv(s3_reading.READER_ENV, "boto")
     with pytest.raises(location.UsageError, match="STALLSCOPE_S3_READER: expected one of obstore, s3fs, got 'boto'"):
         describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1)
