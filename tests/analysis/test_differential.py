@@ -180,9 +180,9 @@ def test_the_pipeline_probe_of_a_small_data_set_runs_long_enough_for_a_steady_pa
     config = SMALL.replace(batch_size=48)  # one pass is one batch: no pace past the first
     one_pass = probe_pipeline(config, source, cache_state="warm", max_images=48, budget_s=30.0)
     assert one_pass.steady_ms_per_image is None
-    longer = probe_pipeline(config, source, cache_state="warm", max_images=48, budget_s=30.0, min_seconds=0.3)
+    longer = probe_pipeline(config, source, cache_state="warm", max_images=48, budget_s=30.0, min_s=0.3)
     assert longer.seconds >= 0.3 and longer.images > 48 and longer.steady_ms_per_image > 0
-    cut = probe_pipeline(config, source, cache_state="warm", max_images=48, budget_s=0.01, min_seconds=5.0)
+    cut = probe_pipeline(config, source, cache_state="warm", max_images=48, budget_s=0.01, min_s=5.0)
     assert cut.seconds < 5.0  # the budget still ends it
 
 

@@ -529,7 +529,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         say("probe: pipeline alone, warm page cache")
         counted_before = _read_counters(options)
         warm = probe_pipeline(config, source, cache_state="warm", max_images=max_images,
-                              min_seconds=MIN_STEADY_S if repeats else 0.0,
+                              min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         served = _read_counters(options) - counted_before if counted_before is not None else None
         parts = breakdown(warm, cold, config)

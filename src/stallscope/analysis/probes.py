@@ -165,9 +165,9 @@ def probe_pipeline(
     max_images: int,
     budget_s: float,
     extra_stages: Mapping[str, Any] | None = None,
-    min_seconds: float = 0.0,
+    min_s: float = 0.0,
 ) -> PipelineProbe:
-    """Runs the pipeline alone until `max_images` went through decode and `min_seconds` passed (more
+    """Runs the pipeline alone until `max_images` went through decode and `min_s` passed (more
     passes: a steady pace past the first batch), or `budget_s` passed (checked between batches; a
     shuffle buffer larger than max_images is filled in full)."""
     from stallscope.tfimport import import_tensorflow
@@ -184,7 +184,7 @@ def probe_pipeline(
     return _timed_probe(
         dataset, lambda batch: _so_far(int(counter.numpy()), max_images), cache_state=cache_state,
         files=[str(p) for p in source.files], budget_s=budget_s, batch_size=config.batch_size,
-        source_kind=source.kind, examples=source.num_examples, min_s=min_seconds)
+        source_kind=source.kind, examples=source.num_examples, min_s=min_s)
 
 
 def _so_far(images: int, wanted: int) -> tuple[int, bool]:

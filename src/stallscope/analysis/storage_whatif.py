@@ -89,6 +89,8 @@ class StorageClient:
     # Requests in flight come from the client's own event loop (stallscope's s3:// reader), not from
     # tf.data's threads: `num_parallel_calls` sets them directly.
     own_event_loop: bool = False
+    # The store's URL scheme ("gs", "s3"; "file" for a file system): which store's tuned reads apply.
+    scheme: str = "file"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
@@ -129,7 +131,7 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
     return StorageClient(
         name="tf-gcs", block_bytes=int(block_mb * MIB), requests_per_open=0,
         request_overhead_ms=1.6 + request_cpu, request_cpu_ms=request_cpu, transfer_cpu_ms_per_mib=5.0 + 0.711,
-        new_connection_per_request=True, handshake_round_trips=2, block_buffer_cpu_ms_per_mib=0.711,
+        new_connection_per_request=True, handshake_round_trips=2, block_buffer_cpu_ms_per_mib=0.711, scheme="gs",
         description=f"TF's gs:// ({block_mb:g} MB blocks, a new connection per request)")
 
 
@@ -146,7 +148,7 @@ def s3fs_client() -> StorageClient:
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
         request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
         streamed_requests_per_open=1, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
-        description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
+        scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
 def obstore_client() -> StorageClient:
@@ -626,8 +628,8 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
-    scheme = {"tf-gcs": "gs", "s3fs": "s3", "obstore": "s3"}.get(client.name, "file")
-    reads = reads_of(tuned_for_store(config, pattern.format, scheme), pattern.format, workload.shared_pool_threads)
+    reads = reads_of(tuned_for_store(config, pattern.format, client.scheme), pattern.format,
+                     workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
     event_loop = client.own_event_loop and pattern.format == "files"  # stallscope's s3:// reader

@@ -96,8 +96,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(storage, "storage_client", choices=("tf-gcs", "s3fs", "obstore"), default=None,
                    help="the object-store client the what-if models: tf-gcs (TF's gs://, blocks of "
                         "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64), s3fs (pooled connections, ~2.5 ms of "
-                        "CPU per request) or obstore (s3:// objects at ~0.25 ms per request, shards "
-                        "through s3fs) (default: s3:// data's reader, obstore where installed; else tf-gcs)")
+                        "CPU per request) or obstore (~0.25 ms per request) (default: s3:// data's reader, "
+                        "obstore where installed; else tf-gcs)")
     flags.add_flag(storage, "storage_counters", type=flags.existing_file, default=None, metavar="FILE",
                    help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
                         "`stallscope storage serve`): requests per image are then measured, not modelled")

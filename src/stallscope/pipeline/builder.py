@@ -234,7 +234,7 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
 
 
 def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
-    """(path, label) -> (bytes, label, path) through s3fs, as many requests at once as the read's (or
+    """(path, label) -> (bytes, label, path) through the s3:// reader, as many requests at once as the read's (or
     else the map's) parallelism asks."""
     parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
     return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
