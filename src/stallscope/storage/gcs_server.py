@@ -20,7 +20,6 @@ import datetime
 import json
 import re
 import secrets
-import socketserver
 import ssl
 import threading
 import urllib.parse
@@ -103,13 +102,14 @@ class GcsHandler(CountingHandler):
             return
         self.send_response(200, "Connection established")
         self.end_headers()
+        self.wfile.flush()
         try:
             self.connection = self.server.tls.wrap_socket(self.connection, server_side=True)
         except (ssl.SSLError, OSError):
             self.close_connection = True
             return
         self.rfile = self.connection.makefile("rb", self.rbufsize)
-        self.wfile = socketserver._SocketWriter(self.connection)  # type: ignore[attr-defined]
+        self.wfile = self.connection.makefile("wb", self.wbufsize)
         self.close_connection = False
 
     # ----- reads
@@ -155,10 +155,10 @@ class GcsHandler(CountingHandler):
 
     def _media(self, key: str, head_only: bool) -> None:
         bucket = self.server.bucket
-        path = bucket.path_of(key)
-        info = bucket.stat(key) if path is not None else None
-        if info is None:
+        found = bucket.lookup(key)
+        if found is None:
             return self._error(404, f"No such object: {bucket.name}/{key}", "notFound")
+        path, info = found
         try:
             wanted = parse_range(self.headers.get("Range"), info.size)
         except ByteRangeError:

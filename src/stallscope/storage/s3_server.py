@@ -67,10 +67,10 @@ class S3Handler(CountingHandler):
 
     def _object(self, key: str, head_only: bool) -> None:
         bucket = self.server.bucket
-        path = bucket.path_of(key)
-        info = bucket.stat(key) if path is not None else None
-        if info is None:
+        found = bucket.lookup(key)
+        if found is None:
             return self._error(404, "NoSuchKey", "The specified key does not exist.", key, head_only)
+        path, info = found
         try:
             wanted = parse_range(self.headers.get("Range"), info.size)
         except ByteRangeError:
