@@ -127,6 +127,68 @@ def test_a_profiles_endpoint_serves_listings_and_reads_alike(s3_env, s3_reader, 
     assert location.read_many(files, 3) == [(s3_env["tree"] / p.relative_to(root).as_posix()).read_bytes() for p in files]
 
 
+@pytest.fixture
+def tls_store(tiny_tree, tmp_path, monkeypatch):
+    """The tiny tree as bucket BUCKET over HTTPS (the emulator's S3 server, its socket wrapped in TLS), with
+    a certificate from a CA of its own whose PEM is `ca.pem`; this process's environment points at it."""
+    import ssl
+    import threading
+
+    from stallscope.storage.counters import SharedCounters
+    from stallscope.storage.objects import FolderBucket
+    from stallscope.storage.s3_server import S3Server
+
+    from .conftest import s3_environment
+
+    trustme = pytest.importorskip("trustme")
+    authority = trustme.CA(organization_name="a private CA")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = S3Server(0, FolderBucket(tiny_tree, BUCKET), SharedCounters(tmp_path / "counters.bin", create=True))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    endpoint = f"https://127.0.0.1:{server.port}"
+    for name, value in s3_environment({"endpoint": endpoint, "key": "test", "secret": "test"}).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    location.set_timeout(5)
+    location.forget_listings()
+    try:
+        yield {"endpoint": endpoint, "ca": tmp_path / "ca.pem", "tree": tiny_tree}
+    finally:
+        server.shutdown()
+        server.server_close()
+        location.forget_listings()
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+
+
+def test_a_store_behind_a_private_ca_is_read_with_its_ca_bundle_and_refused_without(tls_store, s3_reader,
+                                                                                     monkeypatch, tmp_path):
+    """AWS_CA_BUNDLE is how botocore (so s3fs) trusts a private CA; obstore is handed the same PEM.
+    Without it, the store's certificate is refused in one line that says so (not 'did not answer')."""
+    key = sorted(p.relative_to(tls_store["tree"]).as_posix() for p in tls_store["tree"].rglob("*.jpg"))[0]
+    path = as_path(f"s3://{BUCKET}/{key}")
+    with pytest.raises(StorageError) as caught:
+        location.read_many([path], 1)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: the store at {tls_store['endpoint']} sent a TLS certificate this machine "
+                              "does not trust (") and "expected AWS_CA_BUNDLE" in message and "\n" not in message
+
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tls_store["ca"]))
+    location.set_timeout(5)  # fresh clients that read the changed environment
+    files = sorted(as_path(f"s3://{BUCKET}/").walk_files(), key=str)  # listed through s3fs
+    assert len(files) == len(list(tls_store["tree"].rglob("*.jpg")))
+    assert location.read_many(files, 8) == [(tls_store["tree"] / f.key).read_bytes() for f in files]
+
+    if s3_reader == "obstore":  # botocore's own reading of a bad bundle is its business
+        for bundle, why in ((tmp_path / "missing.pem", "a readable PEM file"), (tls_store["tree"] / key, "a PEM file")):
+            monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+            location.set_timeout(5)
+            with pytest.raises(StorageError, match=f"^AWS_CA_BUNDLE: expected {why} of CA certificates, got '{bundle}'"):
+                location.read_many([path], 1)
+
+
 def test_writes_land_under_their_name_and_update_the_listing(s3_env):
     out = as_path(f"s3://{BUCKET}/written")
     location.write_bytes(out / "a.txt", b"hello")
@@ -193,10 +255,9 @@ def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
         monkeypatch.setenv(s3_reading.READER_ENV, reader)
         assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == \
             f"{reader} (16 in flight)"
-    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/private-ca.pem")  # botocore trusts it; obstore would not
-    assert s3_reading.reader_name() == "obstore"  # asked for by name
     monkeypatch.delenv(s3_reading.READER_ENV)
-    assert s3_reading.reader_name() == "s3fs"
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/private-ca.pem")  # a private CA: obstore is given it too
+    assert s3_reading.reader_name() == "obstore"
     monkeypatch.delenv("AWS_CA_BUNDLE")
     monkeypatch.setenv(s3_reading.READER_ENV, "boto")
     with pytest.raises(location.UsageError, match="STALLSCOPE_S3_READER: expected one of obstore, s3fs, got 'boto'"):

@@ -35,6 +35,8 @@ S3_CONNECTIONS = 64  # open connections the client keeps, so requests in flight 
 
 T = TypeVar("T")
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+_RUSTLS_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*(\w+)")
+_OPENSSL_CERTIFICATE = re.compile(r"certificate verify failed[^)'\]\n]*", re.IGNORECASE)
 
 
 @functools.cache
@@ -44,6 +46,20 @@ def _one_get(client_type: type) -> dict[str, int]:
     which doubles the requests, adds a round trip and costs about a millisecond of CPU per image.
     `max_concurrency=1` makes it one GET; older versions, which send no HEAD, do not take it."""
     return {"max_concurrency": 1} if "max_concurrency" in inspect.signature(client_type._cat_file).parameters else {}
+
+
+def _untrusted_certificate(exc: BaseException) -> str | None:
+    """Why the store's TLS certificate was refused (obstore's rustls, or botocore's and aiohttp's
+    OpenSSL), or None when that is not what failed."""
+    for candidate in (exc, exc.__cause__, exc.__context__):
+        if candidate is None:
+            continue
+        text = str(candidate)  # obstore's reason is in its debug dump, after the one-line message
+        if found := _RUSTLS_CERTIFICATE.search(text):
+            return f"InvalidCertificate: {found.group(1)}"
+        if found := _OPENSSL_CERTIFICATE.search(text):
+            return found.group(0)
+    return None
 
 
 class S3Store(Store):
@@ -126,10 +142,13 @@ class S3Store(Store):
                                 f"that allow s3:{'PutObject' if action == 'write' else 'DeleteObject'} here")
         if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+        if (untrusted := _untrusted_certificate(exc)) is not None:
+            return StorageError(f"{path}: the store at {endpoint} sent a TLS certificate this machine does not trust "
+                                f"({untrusted}); expected AWS_CA_BUNDLE (or the profile's ca_bundle) naming its CA")
         if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
                 or any(word in text.lower() for word in ("connect", "timeout", "timed out", "error sending request")) \
                 or isinstance(exc, (TimeoutError, ConnectionError)):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
             return StorageError(f"{path}: the store at {endpoint} did not answer ({short(text)}); "
                                 "expected a reachable S3 endpoint within --storage-timeout")
         if isinstance(exc, FileNotFoundError):

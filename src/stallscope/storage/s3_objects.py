@@ -6,8 +6,8 @@ second per process, on any number of cores. obstore's GETs cost ~0.35 ms of this
 CPU per MiB through either (~1.5 ms), but cut into checked records obstore's took 0.3x the CPU at 3x
 the rate: s3fs's event loop and the parser take turns at the GIL (benchmarks/s3_reader.py).
 Listings and writes stay on s3fs. Credentials come from botocore's chain (environment, AWS_PROFILE,
-~/.aws, SSO, instance roles: what s3fs uses), the endpoint and region from the AWS configuration as
-botocore reads it. STALLSCOPE_S3_READER=s3fs reads through s3fs instead.
+~/.aws, SSO, instance roles: what s3fs uses), the endpoint, region and CA bundle from the AWS
+configuration as botocore reads it. STALLSCOPE_S3_READER=s3fs reads through s3fs instead.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import datetime
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer, storage_timeout
 
@@ -70,6 +71,22 @@ class ObjectReader:
         return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
                 "expires_at": datetime.datetime.now(datetime.timezone.utc) + CREDENTIALS_TTL if refreshable else None}
 
+    def _ca_bundle(self) -> bytes | None:
+        """The PEM certificates botocore would trust (AWS_CA_BUNDLE or the profile's ca_bundle), for a
+        store behind a private CA; None where none is configured."""
+        bundle = self._session.get_config_variable("ca_bundle")
+        if not bundle:
+            return None
+        source = "AWS_CA_BUNDLE" if os.environ.get("AWS_CA_BUNDLE") == bundle else "the AWS profile's ca_bundle"
+        try:
+            pem = Path(bundle).expanduser().read_bytes()
+        except OSError as exc:
+            raise StorageError(f"{source}: expected a readable PEM file of CA certificates, got {bundle!r} "
+                               f"({exc.strerror or exc})") from None
+        if b"-----BEGIN CERTIFICATE-----" not in pem:
+            raise StorageError(f"{source}: expected a PEM file of CA certificates, got {bundle!r} (no certificate in it)")
+        return pem
+
     def store(self, bucket: str):
         with self._lock:
             self._fresh()
@@ -86,6 +103,9 @@ class ObjectReader:
             limit = datetime.timedelta(seconds=seconds)
             options = {"connect_timeout": limit, "timeout": limit,
                        "allow_http": bool(endpoint and endpoint.startswith("http://"))}
+            authorities = self._ca_bundle()
+            if authorities:  # trusted beside the system's roots, as botocore trusts the bundle
+                options["root_certificate"] = authorities
             # botocore follows a bucket's redirect to its region; obstore does not, so it is told.
             region = self._session.get_config_variable("region") or self._bucket_region(bucket) or "us-east-1"
             store = ObstoreS3(bucket, endpoint=endpoint, region=region,
@@ -114,6 +134,8 @@ class ObjectReader:
 
         try:
             stores = [self.store(p.bucket) for p in paths]
+        except StorageError:
+            raise
         except Exception as exc:
             raise error(paths[0], exc) from None
         pool = self._pool

@@ -28,15 +28,12 @@ def in_flight(parallelism: int | None) -> int:
 
 def reader_name() -> str:
     """The reader s3:// objects are read with: obstore where installed, unless STALLSCOPE_S3_READER
-    says s3fs or, unasked, AWS_CA_BUNDLE names a private CA (the reader that runs, and the one the
-    what-if models)."""
+    says s3fs (the reader that runs, and the one the what-if models)."""
     wanted = os.environ.get(READER_ENV, "").strip().lower()
     if wanted and wanted not in READERS:
         raise UsageError(f"{READER_ENV}: expected one of {', '.join(READERS)}, got {wanted!r}")
     if wanted == "s3fs":
         return "s3fs"
-    if not wanted and os.environ.get("AWS_CA_BUNDLE"):
-        return "s3fs"  # a private CA: botocore trusts it, obstore's client would refuse the store's certificate
     if importlib.util.find_spec("obstore") is None:
         if wanted == "obstore":
             raise UsageError(f"{READER_ENV}=obstore needs the obstore package: pip install 'stallscope[storage]'")
