@@ -85,10 +85,11 @@ def test_loading_a_config_with_an_unknown_key_names_it(tmp_path):
         PipelineConfig.load(path)
 
 
-def test_tuned_keeps_more_reads_in_flight_only_on_gs_jpegs():
+def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store():
     from pathlib import Path
 
-    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, S3_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.storage.s3_reading import groups_in_flight
     from stallscope.pipeline.sources import DataSource
     from stallscope.storage.location import as_path
 
@@ -101,9 +102,12 @@ def test_tuned_keeps_more_reads_in_flight_only_on_gs_jpegs():
     assert on_gs.read_parallelism == REMOTE_READS_IN_FLIGHT and on_gs.preset == "tuned"
     assert on_gs.private_threadpool_size > REMOTE_READS_IN_FLIGHT  # the reads and a thread per core to decode
     assert overridden_fields(on_gs).keys() == {"read_parallelism", "private_threadpool_size"}
+    on_s3 = tuned_for_source(tuned, source("files", as_path("s3://bucket/train/a/1.jpg")))
+    assert on_s3.read_parallelism == S3_READS_IN_FLIGHT and groups_in_flight(S3_READS_IN_FLIGHT) == 8
+    assert on_s3.private_threadpool_size > 8  # a thread per group waiting, and a thread per core to decode
     unchanged = [
         (tuned, source("files", Path("/data/train/a/1.jpg"))),                       # local disk
-        (tuned, source("files", as_path("s3://bucket/train/a/1.jpg"))),              # s3fs keeps its own in flight
+        (tuned, source("records", as_path("s3://bucket/records/train-0.tfrecord"))),  # a request per 16 MB
         (tuned, source("records", as_path("gs://bucket/records/train-0.tfrecord"))),  # a request per 64 MB
         (PRESETS["seed"], source("files", as_path("gs://bucket/train/a/1.jpg"))),    # seed stays as the seeds wrote it
         (tuned.replace(private_threadpool_size=4), source("files", as_path("gs://b/t/a/1.jpg"))),  # the user's own

@@ -2,9 +2,9 @@
 the reader a pipeline runs, for the run record.
 
 TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDataset`). For s3:// the
-pipeline fetches image files in groups of `in_flight` requests at once (one `tf.numpy_function` per
-group, the group fetched concurrently by obstore's request threads, or on s3fs's event loop, so the
-requests in flight do not depend on tf.data's thread pool, which has as many threads as cores), and
+pipeline fetches image files in groups of requests (one `tf.numpy_function` per group, the group
+fetched concurrently by obstore's request threads, or on s3fs's event loop, so the requests in flight
+do not each need one of tf.data's threads, of which it has as many as cores), and
 TFRecord shards streamed in large blocks through the same reader, the next requested while one is
 parsed, by a generator that checks every record's checksums and hands them to tf.data in groups.
 """
@@ -24,7 +24,7 @@ from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.location import (
     RemotePath, S3Path, StorageError, as_path, backend, deadline, no_answer, read_many,
 )
-from stallscope.storage.s3_reading import SHARD_BLOCK_BYTES, in_flight, reader_name
+from stallscope.storage.s3_reading import GROUP_REQUESTS, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
 
 def needs_own_reader(files) -> bool:
@@ -33,11 +33,16 @@ def needs_own_reader(files) -> bool:
 
 
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
-    """(path, label) elements -> (bytes, label, path), fetched `requests` at a time; the
-    next group is fetched while the previous one is consumed when `requests` > 1."""
+    """(path, label) elements -> (bytes, label, path), fetched in groups of up to GROUP_REQUESTS, as
+    many groups at once as `groups_in_flight(requests)` says (the next group is fetched while one is
+    consumed when `requests` > 1). A group waiting on the store holds a tf.data thread: where several
+    are in flight, a private pool of that many threads plus the cores keeps the decode running (the
+    `tuned` preset sets one; see `tuned_for_store`)."""
+    group = max(1, min(requests, GROUP_REQUESTS))
+    groups = groups_in_flight(requests)
 
     def fetch(batch: np.ndarray) -> np.ndarray:
-        data = read_many([as_path(p.decode()) for p in batch], requests)
+        data = read_many([as_path(p.decode()) for p in batch], group)
         return np.array(data, dtype=object)
 
     def fetch_group(path_batch, label_batch):
@@ -45,9 +50,9 @@ def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | 
         data.set_shape(path_batch.shape)
         return data, label_batch, path_batch
 
-    grouped = paths.batch(requests).map(
-        fetch_group, num_parallel_calls=2 if requests > 1 else None,
-        deterministic=deterministic if requests > 1 else None, name="read",
+    grouped = paths.batch(group).map(
+        fetch_group, num_parallel_calls=groups if groups > 1 else None,
+        deterministic=deterministic if groups > 1 else None, name="read",
     )
     return grouped.unbatch()
 

@@ -14,6 +14,8 @@ READERS = ("obstore", "s3fs")
 
 # Reads in flight for an s3:// files source whose config leaves the read parallelism to TF (AUTOTUNE).
 AUTOTUNE_IN_FLIGHT = 16
+# Requests fetched by one Python call of the pipeline (a group): the call's cost is shared by its images.
+GROUP_REQUESTS = 16
 # Block size of a streamed s3:// shard: one request per this many bytes.
 SHARD_BLOCK_BYTES = 16 * 1024 * 1024
 
@@ -24,6 +26,15 @@ def in_flight(parallelism: int | None) -> int:
     if parallelism is None:
         return 1
     return AUTOTUNE_IN_FLIGHT if parallelism < 0 else int(parallelism)
+
+
+def groups_in_flight(requests: int) -> int:
+    """Groups of GROUP_REQUESTS fetched at once for `requests` in flight: enough to hold them, and at
+    least two (the next group is fetched while one is consumed), or one for sequential reads. Each
+    holds a tf.data thread while it waits."""
+    if requests <= 1:
+        return 1
+    return max(2, -(-requests // GROUP_REQUESTS))
 
 
 def reader_name() -> str:
