@@ -81,6 +81,11 @@ class _Lane:
         if self._timer is None:
             self.release()
 
+    @property
+    def holding(self) -> bool:
+        """Bytes wait here for their time (a slow link can hold them longer than the idle timeout)."""
+        return bool(self._held)
+
     def end(self) -> None:
         """The sender is done: pass the end on once what is held has gone out."""
         self._ending = True
@@ -240,7 +245,10 @@ class LatencyProxy:
         """Relays until `shutdown()`; run it in a thread of its own."""
         loop = self.loop
         try:
-            server = loop.run_until_complete(loop.create_server(self._accept, sock=self._listener))
+            try:
+                server = loop.run_until_complete(loop.create_server(self._accept, sock=self._listener))
+            except RuntimeError:  # shut down before it was listening
+                return
             loop.call_soon(self._drop_idle)
             loop.run_forever()
             server.close()
@@ -273,8 +281,9 @@ class LatencyProxy:
             relay.close()
 
     def _drop_idle(self) -> None:
-        """Closes connections idle for IDLE_TIMEOUT_S, as the store does its own."""
+        """Closes connections idle for IDLE_TIMEOUT_S, as the store does its own; not those still
+        passing on bytes they hold."""
         cutoff = self.loop.time() - IDLE_TIMEOUT_S
-        for relay in [r for r in self.relays if r.last_active < cutoff]:
+        for relay in [r for r in self.relays if r.last_active < cutoff and not (r.up.holding or r.down.holding)]:
             relay.close()
         self.loop.call_later(min(5.0, IDLE_TIMEOUT_S / 2), self._drop_idle)
