@@ -6,9 +6,9 @@ round trip delays it; bytes in either direction share a bandwidth cap per direct
 overlap their waits, as they do on a real network.
 
 All connections run on one asyncio event loop, held bytes waiting on timers. The first design, a
-thread per connection and direction, cost the store's process more than the store itself: at 10 ms and
-16 GETs in flight of 75 KB JPEGs, 1.9 ms of CPU per GET against 0.9 ms with no proxy, which on 2 cores
-capped what it was meant to measure at ~490 GETs/s; on one event loop, 1.4 ms and ~615 GETs/s
+thread per connection and direction, made the store's process spend 1.9 ms of CPU per GET at 10 ms with
+16 obstore GETs of 75 KB JPEGs in flight (1.2-1.5 ms with no proxy), which on 2 cores capped what it
+was meant to measure at ~490 GETs/s; on one event loop, 1.4 ms and ~615 GETs/s
 (benchmarks/s3_reader.py --latency 10).
 """
 
