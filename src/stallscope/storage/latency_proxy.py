@@ -157,8 +157,7 @@ class _Relay:
         feeds, fed = (self.up, self.down) if side == "client" else (self.down, self.up)
         feeds.source = transport
         fed.sink = transport
-        client_waits = self.up.source is not None and self.up.sink is None
-        if side == "client" and client_waits:
+        if side == "client" and self.up.sink is None:
             transport.pause_reading()
         elif side == "store" and self.up.source is not None:
             self.up.source.resume_reading()
@@ -196,6 +195,8 @@ class _End(asyncio.Protocol):
     def __init__(self, relay: _Relay, side: str) -> None:
         self.relay = relay
         self.side = side
+        # The lane this end's bytes go into, and the lane that writes to this end.
+        self.feeds, self.fed = (relay.up, relay.down) if side == "client" else (relay.down, relay.up)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.relay.closed:
@@ -207,14 +208,14 @@ class _End(asyncio.Protocol):
         self.relay.received(self.side, data)
 
     def eof_received(self) -> bool:
-        (self.relay.up if self.side == "client" else self.relay.down).end()
+        self.feeds.end()
         return True  # the other direction stays open until it ends too
 
     def pause_writing(self) -> None:  # this end's send buffer is full: stop reading the other end
-        (self.relay.down if self.side == "client" else self.relay.up).sink_full(True)
+        self.fed.sink_full(True)
 
     def resume_writing(self) -> None:
-        (self.relay.down if self.side == "client" else self.relay.up).sink_full(False)
+        self.fed.sink_full(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.close()
