@@ -274,15 +274,19 @@ def add_storage_flag(parser: argparse._ActionsContainer) -> None:
 
 
 def apply_storage_flags(args: argparse.Namespace) -> list[str]:
-    """Before TensorFlow loads: the storage timeout, and TF's gs:// settings when a flag names gs://
-    (TF reads them once, at load). A JPEG tree (`--source files`, `convert`) gets a small read block.
-    Returns the gs:// settings made, as NAME=value."""
+    """Before TensorFlow loads: the storage timeout, malloc's heap padding for s3:// records, and TF's
+    gs:// settings when a flag names gs:// (TF reads them once, at load). A JPEG tree (`--source
+    files`, `convert`) gets a small read block. Returns the gs:// settings made, as NAME=value."""
     from stallscope.storage.gcs import prepare_gcs_environment
     from stallscope.storage.location import is_remote, set_timeout, storage_timeout
 
     timeout = getattr(args, "storage_timeout", None)
     if timeout is not None:
         set_timeout(timeout)
+    if getattr(args, "source", None) == "records" and any(str(v).startswith("s3://") for v in vars(args).values()):
+        from stallscope.storage.heap_padding import pad_heaps
+
+        pad_heaps()  # s3:// records stream through Python: malloc keeps freed memory (see heap_padding)
     named_gs = any(is_remote(v) and str(v).startswith("gs://") for v in vars(args).values())
     if not named_gs:
         return []

@@ -21,6 +21,7 @@ import tensorflow as tf
 from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.gcs import gcs_block_note
+from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
     RemotePath, S3Path, StorageError, as_path, backend, deadline, no_answer, read_many,
 )
@@ -125,27 +126,29 @@ def _blocks(path: RemotePath, store):
 
 
 class _ByteStream:
-    """Reads exact byte counts across a sequence of blocks; copies only what a read takes."""
+    """Reads exact byte counts across a sequence of bytes-like blocks (obstore's buffers are read in
+    place); copies only what a read takes."""
 
     def __init__(self, blocks) -> None:
         self._blocks = blocks
-        self._block = b""
+        self._block = memoryview(b"")
         self._pos = 0
 
     def read(self, count: int) -> bytes:
         """`count` bytes, or fewer only where the blocks end."""
         end = self._pos + count
         if end <= len(self._block):
-            out = self._block[self._pos:end]
+            out = self._block[self._pos:end].tobytes()
             self._pos = end
             return out
         parts = [self._block[self._pos:]]
         need = count - len(parts[0])
-        self._block, self._pos = b"", 0
+        self._block, self._pos = memoryview(b""), 0
         while need > 0:
             block = next(self._blocks, None)
             if block is None:
                 break
+            block = memoryview(block)
             if len(block) > need:
                 parts.append(block[:need])
                 self._block, self._pos = block, need
@@ -181,7 +184,9 @@ def _frames(path: RemotePath, store):
 
 
 def shard_records(shard) -> tf.data.Dataset:
-    """The records of one s3:// shard (a scalar string tensor), for an interleave."""
+    """The records of one s3:// shard (a scalar string tensor), for an interleave. The process that
+    streams them keeps freed memory at its heaps' tops (`heap_padding`)."""
+    pad_heaps()
     groups = tf.data.Dataset.from_generator(
         _shard_groups, args=(shard,), output_signature=tf.TensorSpec((None,), tf.string), name="s3_shard",
     )
@@ -202,7 +207,7 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
             return f"{reader_name()} ({requests} in flight)"
         blocks = f"{SHARD_BLOCK_BYTES >> 20} MB blocks, {BLOCKS_AHEAD} requested ahead"
-        return f"{reader_name()} (records streamed in {blocks})"
+        return f"{reader_name()} (records streamed in {blocks}; {pad_heaps()})"
     if isinstance(first, RemotePath):
         reads = ""
         if kind == "files" and read_parallelism is not None and read_parallelism > 1:

