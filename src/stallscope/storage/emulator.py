@@ -45,7 +45,8 @@ class EmulatedStore:
     """A running emulated store (see `emulate`).
 
     url: 'gs://BUCKET', 's3://BUCKET' or the mount's path. env: the variables a reader needs.
-    pid: the serving process. port: the port readers connect to (0 for a mount).
+    pid: the serving process. port: the port readers connect to (0 for a mount). server_port: the
+    store's own port, behind the latency proxy where one runs (else the same as port).
     """
 
     def __init__(self, process: subprocess.Popen, info: dict, state_dir: Path, owns_state: bool,
@@ -56,6 +57,7 @@ class EmulatedStore:
         self.url: str = info["url"]
         self.env: dict[str, str] = dict(info["env"])
         self.port: int = int(info.get("port") or 0)
+        self.server_port: int = int(info.get("server_port") or 0)
         self.root = Path(info["root"])
         self._state_dir, self._owns_state, self._log_path = state_dir, owns_state, log_path
         self._counters = SharedCounters(info["counters_map"], create=False)

@@ -1,5 +1,6 @@
 """The threaded loopback HTTP server both object stores build on: one thread per connection,
-keep-alive, every idle connection timed out, counters for connections, requests and bytes."""
+keep-alive, every idle connection timed out, counters for connections, requests and bytes, and
+optionally a latency each request waits before it is answered."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import http.server
 import logging
 import socket
 import socketserver
+import time
 from typing import Iterable
 
 from stallscope.storage.counters import SharedCounters
@@ -19,14 +21,17 @@ IDLE_TIMEOUT_S = 30.0
 
 
 class LoopbackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """Binds 127.0.0.1 only. `port=0` takes a free port (see `.port`)."""
+    """Binds 127.0.0.1 only. `port=0` takes a free port (see `.port`). `latency_s`: how long each
+    request's thread waits, once its request line and headers are in, before it is answered: the one
+    round trip a request pays on a kept-alive connection, without a relay (see `serving`)."""
 
     daemon_threads = True
     allow_reuse_address = False  # a second server on a taken port must fail, not share it
     request_queue_size = 128
 
-    def __init__(self, port: int, handler: type, counters: SharedCounters) -> None:
+    def __init__(self, port: int, handler: type, counters: SharedCounters, *, latency_s: float = 0.0) -> None:
         self.counters = counters
+        self.latency_s = latency_s
         super().__init__((LOOPBACK, port), handler)
 
     @property
@@ -56,6 +61,13 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
 
     def version_string(self) -> str:
         return self.server_version
+
+    def parse_request(self) -> bool:
+        """The request is in: it waits out the server's latency (its thread sleeps; no CPU)."""
+        parsed = super().parse_request()
+        if parsed and self.server.latency_s:
+            time.sleep(self.server.latency_s)
+        return parsed
 
     def handle_expect_100(self) -> bool:
         """The interim '100 Continue' goes out now: the client waits for it before sending the body."""

@@ -30,9 +30,9 @@ _XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
 
 
 class S3Server(LoopbackServer):
-    def __init__(self, port: int, bucket: FolderBucket, counters) -> None:
+    def __init__(self, port: int, bucket: FolderBucket, counters, *, latency_s: float = 0.0) -> None:
         self.bucket = bucket
-        super().__init__(port, S3Handler, counters)
+        super().__init__(port, S3Handler, counters, latency_s=latency_s)
 
 
 def _etag(info: ObjectInfo) -> str:

@@ -1,5 +1,6 @@
-"""Starts one emulated store in this process: the folder's server (GCS or S3 dialect) behind the
-latency proxy, or the slow FUSE mount; knows the URL and environment a reader needs.
+"""Starts one emulated store in this process: the folder's server (GCS or S3 dialect), behind the
+latency proxy where it shapes bandwidth or TLS handshakes, or the slow FUSE mount; knows the URL and
+environment a reader needs.
 
 `stallscope storage serve` runs this in the foreground; `emulator.emulate` runs that command as a
 child process. Nothing here prints.
@@ -24,7 +25,8 @@ class StoreOptions:
     """One emulated store.
 
     root: the folder served. kind: 'gcs', 's3' or 'mount'.
-    latency_s: held per request burst (HTTP stores) or per open/read/listing (mount); 0 for none.
+    latency_s: held per request burst (HTTP stores: by the S3 server's threads, or by the latency proxy
+        where one runs) or per open/read/listing (mount); 0 for none.
     bandwidth_bps: a shared cap in bits per second per direction; None for none.
     bucket: the bucket name of gs://BUCKET or s3://BUCKET. mount_point: an empty folder (mount only).
     port: the port readers connect to on 127.0.0.1; 0 takes a free one.
@@ -115,7 +117,12 @@ class RunningStore:
 
         options = self.options
         bucket = FolderBucket(options.root, options.bucket, writable=options.writable)
-        shaped = bool(options.latency_s or options.bandwidth_bps)
+        # S3 over kept-alive connections pays one round trip per request, which the server's threads
+        # wait out themselves; the relay is for what only it can shape: a bandwidth cap, and TF's
+        # gs:// TLS handshakes (a round trip per flight). On 2 cores, relaying each 75 KB GET cost the
+        # store's process ~0.3 ms of CPU (python benchmarks/s3_reader.py --latency 10).
+        in_server = options.kind == "s3" and not options.bandwidth_bps
+        shaped = bool(options.bandwidth_bps or (options.latency_s and not in_server))
         store_port = 0 if shaped else options.port
         try:
             if options.kind == "gcs":
@@ -127,7 +134,7 @@ class RunningStore:
             else:
                 from stallscope.storage.s3_server import S3Server
 
-                server = S3Server(store_port, bucket, self.counters)
+                server = S3Server(store_port, bucket, self.counters, latency_s=options.latency_s if in_server else 0.0)
             self._serve(server.serve_forever, server.shutdown, server.server_close)
             self.server_port = server.port
             self.port = server.port
