@@ -21,7 +21,7 @@ the target (within 25%) and, at 10 ms, `tuned` against its own local-disk images
 request CPU without the latency: the share of the latency that parallel reads hide.
 
 usage: python benchmarks/storage.py [--latencies 0,3,10,30] [--store gcs|s3] [--presets seed,tuned,fixed]
-                                    [--steps 40] [--long-side 200-300] [--quick]
+                                    [--steps 40] [--long-side 200-300] [--repeats 1] [--quick]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,8 @@ def main() -> int:
     parser.add_argument("--images-per-class", type=int, default=40, help="over both splits; 80%% train, in 4 shards")
     parser.add_argument("--long-side", default="200-300", help="image size range in pixels: ~20 KB JPEGs; 400-600 "
                         "is ImageNet-like (~75 KB)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per cell, local disk and remote taken in "
+                        "turn; medians are reported")
     parser.add_argument("--quick", action="store_true", help="only 10 ms, tuned (about two minutes)")
     args = parser.parse_args()
     latencies = [10.0] if args.quick else [float(x) for x in args.latencies.split(",")]
@@ -157,21 +160,31 @@ def main() -> int:
                 preset_args = pipeline_args(preset, fixed, fmt)
                 diagnosis = diagnose(fmt, data[fmt], preset_args, latencies, client, scratch / f"d-{fmt}-{preset}")
                 predicted = predictions(diagnosis, fmt, latencies)
-                local = train_rate(fmt, str(data[fmt]), preset_args, args.steps, scratch / f"run-{fmt}-{preset}-local")
-                rows.append((fmt, preset, "local", local, None, None))
+                # Each repeat runs local disk and then every latency, so a drift in the machine's speed
+                # over the run reaches the baseline and the remote cells alike; medians are reported.
+                local_runs: list[float] = []
+                runs: dict[float, list[tuple[float, float]]] = {ms: [] for ms in latencies}
+                for repeat in range(args.repeats):
+                    local_runs.append(train_rate(fmt, str(data[fmt]), preset_args, args.steps,
+                                                 scratch / f"run-{fmt}-{preset}-local-{repeat}"))
+                    for ms in latencies:
+                        with emulate(data[fmt], kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
+                            idle = server_cpu_ms(store.pid)
+                            measured = train_rate(fmt, store.url, preset_args, args.steps,
+                                                  scratch / f"run-{fmt}-{preset}-{ms:g}-{repeat}", env=store.env)
+                            per_request = (server_cpu_ms(store.pid) - idle) / max(1, store.counters().requests)
+                        runs[ms].append((measured, per_request))
+                        print(f"  {fmt} {preset} {ms:g} ms: {measured:.0f} measured (local disk "
+                              f"{local_runs[-1]:.0f}), {predicted[ms]:.0f} predicted, the store's "
+                              f"{per_request:.2f} ms CPU per request", file=sys.stderr, flush=True)
+                rows.append((fmt, preset, "local", statistics.median(local_runs), None, None))
                 for ms in latencies:
-                    with emulate(data[fmt], kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
-                        idle = server_cpu_ms(store.pid)
-                        measured = train_rate(fmt, store.url, preset_args, args.steps,
-                                              scratch / f"run-{fmt}-{preset}-{ms:g}", env=store.env)
-                        per_request = (server_cpu_ms(store.pid) - idle) / max(1, store.counters().requests)
+                    measured = statistics.median(m for m, _ in runs[ms])
+                    per_request = statistics.median(c for _, c in runs[ms])
                     served = with_server_cpu(diagnosis, fmt, ms, client, per_request)
                     rows.append((fmt, preset, f"{ms:g} ms", measured, predicted[ms], served))
-                    print(f"  {fmt} {preset} {ms:g} ms: {measured:.0f} measured, {predicted[ms]:.0f} predicted, "
-                          f"{served:.0f} with the store's {per_request:.2f} ms CPU per request",
-                          file=sys.stderr, flush=True)
     print(f"store: {args.store} ({client}), {args.classes * args.images_per_class} images, steps {args.steps} x 16, "
-          f"accelerator {ACCELERATOR}")
+          f"accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
     print(f"{'format':8} {'pipeline':8} {'storage':8} {'measured':>9} {'predicted':>10} {'pred/meas':>10} "
           f"{'+server':>8} {'pred/meas':>10} {'vs local':>9}")
     rate_of = {(f, p, where): m for f, p, where, m, _, _ in rows}
