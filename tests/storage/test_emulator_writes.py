@@ -258,3 +258,26 @@ def test_a_run_whose_lease_was_taken_over_neither_renews_nor_deletes_it_and_conf
                                               r"nothing more there"):
             lease.confirm()
     assert json.loads(location.backend(lock).read(lock)) == rival  # B's lease outlives A's block
+
+
+@pytest.mark.parametrize("bandwidth", [None, 10e9], ids=["server", "proxy"])  # a cap that never binds: the proxy
+def test_an_upload_that_waits_for_100_continue_pays_two_round_trips(tmp_path, bandwidth):
+    """Headers, then '100 Continue', then the body and the answer: two round trips at 50 ms each,
+    whether the S3 server's threads or the latency proxy hold them (a lower bound)."""
+    import socket
+    import time
+
+    body = b"x" * 1000
+    with emulate(tmp_path, kind="s3", latency_s=0.05, bandwidth_bps=bandwidth, writable=True,
+                 max_duration_s=LIMIT_S) as store:
+        with socket.create_connection(("127.0.0.1", store.port), timeout=10) as client:
+            started = time.monotonic()
+            client.sendall(b"PUT /data/up.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body))
+            assert client.recv(1024).startswith(b"HTTP/1.1 100")
+            client.sendall(body)
+            answer = client.recv(4096)
+            elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert elapsed >= 2 * 0.05
+    assert (tmp_path / "up.bin").read_bytes() == body

@@ -4,8 +4,8 @@ glibc's malloc hands the free memory at the top of a heap back to the kernel onc
 threshold of it is free there, and the next allocation that reaches it takes fresh pages, each a
 minor page fault that the kernel zeroes. The s3:// record reader (`readers.py`) frees a 16 MB block,
 a group tensor and its unbatched copies for every 200-odd records, and that churn trims the heaps so
-often that the JPEG decoder's output buffers land on fresh pages too: 86-103 minor faults per image
-against 10 from local disk, and 2.2-2.3 ms of CPU per image against 1.7-2.0 with a top pad (tuned
+often that the JPEG decoder's output buffers land on fresh pages too: 65-103 minor faults per image
+against 10 from local disk, and 2.0-2.3 ms of CPU per image against 1.6-2.0 with a top pad (tuned
 pipeline, ImageNet-like records through the emulated store at 10 ms, 2 cores). `M_TOP_PAD` keeps
 TOP_PAD_BYTES free at each heap's top when it trims (and grows a heap by that much more), for about
 75-150 MB more resident memory in that run.

@@ -70,7 +70,11 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
         return parsed
 
     def handle_expect_100(self) -> bool:
-        """The interim '100 Continue' goes out now: the client waits for it before sending the body."""
+        """The interim '100 Continue' goes out now: the client waits for it before sending the body.
+        With a latency, the headers' round trip is waited out first, and the body's after it (in
+        `parse_request`): two, as a relay holding each burst would make it."""
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
         answer = super().handle_expect_100()
         self.wfile.flush()
         return answer
