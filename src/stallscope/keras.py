@@ -21,6 +21,7 @@ import keras
 from stallscope.workload import rundir
 from stallscope.workload.marking import window_of
 from stallscope.workload.profiling import StepProfiler
+from stallscope.workload.resources import minor_faults
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class StallMonitor(keras.callbacks.Callback):
         self._step = 0
         self._started = 0.0
         self._step_started = 0.0
+        self._faults_started: int | None = None
 
     def on_train_begin(self, logs=None) -> None:
         global _unfinished
@@ -70,15 +72,18 @@ class StallMonitor(keras.callbacks.Callback):
         self._marker = self._profiler.step(self._step)
         self._marker.__enter__()
         self._step_started = time.perf_counter()
+        self._faults_started = minor_faults()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         done = time.perf_counter()
+        faults = minor_faults()
         self._marker.__exit__(None, None, None)
         self._marker = None
         self.records.append(rundir.StepRecord(
             step=self._step, phase="train", started_s=round(self._step_started - self._started, 6),
             step_ms=(done - self._step_started) * 1000.0, input_wait_ms=math.nan, compute_ms=math.nan,
             images=_batch_size(logs), warmup=self._step == 1,
+            minor_faults=None if faults is None or self._faults_started is None else faults - self._faults_started,
         ))
 
     def on_train_end(self, logs=None) -> None:

@@ -1,5 +1,6 @@
 """The emulated accelerator's spelling and waits; step statistics and the console line."""
 
+import dataclasses
 import time
 
 import pytest
@@ -7,8 +8,9 @@ import pytest
 from stallscope.errors import UsageError
 from stallscope.verdict import verdict_for
 from stallscope.workload.accelerator import Accelerator, EmulatedDevice, parse_accelerator
-from stallscope.workload.rundir import StepRecord
-from stallscope.workload.timing import format_step_line, percentile, summarize_steps
+from stallscope.workload.resources import minor_faults
+from stallscope.workload.rundir import STEPS_NAME, StepRecord, read_steps, write_steps
+from stallscope.workload.timing import StepClock, format_step_line, percentile, summarize_steps
 
 
 @pytest.mark.parametrize("text, ips, ms", [
@@ -87,3 +89,37 @@ def test_step_line_matches_seed_format():
     line = format_step_line(40, window, 0.7634)
     assert line == "step 40, loss = 0.76 (39.6 examples/sec; 0.606 sec/batch; input wait 12.1 ms)"
     assert format_step_line(40, window, None).startswith("step 40 (39.6 examples/sec")
+
+
+def test_the_step_clock_counts_the_page_faults_of_the_step():
+    """Touching 4 MB of fresh anonymous memory in a step takes ~1,000 minor faults (4 KB pages); the
+    step's record says so, and the summary divides the measured steps' faults by their images."""
+    import mmap
+
+    if minor_faults() is None:
+        pytest.skip("this OS keeps no count of page faults")
+    clock = StepClock()
+    clock.start()
+    fresh = mmap.mmap(-1, 4 << 20)
+    for offset in range(0, len(fresh), mmap.PAGESIZE):
+        fresh[offset] = 1
+    fresh.close()
+    clock.batch_received()
+    clock.step_done()
+    record = clock.record(step=1, phase="train", images=8, warmup=False)
+    assert record.minor_faults >= 0.9 * (4 << 20) // mmap.PAGESIZE
+    quiet = dataclasses.replace(record, step=2, minor_faults=0)
+    assert summarize_steps([record, quiet]).minor_faults_per_image == pytest.approx(record.minor_faults / 16)
+    assert summarize_steps([record, dataclasses.replace(quiet, minor_faults=None)]).minor_faults_per_image is None
+
+
+def test_steps_written_before_fault_counts_read_back_without_them(tmp_path):
+    """A run directory from before the column still reads: its steps have no count."""
+    write_steps(tmp_path, [_record(1, 10.0, 1.0), dataclasses.replace(_record(2, 10.0, 1.0), minor_faults=12)])
+    assert [s.minor_faults for s in read_steps(tmp_path)] == [None, 12]
+    lines = (tmp_path / STEPS_NAME).read_text().splitlines()
+    header = lines[0].split(",")
+    column = header.index("minor_faults")
+    (tmp_path / STEPS_NAME).write_text("\n".join(
+        ",".join(v for i, v in enumerate(line.split(",")) if i != column) for line in lines) + "\n")
+    assert [s.minor_faults for s in read_steps(tmp_path)] == [None, None]

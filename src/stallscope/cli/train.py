@@ -313,6 +313,8 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     if summary.get("cpu"):
         lines.append(f"CPU             {summary['cpu']['system_mean_percent']:.0f}% of "
                      f"{summary['cpu']['cores']} cores (process {summary['cpu']['process_mean_percent']:.0f}%)")
+    if summary.get("minor_faults_per_image") is not None:
+        lines.append(f"page faults     {summary['minor_faults_per_image']:.0f} minor per image")
     if summary.get("final_loss") is not None:
         lines.append(f"loss            {summary['final_loss']:.4f}")
     if summary.get("train_top1_last_10") is not None:

@@ -4,9 +4,10 @@ glibc's malloc hands the free memory at the top of a heap back to the kernel onc
 threshold of it is free there, and the next allocation that reaches it takes fresh pages, each a
 minor page fault that the kernel zeroes. The s3:// record reader (`readers.py`) frees a 16 MB block,
 a group tensor and its unbatched copies for every 200-odd records, and that churn trims the heaps so
-often that the JPEG decoder's output buffers land on fresh pages too: 65-103 minor faults per image
-against 10 from local disk, and 2.0-2.3 ms of CPU per image against 1.6-2.0 with a top pad (tuned
-pipeline, ImageNet-like records through the emulated store at 10 ms, 2 cores). `M_TOP_PAD` keeps
+often that the JPEG decoder's output buffers land on fresh pages too: 49-73 minor faults per image
+in `stallscope train`'s measured steps against 20-28 with a top pad and 18-25 from local disk, and
+2.0-2.3 ms of CPU per image against 1.6-2.0 (tuned pipeline, ImageNet-like records through the
+emulated store at 10 ms, 2 cores). `M_TOP_PAD` keeps
 TOP_PAD_BYTES free at each heap's top when it trims (and grows a heap by that much more). Whole
 `stallscope train` runs of that kind (`/usr/bin/time -v`, 240 steps): 552-611 thousand minor faults
 and 1,184-1,212 images/s unpadded; 346-353 thousand and 1,292-1,355 at 16 MB; 260-271 thousand and
@@ -17,9 +18,9 @@ pad (0.88-0.96 GB unpadded; 1.0, 1.11 and 1.20 GB), so it is 32 MB: as few fault
 It is a process-wide setting, so it is made once, only where it was measured to matter (a pipeline
 that streams s3:// records in this process), only with glibc, and never over a user's own choice:
 any MALLOC_TOP_PAD_, MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment, or
-STALLSCOPE_HEAP_PADDING=0, leaves malloc as it is. Made before TensorFlow loads, it holds the faults
-to 6-15 per image; made when the pipeline is built, after TensorFlow's start-up has moved malloc's
-own thresholds, to about 30. The CLI makes it early (`cli.flags.apply_storage_flags`); a program
+STALLSCOPE_HEAP_PADDING=0, leaves malloc as it is. Made when the pipeline is built, after
+TensorFlow's start-up has moved malloc's own thresholds, it saves about half the faults it saves
+when made before TensorFlow loads. The CLI makes it early (`cli.flags.apply_storage_flags`); a program
 of the user's that builds such a pipeline gets it late, unless it calls `pad_heaps()` first.
 """
 

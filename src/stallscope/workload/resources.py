@@ -28,6 +28,17 @@ PROC_IO = Path("/proc/self/io")
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
 
+def minor_faults() -> int | None:
+    """This process's minor page faults so far (every thread), or None where the OS keeps no count.
+    Each is a page the kernel had to find and zero: an allocator that hands memory back and takes it
+    again pays one per 4 KB it touches (see storage.heap_padding)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def read_proc_io(path: Path = PROC_IO) -> dict[str, int] | None:
     """This process's I/O counters, or None where the kernel does not offer them."""
     try:

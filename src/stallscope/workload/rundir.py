@@ -19,7 +19,7 @@ RUN_DIR/
 summary.json keys (numbers stay numbers; times in ms are means over non-warm-up steps):
   images_per_second, step_time_ms, input_wait_ms, compute_ms, input_share (0..1), verdict,
   step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
-  steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
+  minor_faults_per_image (minor page faults of the process per image, measured steps) or null, steps, warmup_steps, measured_steps, images, first_step, last_step, resumed_from_step,
   resumed_data {epoch, skipped_examples, exact} or null (not resumed), total_steps, epochs,
   epochs_started, batch_size, image_size, final_loss, mean_loss_last_10, train_top1_last_10 (training-mode
   accuracy of the last 10 batches) or null, batchnorm {mode, default, layers, trained_layers,
@@ -65,6 +65,7 @@ class StepRecord:
     compute_ms: float     # the model step (or the emulated accelerator's wait)
     images: int           # images in the batch
     warmup: bool          # excluded from means (tracing, first fill of buffers)
+    minor_faults: int | None = None  # this process's minor page faults during the step (None: not counted)
 
 
 def write_steps(run_dir: Path, steps: list[StepRecord]) -> None:
@@ -90,6 +91,7 @@ def read_steps(run_dir: Path) -> list[StepRecord]:
                     step_ms=float(row["step_ms"]), input_wait_ms=float(row["input_wait_ms"]),
                     compute_ms=float(row["compute_ms"]), images=int(row["images"]),
                     warmup=row["warmup"] in ("True", "true", "1"),
+                    minor_faults=int(row["minor_faults"]) if row.get("minor_faults") else None,  # older runs: none
                 ))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path}: malformed row {row} ({exc})") from None

@@ -12,26 +12,32 @@ import time
 from collections.abc import Sequence
 
 from stallscope.verdict import verdict_for
+from stallscope.workload.resources import minor_faults
 from stallscope.workload.rundir import StepRecord
 
 
 class StepClock:
-    """Three timestamps per step: start, batch received, step done (perf_counter, seconds)."""
+    """Three timestamps per step: start, batch received, step done (perf_counter, seconds), and the
+    process's minor page faults from start to done."""
 
     def __init__(self, run_started: float | None = None) -> None:
         self.run_started = time.perf_counter() if run_started is None else run_started
         self.started = self.got_batch = self.done = 0.0
+        self.faults_at_start = self.faults_at_done = None
 
     def start(self) -> None:
         self.started = time.perf_counter()
+        self.faults_at_start = minor_faults()
 
     def batch_received(self) -> None:
         self.got_batch = time.perf_counter()
 
     def step_done(self) -> None:
         self.done = time.perf_counter()
+        self.faults_at_done = minor_faults()
 
     def record(self, *, step: int, phase: str, images: int, warmup: bool) -> StepRecord:
+        counted = self.faults_at_start is not None and self.faults_at_done is not None
         return StepRecord(
             step=step,
             phase=phase,
@@ -41,6 +47,7 @@ class StepClock:
             compute_ms=(self.done - self.got_batch) * 1000.0,
             images=images,
             warmup=warmup,
+            minor_faults=self.faults_at_done - self.faults_at_start if counted else None,
         )
 
 
@@ -62,6 +69,7 @@ class StepStats:
     input_wait_p50_ms: float
     input_wait_p90_ms: float
     step_time_std_ms: float
+    minor_faults_per_image: float | None = None  # None where a measured step has no count
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -81,6 +89,14 @@ def measured_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
     """The steps that count for means: all but warm-up, or every step when all were warm-up."""
     measured = [s for s in steps if not s.warmup]
     return measured or list(steps)
+
+
+def faults_per_image(steps: Sequence[StepRecord]) -> float | None:
+    """Minor page faults per image over `steps`; None unless every step has its count."""
+    images = sum(s.images for s in steps)
+    if not steps or images <= 0 or any(s.minor_faults is None for s in steps):
+        return None
+    return sum(s.minor_faults for s in steps) / images
 
 
 def summarize_steps(steps: Sequence[StepRecord]) -> StepStats:
@@ -109,6 +125,7 @@ def summarize_steps(steps: Sequence[StepRecord]) -> StepStats:
         input_wait_p50_ms=percentile(waits, 50),
         input_wait_p90_ms=percentile(waits, 90),
         step_time_std_ms=math.sqrt(variance),
+        minor_faults_per_image=faults_per_image(measured),
     )
 
 
