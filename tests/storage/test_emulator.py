@@ -202,7 +202,7 @@ def _get(connection: http.client.HTTPConnection, path: str) -> bytes:
     return body
 
 
-# The S3 server's threads wait out the latency themselves; a bandwidth cap (here one that never binds)
+# The S3 server waits out the latency itself (a timer on its event loop); a bandwidth cap (here one that never binds)
 # puts the latency proxy in front instead.
 BY_THE_SERVER, BY_THE_PROXY = None, 10e9
 

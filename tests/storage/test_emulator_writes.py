@@ -263,7 +263,7 @@ def test_a_run_whose_lease_was_taken_over_neither_renews_nor_deletes_it_and_conf
 @pytest.mark.parametrize("bandwidth", [None, 10e9], ids=["server", "proxy"])  # a cap that never binds: the proxy
 def test_an_upload_that_waits_for_100_continue_pays_two_round_trips(tmp_path, bandwidth):
     """Headers, then '100 Continue', then the body and the answer: two round trips at 50 ms each,
-    whether the S3 server's threads or the latency proxy hold them (a lower bound)."""
+    whether the S3 server's event loop or the latency proxy holds them (a lower bound)."""
     import socket
     import time
 

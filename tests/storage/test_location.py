@@ -129,7 +129,7 @@ def test_a_profiles_endpoint_serves_listings_and_reads_alike(s3_env, s3_reader, 
 
 @pytest.fixture
 def tls_store(tiny_tree, tmp_path, monkeypatch):
-    """The tiny tree as bucket BUCKET over HTTPS (the emulator's S3 server, its socket wrapped in TLS), with
+    """The tiny tree as bucket BUCKET over HTTPS (the emulator's S3 server serving TLS), with
     a certificate from a CA of its own whose PEM is `ca.pem`; this process's environment points at it."""
     import ssl
     import threading
@@ -145,9 +145,9 @@ def tls_store(tiny_tree, tmp_path, monkeypatch):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     authority.issue_cert("127.0.0.1").configure_cert(context)
     authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    server = S3Server(0, FolderBucket(tiny_tree, BUCKET), SharedCounters(tmp_path / "counters.bin", create=True))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    server = S3Server(0, FolderBucket(tiny_tree, BUCKET), SharedCounters(tmp_path / "counters.bin", create=True),
+                      tls=context)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     endpoint = f"https://127.0.0.1:{server.port}"
     for name, value in s3_environment({"endpoint": endpoint, "key": "test", "secret": "test"}).items():
         monkeypatch.setenv(name, value)

@@ -1,6 +1,7 @@
-"""The threaded loopback HTTP server both object stores build on: one thread per connection,
-keep-alive, every idle connection timed out, counters for connections, requests and bytes, and
-optionally a latency each request waits before it is answered."""
+"""The loopback HTTP server the GCS store builds on (one thread per connection, keep-alive, every idle
+connection timed out, counters for connections, requests and bytes, optionally a latency each request
+waits before it is answered), and the request handler both stores answer with. The S3 store answers
+with the same handler on one event loop instead (`event_loop_http`)."""
 
 from __future__ import annotations
 
@@ -106,8 +107,12 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
         self.end_headers()
         if head_only:
             return
+        self.send_chunks([body] if isinstance(body, (bytes, bytearray)) else body)
+
+    def send_chunks(self, chunks: Iterable[bytes]) -> None:
+        """Writes a response body and counts its bytes (on an event loop, it is streamed instead)."""
         sent = 0
-        for chunk in ([body] if isinstance(body, (bytes, bytearray)) else body):
+        for chunk in chunks:
             self.wfile.write(chunk)
             sent += len(chunk)
         self.server.counters.add(bytes=sent)

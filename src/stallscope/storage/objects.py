@@ -334,14 +334,28 @@ def _holds_a_file(folder: Path) -> bool:
     return False
 
 
-def read_range(path: Path, first: int, last: int, chunk: int = 1 << 20):
-    """The bytes first..last (inclusive) of a file, in chunks."""
-    with open(path, "rb") as handle:
-        handle.seek(first)
-        left = last - first + 1
-        while left > 0:
-            data = handle.read(min(chunk, left))
-            if not data:
-                return
-            left -= len(data)
-            yield data
+@dataclasses.dataclass(frozen=True)
+class FileRange:
+    """The bytes first..last (inclusive) of a file. Iterated, they are read in chunks; a server that can
+    hand the file to the kernel (`os.sendfile`) sends them without reading them into Python."""
+
+    path: Path
+    first: int
+    last: int
+    chunk: int = 1 << 20
+
+    def __iter__(self):
+        with open(self.path, "rb") as handle:
+            handle.seek(self.first)
+            left = self.last - self.first + 1
+            while left > 0:
+                data = handle.read(min(self.chunk, left))
+                if not data:
+                    return
+                left -= len(data)
+                yield data
+
+
+def read_range(path: Path, first: int, last: int, chunk: int = 1 << 20) -> FileRange:
+    """The bytes first..last (inclusive) of a file, in chunks when iterated."""
+    return FileRange(path, first, last, chunk)

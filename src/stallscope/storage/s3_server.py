@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import ssl
 import urllib.parse
 import xml.etree.ElementTree as ElementTree
 from xml.sax.saxutils import escape
 
-from stallscope.storage.http_base import CountingHandler, LoopbackServer
+from stallscope.storage.event_loop_http import EventLoopServer
+from stallscope.storage.http_base import CountingHandler
 from stallscope.storage.objects import (
     ByteRangeError,
     FolderBucket,
@@ -29,10 +31,13 @@ from stallscope.storage.objects import (
 _XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
 
 
-class S3Server(LoopbackServer):
-    def __init__(self, port: int, bucket: FolderBucket, counters, *, latency_s: float = 0.0) -> None:
+class S3Server(EventLoopServer):
+    """`bucket` on 127.0.0.1:`port`, all connections on one event loop; `tls` serves it over HTTPS."""
+
+    def __init__(self, port: int, bucket: FolderBucket, counters, *, latency_s: float = 0.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.bucket = bucket
-        super().__init__(port, S3Handler, counters, latency_s=latency_s)
+        super().__init__(port, S3Handler, counters, latency_s=latency_s, tls=tls)
 
 
 def _etag(info: ObjectInfo) -> str:

@@ -25,7 +25,7 @@ class StoreOptions:
     """One emulated store.
 
     root: the folder served. kind: 'gcs', 's3' or 'mount'.
-    latency_s: held per request burst (HTTP stores: by the S3 server's threads, or by the latency proxy
+    latency_s: held per request burst (HTTP stores: by the S3 server's event loop, or by the latency proxy
         where one runs) or per open/read/listing (mount); 0 for none.
     bandwidth_bps: a shared cap in bits per second per direction; None for none.
     bucket: the bucket name of gs://BUCKET or s3://BUCKET. mount_point: an empty folder (mount only).
@@ -117,8 +117,8 @@ class RunningStore:
 
         options = self.options
         bucket = FolderBucket(options.root, options.bucket, writable=options.writable)
-        # S3 over kept-alive connections pays one round trip per request, which the server's threads
-        # wait out themselves; the relay is for what only it can shape: a bandwidth cap, and TF's
+        # S3 over kept-alive connections pays one round trip per request, which the server's event loop
+        # waits out itself (a timer per request); the relay is for what only it can shape: a bandwidth cap, and TF's
         # gs:// TLS handshakes (a round trip per flight). On 2 cores, relaying each 75 KB GET cost the
         # store's process ~0.3 ms of CPU (python benchmarks/s3_reader.py --latency 10).
         in_server = options.kind == "s3" and not options.bandwidth_bps
