@@ -158,6 +158,42 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served,
 
 
 @pytest.mark.parametrize("reader", READERS)
+def test_a_shards_first_block_is_asked_for_alone_and_its_size_comes_from_the_listing(served, s3_emulated,
+                                                                                    monkeypatch, reader):
+    """At a shard's opening the first block has the link to itself (the next is asked for once it is
+    in), and a listing this process holds saves the size's round trip."""
+    from stallscope.storage import readers
+
+    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    shard = sorted((served / "records").glob("*.tfrecord"))[0]
+    listed = {p.name: p for p in location.as_path(f"{s3_emulated.url}/records").walk_files()}  # as a run plans
+    path = listed[shard.name]
+    store = readers.backend(path)
+    asked, futures = [], []
+    request_range = store.request_range
+
+    def recording(where, start, end):
+        asked.append((start, end, [future.done() for future in futures]))
+        futures.append(request_range(where, start, end))
+        return futures[-1]
+
+    monkeypatch.setattr(store, "request_range", recording)
+    before = s3_emulated.counters().requests
+    blocks = readers._blocks(path, store)
+    try:
+        assert next(blocks) == shard.read_bytes()[:333]
+        assert asked == [(0, 333, []), (333, 666, [True])]
+        waited = time.monotonic() + LIMIT_S
+        while s3_emulated.counters().requests - before < 2 and time.monotonic() < waited:
+            time.sleep(0.05)
+        time.sleep(0.2)  # room for a request too many to show up
+        assert s3_emulated.counters().requests - before == 2  # the two blocks; no HEAD
+    finally:
+        blocks.close()
+
+
+@pytest.mark.parametrize("reader", READERS)
 def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch, reader):
     import tensorflow as tf
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import re
 
 import numpy as np
@@ -23,7 +24,7 @@ from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, m
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
-    RemotePath, S3Path, StorageError, as_path, backend, deadline, no_answer, read_many,
+    RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer, read_many,
 )
 from stallscope.storage.s3_reading import GROUP_REQUESTS, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
@@ -63,6 +64,9 @@ def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | 
 # shard's records come out in groups and are unbatched in the graph.
 GROUP_RECORDS = 256
 GROUP_BYTES = 4 * 1024 * 1024
+# A shard's first group is handed over sooner, once this much is in: a shard opened (at every epoch's
+# start, in each interleave slot) is a wait the pipeline's buffers must cover.
+FIRST_GROUP_BYTES = 256 * 1024
 
 
 def _shard_groups(url: bytes):
@@ -71,15 +75,15 @@ def _shard_groups(url: bytes):
     path = as_path(url.decode())
     store = backend(path)
     group: list[bytes] = []
-    size = 0
+    size, group_bytes = 0, FIRST_GROUP_BYTES
     failure = None
     try:
         for payload in _frames(path, store):
             group.append(payload)
             size += len(payload)
-            if len(group) >= GROUP_RECORDS or size >= GROUP_BYTES:
+            if len(group) >= GROUP_RECORDS or size >= group_bytes:
                 yield group
-                group, size = [], 0
+                group, size, group_bytes = [], 0, GROUP_BYTES
     except (ValueError, StorageError) as exc:
         failure = exc
     except Exception as exc:  # botocore, aiohttp, OSError: the store failed mid-shard
@@ -103,20 +107,25 @@ def _block(path: RemotePath, request: concurrent.futures.Future) -> bytes:
 
 
 def _blocks(path: RemotePath, store):
-    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order, with BLOCKS_AHEAD more requested
-    (on the client's own threads or event loop) while each is consumed."""
-    size = store.size(path)
-    starts = iter(range(0, size, SHARD_BLOCK_BYTES))
-
-    def request(start: int) -> concurrent.futures.Future:
-        return store.request_range(path, start, min(start + SHARD_BLOCK_BYTES, size))
-
+    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order. The first is asked for alone, so no
+    other block shares the link with it: a shard opened (at every epoch's start, in each interleave
+    slot) is a wait the pipeline's buffers must cover. From then on BLOCKS_AHEAD more are requested (on
+    the client's own threads or event loop) while each is consumed. The size comes from the listing the
+    run planned from where this process holds it (a round trip less per shard; shards are written whole
+    under their final names, never changed in place), else from the store."""
+    size = listed_size(path)
+    size = store.size(path) if size is None else size
+    spans = iter([(start, min(start + SHARD_BLOCK_BYTES, size)) for start in range(0, size, SHARD_BLOCK_BYTES)])
     pending: collections.deque = collections.deque()
     try:
-        for start in starts:
-            pending.append(request(start))
-            if len(pending) <= BLOCKS_AHEAD:
-                continue  # the first blocks: ask for the ones ahead before waiting for the first
+        first = next(spans, None)
+        if first is None:
+            return
+        block = _block(path, store.request_range(path, *first))
+        pending.extend(store.request_range(path, *span) for span in itertools.islice(spans, BLOCKS_AHEAD))
+        yield block
+        for span in spans:
+            pending.append(store.request_range(path, *span))
             yield _block(path, pending.popleft())
         while pending:
             yield _block(path, pending.popleft())
