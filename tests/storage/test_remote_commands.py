@@ -230,14 +230,29 @@ def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypat
     assert len(fetched) == 4  # the 20 images skipped were never fetched
 
 
-def test_a_store_that_dies_mid_run_is_one_line(s3_env, monkeypatch, capsys):
+def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_env, monkeypatch, capsys):
+    """The failed run's tf.data iterator is freed when the error is dropped, not left in a reference
+    cycle for the garbage collector, which may free it in one of the pipeline's own Python calls
+    (which then waits for itself: the next test hung there)."""
+    import gc
+
+    from tensorflow.python.data.ops.iterator_ops import OwnedIterator
+
     from stallscope.pipeline.sources import open_source
 
     open_source("files", f"s3://{BUCKET}/tree")  # listed while the store answers (the listing is kept)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # then it is gone
-    code = main(["train", "--dataset_path", f"s3://{BUCKET}/tree", "--steps", "4", "--storage-timeout", "2", *TINY])
+    gc.collect()
+    gc.disable()
+    try:
+        code = main(["train", "--dataset_path", f"s3://{BUCKET}/tree", "--steps", "4", "--storage-timeout", "2",
+                     *TINY])
+        left = [o for o in gc.get_objects() if isinstance(o, OwnedIterator)]
+    finally:
+        gc.enable()
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
+    assert left == []
     assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "did not answer" in err
 
 

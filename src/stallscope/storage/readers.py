@@ -231,6 +231,11 @@ _FAILURE = re.compile(r"StorageError: ([^\n]+)")
 
 def storage_failure(exc: Exception) -> StorageError | None:
     """The StorageError an s3:// read raised inside the pipeline, out of the TF error that carries it
-    (TF reports a Python function's exception as an UnknownError with its text); None if it is not one."""
+    (TF reports a Python function's exception as an UnknownError with its text); None if it is not one.
+
+    Raise it straight from the `except` clause, never from a local: a local ties the error to the frame
+    that holds the pipeline's iterator (a reference cycle), so the iterator outlives the run until the
+    garbage collector frees it, in whatever thread it runs. In one of the pipeline's own Python calls,
+    freeing it waits for that very call to end: the process hangs."""
     found = _FAILURE.search(getattr(exc, "message", None) or str(exc))
     return StorageError(found.group(1).strip()) if found else None

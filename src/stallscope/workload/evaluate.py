@@ -87,10 +87,9 @@ def evaluate_model(model, dataset) -> EvalResult:
             total += int(count)
     except tf.errors.UnknownError as exc:
         from stallscope.storage.readers import storage_failure
-        failure = storage_failure(exc)  # the store failed mid-run: one line
-        if failure is None:
+        if storage_failure(exc) is None:
             raise
-        raise failure from None
+        raise storage_failure(exc) from None  # the store failed mid-run: one line (not kept in a local)
     if total == 0:
         raise DataError("evaluation: the split yielded no examples")
     return EvalResult(examples=int(total), top1=correct1 / total, top5=correctk / total, loss=loss_sum / total,

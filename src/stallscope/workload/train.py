@@ -454,10 +454,10 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                             raise input_error(source, exc) from None  # names the shard or image
                         except tf.errors.UnknownError as exc:
                             from stallscope.storage.readers import storage_failure
-                            failure = storage_failure(exc)  # the store failed mid-run: one line
-                            if failure is None:
+                            if storage_failure(exc) is None:
                                 raise
-                            raise failure from None
+                            # The store failed mid-run: one line. Not kept in a local (see the function).
+                            raise storage_failure(exc) from None
                         clock.batch_received()
                         if accelerator.emulated:
                             with tf.profiler.experimental.Trace(TRACE_NAME):
