@@ -84,6 +84,8 @@ class FolderBucket:
 
     def __init__(self, root: str | os.PathLike, name: str, *, writable: bool = False) -> None:
         self.root = Path(root).resolve()
+        self._root_text = str(self.root)
+        self._root_prefix = os.path.join(self._root_text, "")  # "/srv/data/": what every path inside starts with
         self.name = name
         self.writable = writable
         self._snapshots: OrderedDict[str, list] = OrderedDict()  # next-page token -> rest of a listing
@@ -91,12 +93,12 @@ class FolderBucket:
         self._real_folders: dict[str, str] = {}  # a folder's path -> its resolved path (see _resolve)
 
     # ----- objects
-    def _resolve(self, path: Path) -> Path:
-        """`path.resolve()`, with the folders above it remembered: a read asks only whether the object
-        itself is a link (one lstat) instead of resolving every folder up to / again (a dozen lstats,
-        ~40% of the store's CPU per GET). A folder under the root swapped for a link while the store
-        serves it is not noticed."""
-        parent = str(path.parent)
+    def _resolve(self, path: str) -> str:
+        """`os.path.realpath(path)`, with the folders above it remembered: a read asks only whether the
+        object itself is a link (one lstat) instead of resolving every folder up to / again (a dozen
+        lstats, ~40% of the store's CPU per GET). A folder under the root swapped for a link while the
+        store serves it is not noticed. Text, not Path: building Paths was ~20% of the CPU per GET."""
+        parent, name = os.path.split(path)
         real_parent = self._real_folders.get(parent)
         if real_parent is None:
             real_parent = os.path.realpath(parent)
@@ -104,23 +106,23 @@ class FolderBucket:
                 self._real_folders.clear()
             self._real_folders[parent] = real_parent
         if os.path.islink(path):
-            return path.resolve()
-        return Path(real_parent, path.name)
+            return os.path.realpath(path)
+        return os.path.join(real_parent, name)
 
-    def _inside(self, key: str) -> tuple[Path, Path] | None:
-        """(path, resolved path) of `key` under the root, or None for a key that names no place
+    def _inside(self, key: str) -> tuple[Path, str] | None:
+        """(path, resolved path as text) of `key` under the root, or None for a key that names no place
         inside it (empty parts, `..`, a link out of the folder)."""
         parts = key.split("/")
         if any(part in ("", ".", "..") for part in parts):
             return None
-        path = self.root.joinpath(*parts)
+        path = os.path.join(self._root_text, *parts)
         try:
             resolved = self._resolve(path)
         except OSError:
             return None
-        if resolved != self.root and self.root not in resolved.parents:
+        if resolved != self._root_text and not resolved.startswith(self._root_prefix):
             return None
-        return path, resolved
+        return Path(path), resolved
 
     def lookup(self, key: str) -> tuple[Path, ObjectInfo] | None:
         """The file behind `key` and its object's stat (one stat call), or None when no object has that key."""
@@ -303,14 +305,13 @@ class FolderBucket:
 
     def path_of_folder(self, folder_key: str) -> Path | None:
         found = self._inside(folder_key)
-        if found is None or found[1] == self.root or not found[0].is_dir():
+        if found is None or found[1] == self._root_text or not found[0].is_dir():
             return None
         return found[0]
 
     def _info(self, path: Path, key: str) -> ObjectInfo | None:
         try:
-            resolved = self._resolve(path)
-            if self.root not in resolved.parents:
+            if not self._resolve(str(path)).startswith(self._root_prefix):
                 return None
             status = path.stat()
         except OSError:
