@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
+from stallscope.records import writer as writer_module
 from stallscope.records.schema import SEED, STANDARD, encode_example
-from stallscope.records.writer import ShardWriter, encode_example_bytes, frame_record, masked_crc32c
+from stallscope.records.writer import (
+    RecordFile, ShardWriter, crc32c_extend, encode_example_bytes, encode_example_parts, frame_record, masked_crc32c,
+)
 
 
 def test_masked_crc32c_known_value():
@@ -59,3 +64,56 @@ def test_shard_is_invisible_until_commit(tmp_path):
         writer.write(b"record")
         writer.commit(before_rename=lambda info: seen.append((path.exists(), info.records)))
     assert seen == [(False, 1)] and path.exists()
+
+
+def _examples():
+    """Both schemas; an empty image, one- to four-byte lengths, one past 64 KB; negative and 40-bit labels."""
+    for schema in (STANDARD, SEED):
+        for size, label in ((0, 0), (1, 7), (200, -1), (70_000, 2**40), (3_000_000, 999)):
+            image = bytes((i * 7 + size) & 0xFF for i in range(size)) if size < 100_000 else b"\xff\xd8" * (size // 2)
+            yield schema, dict(image=image, label=label, filename=f"train/c/{size}.jpg".encode(),
+                               label_text=b"n01440764"[: size % 10], height=size % 5000, width=500)
+
+
+# sha256 of `_examples()` framed one by one (`frame_record(encode_example_bytes(...))`), computed before
+# records were written in parts: the single-buffer path's bytes, which the parts path must keep.
+SINGLE_BUFFER_SHA256 = "7232a821f15bde5cf0f4765ebd83d436c8bd5d0581dd179c843d18d778df56b1"
+
+
+def test_examples_written_in_parts_are_the_single_buffer_bytes(tmp_path):
+    import tensorflow as tf
+
+    single = b"".join(frame_record(encode_example_bytes(schema, **fields)) for schema, fields in _examples())
+    assert hashlib.sha256(single).hexdigest() == SINGLE_BUFFER_SHA256
+    path = tmp_path / "train-00000-of-00001.tfrecord"
+    with ShardWriter(path) as writer:
+        for schema, fields in _examples():
+            parts = encode_example_parts(schema, **fields)
+            assert parts[1] is fields["image"]  # the image object itself, never a copy
+            writer.write_parts(parts)
+        info = writer.commit()
+    assert path.read_bytes() == single
+    assert (info.records, info.bytes, info.sha256) == (10, len(single), SINGLE_BUFFER_SHA256)
+    payloads = [encode_example_bytes(schema, **fields) for schema, fields in _examples()]
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == payloads
+
+
+@pytest.mark.parametrize("pure_python", [False, True], ids=["google_crc32c", "fallback"])
+def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_python):
+    if pure_python:
+        monkeypatch.setattr(writer_module, "_CRC32C_TABLE", writer_module._crc32c_table(), raising=False)
+        monkeypatch.setattr(writer_module, "crc32c_extend", writer_module._crc32c_extend_python)
+    payload = bytes(range(256)) * 40
+    record = RecordFile(tmp_path / "parts")
+    record.write_parts((b"", payload[:1], payload[1:5000], b"", payload[5000:]))
+    record.write_parts(())
+    record.write(payload)
+    record.close()
+    assert (tmp_path / "parts").read_bytes() == frame_record(payload) + frame_record(b"") + frame_record(payload)
+    assert (record.records, record.bytes) == (3, 2 * len(frame_record(payload)) + len(frame_record(b"")))
+
+
+@pytest.mark.parametrize("extend", [crc32c_extend, writer_module._crc32c_extend_python], ids=["google_crc32c", "fallback"])
+def test_crc32c_extends_part_by_part(extend, monkeypatch):
+    monkeypatch.setattr(writer_module, "_CRC32C_TABLE", writer_module._crc32c_table(), raising=False)
+    assert extend(extend(extend(0, b"1234"), b""), b"56789") == extend(0, b"123456789") == 0xE3069283

@@ -47,7 +47,7 @@ from stallscope.records.manifest import (
 )
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
-    RecordFile, ShardWriter, encode_example_bytes, file_sha256, frame_record, is_temporary,
+    RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
 )
 from stallscope.storage.location import RemotePath, StorageError, as_path, read_many
 
@@ -265,8 +265,9 @@ def _fingerprint(options: ConvertOptions, filename: str, items: tuple[Candidate,
 WorkItem = tuple[str | bytes | OSError, bytes, int, bytes]
 
 
-def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -> tuple:
-    """Reads, checks, repairs and encodes one image: ("ok", payload, actions) or ("skip", reason, detail)."""
+def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem, encode=encode_example_bytes) -> tuple:
+    """Reads, checks, repairs and encodes one image: ("ok", payload, actions) or ("skip", reason, detail).
+    With `encode=encode_example_parts` the payload is its parts, for `RecordFile.write_parts`."""
     path, name, label, label_text = item
     try:
         if isinstance(path, OSError):
@@ -284,7 +285,7 @@ def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem) -
         image = images.prepare_image(data, image_options)
     except images.UnusableImage as exc:
         return ("skip", exc.reason, exc.detail)
-    payload = encode_example_bytes(
+    payload = encode(
         schema, image=image.data, label=label, filename=name, label_text=label_text,
         height=image.height, width=image.width,
     )
@@ -345,9 +346,9 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     reported = 0
     try:
         for index, item in enumerate(task.items, 1):
-            result = prepare_record(schema, task.image_options, item)
+            result = prepare_record(schema, task.image_options, item, encode_example_parts)
             if result[0] == "ok":
-                writer.write(result[1])
+                writer.write_parts(result[1])
                 if result[2]:
                     repaired.append(_file_entry(item[1], actions=list(result[2]), shard=task.shard))
             else:
