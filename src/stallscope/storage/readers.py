@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import itertools
 import re
 
 import numpy as np
@@ -107,25 +106,19 @@ def _block(path: RemotePath, request: concurrent.futures.Future) -> bytes:
 
 
 def _blocks(path: RemotePath, store):
-    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order. The first is asked for alone, so no
-    other block shares the link with it: a shard opened (at every epoch's start, in each interleave
-    slot) is a wait the pipeline's buffers must cover. From then on BLOCKS_AHEAD more are requested (on
-    the client's own threads or event loop) while each is consumed. The size comes from the listing the
-    run planned from where this process holds it (a round trip less per shard; shards are written whole
-    under their final names, never changed in place), else from the store."""
+    """The shard's bytes in blocks of SHARD_BLOCK_BYTES, in order, with BLOCKS_AHEAD more requested
+    (on the client's own threads or event loop) while each is consumed. The size comes from the
+    listing the run planned from where this process holds it (a round trip less per shard opened, at
+    every epoch's start and in each interleave slot; shards are written whole under their final names,
+    never changed in place), else from the store."""
     size = listed_size(path)
     size = store.size(path) if size is None else size
-    spans = iter([(start, min(start + SHARD_BLOCK_BYTES, size)) for start in range(0, size, SHARD_BLOCK_BYTES)])
     pending: collections.deque = collections.deque()
     try:
-        first = next(spans, None)
-        if first is None:
-            return
-        block = _block(path, store.request_range(path, *first))
-        pending.extend(store.request_range(path, *span) for span in itertools.islice(spans, BLOCKS_AHEAD))
-        yield block
-        for span in spans:
-            pending.append(store.request_range(path, *span))
+        for start in range(0, size, SHARD_BLOCK_BYTES):
+            pending.append(store.request_range(path, start, min(start + SHARD_BLOCK_BYTES, size)))
+            if len(pending) <= BLOCKS_AHEAD:
+                continue  # the first blocks: ask for the ones ahead before waiting for the first
             yield _block(path, pending.popleft())
         while pending:
             yield _block(path, pending.popleft())
