@@ -140,22 +140,21 @@ def s3fs_client() -> StorageClient:
     ~2.5 ms of Python per request (signing, aiohttp, botocore's parsing): 2.4 ms of process CPU per
     GET in a bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py
     --store s3 put it. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
-    Shards: a HEAD (the size), then 16 MiB ranged GETs, the next asked for while one is parsed (the
-    storage emulator at 0-30 ms: 1.4-2 latencies per shard). ~2.5 ms of CPU per MiB received: a shard
+    Shards: 16 MiB ranged GETs, the next asked for while one is parsed, the size taken from the listing
+    the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB received: a shard
     through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in
     groups about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
         request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
-        streamed_requests_per_open=1, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
+        streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
         scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
 def obstore_client() -> StorageClient:
     """stallscope's s3:// reader where obstore is installed: GETs on a pool of request threads,
     ~0.35 ms of this process's CPU per 75 KB JPEG (16-32 in flight on the storage emulator, against
-    s3fs's 2.4), outside the GIL. Shards as in `s3fs_client` (a HEAD, then 16 MiB blocks, one asked
-    for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
+    s3fs's 2.4), outside the GIL. Shards as in `s3fs_client` (16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
     read into tf.data cost 0.20-0.23 ms of CPU per 75 KB record, against 0.14-0.21 from local disk,
     with obstore's blocks read in place and malloc's heaps padded; 0.40-0.49 before either, when
     the transfer cost was kept at s3fs's)."""
