@@ -43,6 +43,13 @@ def test_knee_is_the_pipeline_throughput_and_sweep_turns_input_bound_above_it():
     assert rows[2].prediction.images_per_second == pytest.approx(2000.0)
 
 
+def test_the_device_sweep_reaches_past_the_knee_of_a_fast_pipeline():
+    assert whatif.device_speeds_past(1000.0) == whatif.DEFAULT_DEVICE_SPEEDS
+    faster = whatif.device_speeds_past(13_673.0)
+    assert faster[:len(whatif.DEFAULT_DEVICE_SPEEDS)] == whatif.DEFAULT_DEVICE_SPEEDS
+    assert faster[-2] < 2 * 13_673.0 <= faster[-1] == 32_000.0
+
+
 @pytest.mark.parametrize("overlapped", [True, False])
 def test_highly_bound_above_is_where_the_share_crosses_twenty_percent(overlapped):
     speed = whatif.highly_bound_above(pipeline_ms=16.0, batch_size=32, overlapped=overlapped)

@@ -360,8 +360,10 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
         knee_images_per_second=whatif.knee_images_per_second(pipeline_ms=pipeline_ms, batch_size=batch_size),
         highly_bound_above=whatif.highly_bound_above(pipeline_ms=pipeline_ms, batch_size=batch_size,
                                                      overlapped=overlapped),
-        devices=tuple(whatif.accelerator_sweep(pipeline_ms=pipeline_ms, batch_size=batch_size,
-                                               overlapped=overlapped)),
+        devices=tuple(whatif.accelerator_sweep(
+            pipeline_ms=pipeline_ms, batch_size=batch_size, overlapped=overlapped,
+            device_speeds=whatif.device_speeds_past(whatif.knee_images_per_second(pipeline_ms=pipeline_ms,
+                                                                                  batch_size=batch_size)))),
         cores=tuple(whatif.cores_sweep(
             cpu_ms_per_image=thread_ms_per_image(parts, batch_size), cores=cores, batch_size=batch_size,
             compute_ms=compute_ms, floor_ms_per_image=floor_ms_per_image(parts, batch_size, cold=cold))),

@@ -92,6 +92,17 @@ class DeviceWhatIf:
     prediction: Prediction
 
 
+def device_speeds_past(knee: float, speeds: Sequence[float] = DEFAULT_DEVICE_SPEEDS) -> tuple[float, ...]:
+    """`speeds`, the fastest doubled on until one is at least twice the knee: the table shows where the
+    pipeline becomes the limit however fast it is (a healthy pipeline on a fast machine passed 8,000
+    images/s, and every row said 'not input-bound')."""
+    _require_positive("knee", knee)
+    out = list(speeds)
+    while out[-1] < 2 * knee:
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
 def accelerator_sweep(
     *, pipeline_ms: float, batch_size: int, overlapped: bool,
     device_speeds: Iterable[float] = DEFAULT_DEVICE_SPEEDS,
