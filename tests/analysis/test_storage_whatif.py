@@ -173,7 +173,9 @@ def test_the_what_if_models_the_s3_reader_that_runs(monkeypatch):
         assert sw.client_for_path("s3://bucket/tree") == reader and sw.client_for_path("gs://bucket/tree") == "tf-gcs"
     obstore, s3fs = sw.obstore_client(), sw.s3fs_client()
     assert obstore.request_cpu_ms * 10 == s3fs.request_cpu_ms
-    assert obstore.requests_per_streamed_object(64 * sw.MIB) == s3fs.requests_per_streamed_object(64 * sw.MIB) == 4
+    # 4 MiB, then 16 MiB blocks (`readers.block_spans`)
+    assert obstore.requests_per_streamed_object(64 * sw.MIB) == s3fs.requests_per_streamed_object(64 * sw.MIB) == 5
+    assert s3fs.requests_per_streamed_object(20 * sw.MIB) == 2 and s3fs.requests_per_streamed_object(4 * sw.MIB) == 1
     scenario = sw.StorageScenario("x", 0.0, math.inf)
     jpeg = sw.IoPattern("files", 75_000, 1.0)
     cheap, dear = (sw.costs(jpeg, scenario, c, cpu_ms_per_image=1.0) for c in (obstore, s3fs))

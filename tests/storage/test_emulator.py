@@ -157,6 +157,19 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served,
         blocks.close()
 
 
+def test_a_shard_is_read_in_a_small_first_block_then_full_ones(monkeypatch):
+    from stallscope.storage import readers
+
+    monkeypatch.setattr(readers, "FIRST_BLOCK_BYTES", 4)
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 16)
+    assert readers.block_spans(0) == []
+    assert readers.block_spans(3) == [(0, 3)]
+    assert readers.block_spans(20) == [(0, 4), (4, 20)]
+    assert readers.block_spans(45) == [(0, 4), (4, 20), (20, 36), (36, 45)]
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 2)  # never a first block larger than the others
+    assert readers.block_spans(5) == [(0, 2), (2, 4), (4, 5)]
+
+
 @pytest.mark.parametrize("reader", READERS)
 def test_a_shards_size_comes_from_the_listing_this_process_holds(served, s3_emulated, monkeypatch, reader):
     """A listing this process holds saves the size's round trip (a HEAD) at every shard's opening."""

@@ -83,9 +83,11 @@ class StorageClient:
     handshake_round_trips: int = 2
     block_buffer_cpu_ms_per_mib: float = 0.0
     # A shard streamed in pieces (records), where the client reads it its own way: requests before its
-    # data (s3fs's open asks for the size: a HEAD) and its block size (0: block_bytes).
+    # data (s3fs's open asks for the size: a HEAD), its block size (0: block_bytes) and its first block's
+    # (0: the same).
     streamed_requests_per_open: int = 0
     streamed_block_bytes: int = 0
+    streamed_first_block_bytes: int = 0
     # Requests in flight come from the client's own event loop (stallscope's s3:// reader), not from
     # tf.data's threads: `num_parallel_calls` sets them directly.
     own_event_loop: bool = False
@@ -96,7 +98,8 @@ class StorageClient:
         if not (isinstance(self.block_bytes, int) and self.block_bytes > 0):
             raise UsageError(f"block_bytes: expected a positive integer, got {self.block_bytes!r}")
         for name in ("requests_per_open", "request_overhead_ms", "request_cpu_ms", "transfer_cpu_ms_per_mib",
-                     "block_buffer_cpu_ms_per_mib", "streamed_requests_per_open", "streamed_block_bytes"):
+                     "block_buffer_cpu_ms_per_mib", "streamed_requests_per_open", "streamed_block_bytes",
+                     "streamed_first_block_bytes"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UsageError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -108,8 +111,9 @@ class StorageClient:
     def requests_per_streamed_object(self, object_bytes: float) -> int:
         """Requests to stream one shard of `object_bytes` start to end."""
         block = self.streamed_block_bytes or self.block_bytes
-        return (self.requests_per_open + self.streamed_requests_per_open
-                + max(1, math.ceil(object_bytes / block - 1e-9)))
+        rest = object_bytes - min(self.streamed_first_block_bytes or block, block)
+        blocks = 1 + (math.ceil(rest / block - 1e-9) if rest > 0 else 0)
+        return self.requests_per_open + self.streamed_requests_per_open + blocks
 
 
 def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | None = None) -> StorageClient:
@@ -140,21 +144,22 @@ def s3fs_client() -> StorageClient:
     ~2.5 ms of Python per request (signing, aiohttp, botocore's parsing): 2.4 ms of process CPU per
     GET in a bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py
     --store s3 put it. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
-    Shards: 16 MiB ranged GETs, the next asked for while one is parsed, the size taken from the listing
-    the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB received: a shard
+    Shards: a 4 MiB ranged GET, then 16 MiB ones, the next asked for while one is parsed, the size taken
+    from the listing the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB received: a shard
     through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in
     groups about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
         request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
-        streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES, own_event_loop=True,
+        streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES,
+        streamed_first_block_bytes=s3_reading.FIRST_BLOCK_BYTES, own_event_loop=True,
         scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
 def obstore_client() -> StorageClient:
     """stallscope's s3:// reader where obstore is installed: GETs on a pool of request threads,
     ~0.35 ms of this process's CPU per 75 KB JPEG (16-32 in flight on the storage emulator, against
-    s3fs's 2.4), outside the GIL. Shards as in `s3fs_client` (16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
+    s3fs's 2.4), outside the GIL. Shards as in `s3fs_client` (4 MiB, then 16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
     read into tf.data cost 0.20-0.23 ms of CPU per 75 KB record, against 0.14-0.21 from local disk,
     with obstore's blocks read in place and malloc's heaps padded; 0.40-0.49 before either, when
     the transfer cost was kept at s3fs's)."""

@@ -16,8 +16,10 @@ READERS = ("obstore", "s3fs")
 AUTOTUNE_IN_FLIGHT = 16
 # Requests fetched by one Python call of the pipeline (a group): the call's cost is shared by its images.
 GROUP_REQUESTS = 16
-# Block size of a streamed s3:// shard: one request per this many bytes.
+# Block size of a streamed s3:// shard: one request per this many bytes, after a first block of
+# FIRST_BLOCK_BYTES (`readers.block_spans`).
 SHARD_BLOCK_BYTES = 16 * 1024 * 1024
+FIRST_BLOCK_BYTES = 4 * 1024 * 1024
 
 
 def in_flight(parallelism: int | None) -> int:
