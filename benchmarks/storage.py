@@ -1,14 +1,16 @@
 """Benchmark: the storage what-if against real training runs on the storage emulator, in one run.
 
-A synthetic data set (`stallscope prepare synthetic`: 160 JPEGs of ~20 KB; `--long-side 400-600
---images-per-class 400 --steps 80` makes 1,600 ImageNet-like ones of ~75 KB, as the issue measured, and
-reads each of the 1,280 training images once), converted to TFRecords by `stallscope convert` (4 training
-shards), is served by `stallscope.storage.emulator` (gcs: TF's own gs://, a new TLS connection per
+A synthetic data set (`stallscope prepare synthetic`: 1,600 ImageNet-like JPEGs of ~75 KB, as the issue
+measured; `--long-side 200-300 --images-per-class 40` makes 160 of ~20 KB for a quick look), converted to
+TFRecords by `stallscope convert` (4 training shards), is served by `stallscope.storage.emulator` (gcs: TF's own gs://, a new TLS connection per
 request; s3: s3fs over kept-alive connections) with a per-request latency of 0, 3, 10 and 30 ms.
 For each format (files, records) and pipeline (the `seed` and `tuned` presets, and the config
 `stallscope diagnose --fix` writes for seed), a real `stallscope train` run reads it through the
 store in a subprocess (TF reads its gs:// settings at first use), with an emulated accelerator fast
-enough that input dominates; the local-disk run is the baseline measured in the same run.
+enough that input dominates; the local-disk run is the baseline measured in the same run. Each run
+leaves its first pass over the training images out as warm-up, then measures whole passes for about
+`--seconds` at the cell's predicted pace (at least `--steps`): a fixed step count either measures a fast
+pipeline's start-up alone, or the seed pipeline's shuffle buffer, which holds a whole pass of a small set.
 
 The prediction for each cell comes from `stallscope diagnose --json --what-if-storage` run on the
 local copy (as a user asks it before moving data), the cell that is the config as it stands
@@ -21,13 +23,14 @@ the target (within 25%) and, at 10 ms, `tuned` against its own local-disk images
 request CPU without the latency: the share of the latency that parallel reads hide.
 
 usage: python benchmarks/storage.py [--latencies 0,3,10,30] [--store gcs|s3] [--presets seed,tuned,fixed]
-                                    [--steps 40] [--long-side 200-300] [--repeats 1] [--quick]
+                                    [--steps 40] [--seconds 4] [--long-side 400-600] [--repeats 1] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -47,7 +50,8 @@ from stallscope.storage import s3_reading  # noqa: E402
 from stallscope.storage.emulator import emulate  # noqa: E402
 
 ACCELERATOR = "emulated:20000"   # 0.8 ms per batch of 16: input dominates every run here
-COMMON = ["--batch-size", "16", "--image-size", "96", "--model", "mobilenet", "--weights", "none",
+BATCH = 16
+COMMON = ["--batch-size", str(BATCH), "--image-size", "96", "--model", "mobilenet", "--weights", "none",
           "--accelerator", ACCELERATOR]
 CLIENT = {"gcs": "tf-gcs", "s3": s3_reading.reader_name()}  # s3://: obstore where installed (STALLSCOPE_S3_READER)
 TARGET_RATIO = 0.25
@@ -76,11 +80,26 @@ def pipeline_args(preset: str, fixed: dict[str, Path], fmt: str) -> list[str]:
     return ["--pipeline-config", str(fixed[fmt])] if preset == "fixed" else ["--pipeline", preset]
 
 
-def train_rate(fmt: str, path: str, preset_args: list[str], steps: int, run_dir: Path,
+def train_rate(fmt: str, path: str, preset_args: list[str], steps: tuple[int, int], run_dir: Path,
                env: dict[str, str] | None = None) -> float:
-    stallscope(["train", "--source", fmt, "--dataset_path", path, "--steps", str(steps), "--log-path", str(run_dir),
+    total, warmup = steps
+    stallscope(["train", "--source", fmt, "--dataset_path", path, "--steps", str(total), "--warmup-steps", str(warmup),
+                "--log-path", str(run_dir),
                 *COMMON, *preset_args], env=env)
     return float(json.loads((run_dir / "summary.json").read_text())["images_per_second"])
+
+
+def run_steps(predicted_images_per_s: float, examples: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(steps, warm-up steps): a first pass over the training images left out as warm-up, then whole passes
+    that fill `--seconds` at the predicted pace (at least one, at least `--steps` in all, at most
+    `--max-steps` measured). Whole passes: the seed pipeline's shuffle buffer (10,240) holds a whole pass of
+    a small data set, so its first step reads the pass and the others read nothing; any other share of a
+    pass would measure that buffer, not the store. The prediction only sets how long a cell is measured."""
+    per_pass = max(1, math.ceil(examples / BATCH))
+    wanted = predicted_images_per_s * args.seconds / BATCH if math.isfinite(predicted_images_per_s) else 0
+    passes = max(1, math.ceil(max(wanted, args.steps) / per_pass))
+    passes = max(1, min(passes, args.max_steps // per_pass))
+    return per_pass * (passes + 1), per_pass
 
 
 def server_cpu_ms(pid: int) -> float:
@@ -135,12 +154,15 @@ def main() -> int:
     parser.add_argument("--store", choices=sorted(CLIENT), default="gcs")
     parser.add_argument("--presets", default="seed,tuned,fixed", help="seed, tuned and/or fixed (diagnose --fix)")
     parser.add_argument("--formats", default="files,records")
-    parser.add_argument("--steps", type=int, default=40, help="training steps per run (batch 16; 4 passes over the "
-                        "160 images)")
+    parser.add_argument("--steps", type=int, default=40, help="the fewest measured training steps per run (batch 16)")
+    parser.add_argument("--seconds", type=float, default=4.0, help="each run takes at least the steps its predicted "
+                        "images/s fills this many seconds with (at most --max-steps): a fast pipeline's 40 steps "
+                        "last a tenth of a second, which measures its start, not its steady pace")
+    parser.add_argument("--max-steps", type=int, default=2000)
     parser.add_argument("--classes", type=int, default=4)
-    parser.add_argument("--images-per-class", type=int, default=40, help="over both splits; 80%% train, in 4 shards")
-    parser.add_argument("--long-side", default="200-300", help="image size range in pixels: ~20 KB JPEGs; 400-600 "
-                        "is ImageNet-like (~75 KB)")
+    parser.add_argument("--images-per-class", type=int, default=400, help="over both splits; 80%% train, in 4 shards")
+    parser.add_argument("--long-side", default="400-600", help="image size range in pixels: ImageNet-like (~75 KB "
+                        "JPEGs); 200-300 makes ~20 KB ones")
     parser.add_argument("--repeats", type=int, default=1, help="runs per cell, local disk and remote taken in "
                         "turn; medians are reported")
     parser.add_argument("--quick", action="store_true", help="only 10 ms, tuned (about two minutes)")
@@ -160,17 +182,21 @@ def main() -> int:
                 preset_args = pipeline_args(preset, fixed, fmt)
                 diagnosis = diagnose(fmt, data[fmt], preset_args, latencies, client, scratch / f"d-{fmt}-{preset}")
                 predicted = predictions(diagnosis, fmt, latencies)
+                # Local disk is at least as fast as the fastest remote prediction.
+                examples = diagnosis["source"]["examples"]
+                steps = {where: run_steps(rate, examples, args) for where, rate in
+                         [("local", max(predicted.values())), *predicted.items()]}
                 # Each repeat runs local disk and then every latency, so a drift in the machine's speed
                 # over the run reaches the baseline and the remote cells alike; medians are reported.
                 local_runs: list[float] = []
                 runs: dict[float, list[tuple[float, float]]] = {ms: [] for ms in latencies}
                 for repeat in range(args.repeats):
-                    local_runs.append(train_rate(fmt, str(data[fmt]), preset_args, args.steps,
+                    local_runs.append(train_rate(fmt, str(data[fmt]), preset_args, steps["local"],
                                                  scratch / f"run-{fmt}-{preset}-local-{repeat}"))
                     for ms in latencies:
                         with emulate(data[fmt], kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
                             idle = server_cpu_ms(store.pid)
-                            measured = train_rate(fmt, store.url, preset_args, args.steps,
+                            measured = train_rate(fmt, store.url, preset_args, steps[ms],
                                                   scratch / f"run-{fmt}-{preset}-{ms:g}-{repeat}", env=store.env)
                             per_request = (server_cpu_ms(store.pid) - idle) / max(1, store.counters().requests)
                         runs[ms].append((measured, per_request))
@@ -183,7 +209,8 @@ def main() -> int:
                     per_request = statistics.median(c for _, c in runs[ms])
                     served = with_server_cpu(diagnosis, fmt, ms, client, per_request)
                     rows.append((fmt, preset, f"{ms:g} ms", measured, predicted[ms], served))
-    print(f"store: {args.store} ({client}), {args.classes * args.images_per_class} images, steps {args.steps} x 16, "
+    print(f"store: {args.store} ({client}), {args.classes * args.images_per_class} images, a pass of warm-up, then "
+          f"whole passes of 16-image steps for {args.steps}-{args.max_steps} steps or ~{args.seconds:g} s at the predicted pace, "
           f"accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
     print(f"{'format':8} {'pipeline':8} {'storage':8} {'measured':>9} {'predicted':>10} {'pred/meas':>10} "
           f"{'+server':>8} {'pred/meas':>10} {'vs local':>9}")

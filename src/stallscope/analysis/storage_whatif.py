@@ -88,9 +88,9 @@ class StorageClient:
     streamed_requests_per_open: int = 0
     streamed_block_bytes: int = 0
     streamed_first_block_bytes: int = 0
-    # Requests in flight come from the client's own event loop (stallscope's s3:// reader), not from
-    # tf.data's threads: `num_parallel_calls` sets them directly.
-    own_event_loop: bool = False
+    # JPEGs are fetched in groups (stallscope's s3:// reader): `num_parallel_calls` sets the requests in
+    # flight directly, in groups of up to GROUP_REQUESTS, each group holding a pool thread while it waits.
+    grouped_reads: bool = False
     # The store's URL scheme ("gs", "s3"; "file" for a file system): which store's tuned reads apply.
     scheme: str = "file"
 
@@ -152,7 +152,7 @@ def s3fs_client() -> StorageClient:
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
         request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
         streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES,
-        streamed_first_block_bytes=s3_reading.FIRST_BLOCK_BYTES, own_event_loop=True,
+        streamed_first_block_bytes=s3_reading.FIRST_BLOCK_BYTES, grouped_reads=True,
         scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
@@ -375,16 +375,17 @@ class Reads:
     pool_threads: int
     reads_in_decode_map: bool
     private_pool: bool
-    event_loop: bool = False  # the client's own event loop holds the requests, not the pool's threads
+    grouped: bool = False  # requests in groups (stallscope's s3:// reader), each holding a pool thread while it waits
 
     def describe(self) -> str:
         if self.parallel_calls is None:
             return "one read at a time"
-        if self.event_loop:
-            return f"{self.parallel_calls} requests in flight on the client's event loop"
-        calls = "autotune" if self.parallel_calls == AUTOTUNE else str(self.parallel_calls)
         pool = f"a private pool of {self.pool_threads}" if self.private_pool else \
             f"tf.data's shared pool ({self.pool_threads} threads = cores)"
+        if self.grouped:
+            group = min(self.parallel_calls, s3_reading.GROUP_REQUESTS)
+            return f"{self.parallel_calls} requests in flight, in groups of {group} that each hold a thread of {pool}"
+        calls = "autotune" if self.parallel_calls == AUTOTUNE else str(self.parallel_calls)
         return f"{calls} parallel reads on {pool}"
 
 
@@ -479,10 +480,20 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
     if reads.parallel_calls is None:
         return 1.0
     calls = resolved_calls(reads)
-    if reads.event_loop:
-        return float(calls)
     held = c.cpu_ms
     busy = c.wait_ms + c.transfer_ms
+    if reads.grouped:
+        # A group of g waits on the store once, holding one pool thread (the client's own threads do the
+        # requests' CPU), then its g images are decoded on the same pool: g requests in flight for
+        # busy / (busy + g x decode) of each thread's time, up to the groups' own capacity (the next group is
+        # fetched while one is consumed). benchmarks/storage.py --store s3, `diagnose --fix`'s files config
+        # on tf.data's 2 shared threads: 1,176 images/s at 10 ms and 683 at 30 ms, where 16 in flight
+        # would give 1,600 and 533.
+        group = min(calls, s3_reading.GROUP_REQUESTS)
+        capacity = s3_reading.groups_in_flight(calls) * group
+        decode = group * (c.cpu_ms - c.client_cpu_ms)
+        share = busy / (busy + decode) if busy + decode > 0 else 1.0
+        return max(1.0, min(float(capacity), reads.pool_threads * group * share))
     share = busy / (busy + held) if busy + held > 0 else 1.0
     return max(1.0, min(float(calls), reads.pool_threads * share))
 
@@ -637,11 +648,10 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
                      workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
-    event_loop = client.own_event_loop and pattern.format == "files"  # stallscope's s3:// reader
-    if event_loop:  # groups of requests, as many as the read's parallel calls
-        calls = s3_reading.in_flight(reads.parallel_calls)
-        reads = Reads(parallel_calls=calls, pool_threads=calls, reads_in_decode_map=False, private_pool=False,
-                      event_loop=True)
+    grouped = client.grouped_reads and pattern.format == "files"  # stallscope's s3:// reader
+    if grouped:  # groups of requests, as many as the read's parallel calls, on the config's pool
+        reads = dataclasses.replace(reads, parallel_calls=s3_reading.in_flight(reads.parallel_calls),
+                                    reads_in_decode_map=False, grouped=True)
     shards = max(1, round(workload.examples * pattern.objects_per_image))
     if pattern.format == "records" and resolved_calls(reads) > shards:  # an interleave reads at most every shard
         reads = dataclasses.replace(reads, parallel_calls=shards)
@@ -654,7 +664,7 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
         need = min(need, shards)
     pool = need + max(1, math.ceil(cores))
     enough_reads = Reads(parallel_calls=need, pool_threads=pool, reads_in_decode_map=False, private_pool=True,
-                         event_loop=event_loop)
+                         grouped=grouped)
     c_enough = requests_in_flight(enough_reads, c)
     enough_rate, enough_bound = parallel_rate(c, c_enough, cores)
     enough = ReadPrediction("enough_in_flight", c_enough, enough_rate, enough_bound, step(enough_rate, True),
