@@ -171,7 +171,7 @@ def test_the_s3_reader_is_modelled_as_it_runs():
 
 
 def test_the_what_if_models_the_s3_reader_that_runs(monkeypatch):
-    """obstore reads whole objects at a tenth of s3fs's CPU per request and receives bytes at 0.4x its
+    """obstore reads whole objects at under a tenth of s3fs's CPU per request and receives bytes at 0.4x its
     CPU per MiB; shards are streamed in the same blocks by both."""
     from stallscope.storage import s3_reading
 
@@ -179,7 +179,7 @@ def test_the_what_if_models_the_s3_reader_that_runs(monkeypatch):
         monkeypatch.setenv(s3_reading.READER_ENV, reader)
         assert sw.client_for_path("s3://bucket/tree") == reader and sw.client_for_path("gs://bucket/tree") == "tf-gcs"
     obstore, s3fs = sw.obstore_client(), sw.s3fs_client()
-    assert obstore.request_cpu_ms * 10 == s3fs.request_cpu_ms
+    assert obstore.request_cpu_ms * 10 < s3fs.request_cpu_ms
     # 4 MiB, then 16 MiB blocks (`readers.block_spans`)
     assert obstore.requests_per_streamed_object(64 * sw.MIB) == s3fs.requests_per_streamed_object(64 * sw.MIB) == 5
     assert s3fs.requests_per_streamed_object(20 * sw.MIB) == 2 and s3fs.requests_per_streamed_object(4 * sw.MIB) == 1
@@ -187,7 +187,7 @@ def test_the_what_if_models_the_s3_reader_that_runs(monkeypatch):
     jpeg = sw.IoPattern("files", 75_000, 1.0)
     cheap, dear = (sw.costs(jpeg, scenario, c, cpu_ms_per_image=1.0) for c in (obstore, s3fs))
     # the CPU per GET and per MiB received that decoding competes with
-    assert dear.cpu_ms - cheap.cpu_ms == pytest.approx(2.25 + 1.5 * 75_000 / sw.MIB)
+    assert dear.cpu_ms - cheap.cpu_ms == pytest.approx(s3fs.request_cpu_ms - obstore.request_cpu_ms + 1.5 * 75_000 / sw.MIB)
 
 
 def test_a_new_connection_per_request_waits_its_handshake_too():

@@ -208,6 +208,28 @@ def test_stream_check_gives_the_full_decodes_verdict_on_damaged_jpegs(progressiv
     assert kinds == {"kept", images.CORRUPT}  # the sample holds both outcomes, so the comparison means something
 
 
+def _tf_verdict(data: bytes) -> str:
+    import tensorflow as tf
+
+    try:
+        tf.io.decode_jpeg(data, channels=3)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
+        return images.CORRUPT
+    return "kept"
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_stream_check_keeps_exactly_what_tensorflow_decodes(progressive):
+    # Training decodes with tf.io.decode_jpeg: a kept file it refuses would stop a run, and a refused
+    # file it decodes would be lost. TF refuses truncation and broken markers but decodes through a
+    # bad Huffman code; libjpeg-turbo bindings that raise on every warning (or on none) disagree here.
+    data = _encode(_photo((160, 120), seed=5), "JPEG", quality=90, progressive=progressive)
+    verdicts = [(_verdict(d, "stream"), _tf_verdict(d)) for d in _damaged_variants(data, 150, seed=1)]
+    disagree = [v for v in verdicts if (v[0] == "kept") != (v[1] == "kept")]
+    assert not disagree, disagree
+    assert {tf for _, tf in verdicts} == {"kept", images.CORRUPT}
+
+
 def test_stream_check_keeps_the_original_bytes_and_header_size():
     data = _encode(_photo((160, 120)), "JPEG")
     prepared = prepare_image(data, ImageOptions(check="stream"))

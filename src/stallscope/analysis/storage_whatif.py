@@ -141,30 +141,35 @@ def tf_gcs_client(block_mb: float | None = None, environ: Mapping[str, str] | No
 
 def s3fs_client() -> StorageClient:
     """stallscope's s3:// reader on fsspec/s3fs, over pooled connections (aiobotocore keeps them).
-    ~2.5 ms of Python per request (signing, aiohttp, botocore's parsing): 2.4 ms of process CPU per
-    GET in a bare loop of 16-request groups, ~2.5 where the files cells of benchmarks/storage.py
-    --store s3 put it. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
+    ~0.8 ms of Python per request (signing, aiohttp, botocore's parsing) and 2.5 per MiB: a 75 KB JPEG
+    cost ~1.0 ms of CPU more than from local disk in `STALLSCOPE_S3_READER=s3fs python
+    benchmarks/storage.py --store s3 --formats files --presets tuned --latencies 0,10` (1,051 against
+    2,464 images/s at 0 ms), 0.58 ms per GET in a bare loop (benchmarks/s3_reader.py); an earlier
+    emulator and machine gave 2.0-2.5 ms, so these are this machine's figures, not a constant. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
     Shards: a 4 MiB ranged GET, then 16 MiB ones, the next asked for while one is parsed, the size taken
     from the listing the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB received: a shard
     through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in
     groups about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
-        name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=2.5,
-        request_cpu_ms=2.5, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
+        name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=0.8,
+        request_cpu_ms=0.8, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
         streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES,
         streamed_first_block_bytes=s3_reading.FIRST_BLOCK_BYTES, grouped_reads=True,
         scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
 def obstore_client() -> StorageClient:
-    """stallscope's s3:// reader where obstore is installed: GETs on a pool of request threads,
-    ~0.35 ms of this process's CPU per 75 KB JPEG (16-32 in flight on the storage emulator, against
-    s3fs's 2.4), outside the GIL. Shards as in `s3fs_client` (4 MiB, then 16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
+    """stallscope's s3:// reader where obstore is installed: GETs on a pool of request threads, outside
+    the GIL, ~0.1 ms of this process's CPU per 75 KB JPEG handed to tf.data (tuned files through the
+    storage emulator at 0 ms against local disk, less the store's own 0.10 ms per request:
+    `python benchmarks/storage.py --store s3 --formats files`; 0.08 ms per GET in a bare loop of 16 in
+    flight, benchmarks/s3_reader.py): 0.04 per request and 1.0 per MiB. An earlier threaded emulator and
+    a slower machine gave 0.16-0.35 ms. Shards as in `s3fs_client` (4 MiB, then 16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
     read into tf.data cost 0.20-0.23 ms of CPU per 75 KB record, against 0.14-0.21 from local disk,
     with obstore's blocks read in place and malloc's heaps padded; 0.40-0.49 before either, when
     the transfer cost was kept at s3fs's)."""
     return dataclasses.replace(
-        s3fs_client(), name="obstore", request_overhead_ms=0.25, request_cpu_ms=0.25, transfer_cpu_ms_per_mib=1.0,
+        s3fs_client(), name="obstore", request_overhead_ms=0.25, request_cpu_ms=0.04, transfer_cpu_ms_per_mib=1.0,
         description="stallscope's s3:// reader on obstore (pooled connections; shards in 16 MiB blocks)")
 
 
