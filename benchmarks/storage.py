@@ -2,8 +2,8 @@
 
 A synthetic data set (`stallscope prepare synthetic`: 1,600 ImageNet-like JPEGs of ~75 KB, as the issue
 measured; `--long-side 200-300 --images-per-class 40` makes 160 of ~20 KB for a quick look), converted to
-TFRecords by `stallscope convert` (4 training shards), is served by `stallscope.storage.emulator` (gcs: TF's own gs://, a new TLS connection per
-request; s3: s3fs over kept-alive connections) with a per-request latency of 0, 3, 10 and 30 ms.
+TFRecords by `stallscope convert` (4 training shards), is served by `stallscope.storage.emulator` (gcs:
+TF's own gs://, a new TLS connection per request; s3: stallscope's reader over kept-alive connections) with a per-request latency of 0, 3, 10 and 30 ms.
 For each format (files, records) and pipeline (the `seed` and `tuned` presets, and the config
 `stallscope diagnose --fix` writes for seed), a real `stallscope train` run reads it through the
 store in a subprocess (TF reads its gs:// settings at first use), with an emulated accelerator fast
@@ -84,8 +84,7 @@ def train_rate(fmt: str, path: str, preset_args: list[str], steps: tuple[int, in
                env: dict[str, str] | None = None) -> float:
     total, warmup = steps
     stallscope(["train", "--source", fmt, "--dataset_path", path, "--steps", str(total), "--warmup-steps", str(warmup),
-                "--log-path", str(run_dir),
-                *COMMON, *preset_args], env=env)
+                "--log-path", str(run_dir), *COMMON, *preset_args], env=env)
     return float(json.loads((run_dir / "summary.json").read_text())["images_per_second"])
 
 
@@ -210,8 +209,8 @@ def main() -> int:
                     served = with_server_cpu(diagnosis, fmt, ms, client, per_request)
                     rows.append((fmt, preset, f"{ms:g} ms", measured, predicted[ms], served))
     print(f"store: {args.store} ({client}), {args.classes * args.images_per_class} images, a pass of warm-up, then "
-          f"whole passes of 16-image steps for {args.steps}-{args.max_steps} steps or ~{args.seconds:g} s at the predicted pace, "
-          f"accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
+          f"whole passes of {BATCH}-image steps for {args.steps}-{args.max_steps} steps or ~{args.seconds:g} s at the "
+          f"predicted pace, accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
     print(f"{'format':8} {'pipeline':8} {'storage':8} {'measured':>9} {'predicted':>10} {'pred/meas':>10} "
           f"{'+server':>8} {'pred/meas':>10} {'vs local':>9}")
     rate_of = {(f, p, where): m for f, p, where, m, _, _ in rows}

@@ -145,11 +145,12 @@ def s3fs_client() -> StorageClient:
     cost ~1.0 ms of CPU more than from local disk in `STALLSCOPE_S3_READER=s3fs python
     benchmarks/storage.py --store s3 --formats files --presets tuned --latencies 0,10` (1,051 against
     2,464 images/s at 0 ms), 0.58 ms per GET in a bare loop (benchmarks/s3_reader.py); an earlier
-    emulator and machine gave 2.0-2.5 ms, so these are this machine's figures, not a constant. JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop.
-    Shards: a 4 MiB ranged GET, then 16 MiB ones, the next asked for while one is parsed, the size taken
-    from the listing the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB received: a shard
-    through the checking generator costs 1.0-1.2 ms per MiB, and handing its records to tf.data in
-    groups about as much again (a whole JPEG fetched costs 0.6-0.8)."""
+    emulator and machine gave 2.0-2.5 ms, so these are this machine's figures, not a constant.
+    JPEGs: one GET per object, in groups of requests in flight on s3fs's event loop. Shards: a 4 MiB
+    ranged GET, then 16 MiB ones, the next asked for while one is parsed, the size taken from the
+    listing the run made (a HEAD before only where the process holds none). ~2.5 ms of CPU per MiB
+    received: a shard through the checking generator costs 1.0-1.2 ms per MiB, and handing its records
+    to tf.data in groups about as much again (a whole JPEG fetched costs 0.6-0.8)."""
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=0.8,
         request_cpu_ms=0.8, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
@@ -164,7 +165,8 @@ def obstore_client() -> StorageClient:
     storage emulator at 0 ms against local disk, less the store's own 0.10 ms per request:
     `python benchmarks/storage.py --store s3 --formats files`; 0.08 ms per GET in a bare loop of 16 in
     flight, benchmarks/s3_reader.py): 0.04 per request and 1.0 per MiB. An earlier threaded emulator and
-    a slower machine gave 0.16-0.35 ms. Shards as in `s3fs_client` (4 MiB, then 16 MiB blocks, one asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
+    a slower machine gave 0.16-0.35 ms. Shards as in `s3fs_client` (4 MiB, then 16 MiB blocks, one
+    asked for ahead): few requests, ~1.0 ms of CPU per MiB received, checked and handed to tf.data (records
     read into tf.data cost 0.20-0.23 ms of CPU per 75 KB record, against 0.14-0.21 from local disk,
     with obstore's blocks read in place and malloc's heaps padded; 0.40-0.49 before either, when
     the transfer cost was kept at s3fs's)."""
@@ -485,7 +487,6 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
     if reads.parallel_calls is None:
         return 1.0
     calls = resolved_calls(reads)
-    held = c.cpu_ms
     busy = c.wait_ms + c.transfer_ms
     if reads.grouped:
         # A group of g waits on the store once, holding one pool thread (the client's own threads do the
@@ -499,6 +500,7 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
         decode = group * (c.cpu_ms - c.client_cpu_ms)
         share = busy / (busy + decode) if busy + decode > 0 else 1.0
         return max(1.0, min(float(capacity), reads.pool_threads * group * share))
+    held = c.cpu_ms
     share = busy / (busy + held) if busy + held > 0 else 1.0
     return max(1.0, min(float(calls), reads.pool_threads * share))
 
