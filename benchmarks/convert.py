@@ -18,14 +18,16 @@ Variants:
                    eager, shared by the threads) to check it and get its size, and writes a
                    tf.train.Example with the same features as the original through tf.io.TFRecordWriter
   seed-002         the blog's loop: one thread, tf.io.read_file per image, tf.train.Example, no checks
-  stream-only      Pillow decoding every file's compressed stream (pixels rebuilt in grey at 1/8 scale,
-                   as stallscope's stream check does) in `--workers` processes, nothing written: the
-                   ceiling for a converter that checks every stream
+  stream-only      libjpeg-turbo decoding every file's compressed stream with stallscope's own call
+                   (`images.libjpeg_verdict`: pixels rebuilt in grey at 1/8 scale) in `--workers`
+                   processes, nothing written: the ceiling for a converter that checks every stream
   stream-write     stream-only plus what any converter must do with the bytes it keeps: each of
                    `--shards` files written by one task, every image's bytes hashed (sha256) and
                    written, the file fsync'd: the ceiling for a converter that checks and writes
-  (optional, with --variants) stallscope-full (`--check full`), decode-only (Pillow's full decode:
-  its ceiling), copy (shutil.copyfile of every file: the I/O limit)
+  (optional, with --variants) stallscope-full (`--check full`), decode-only (the same call's full RGB
+  decode: its ceiling), stream-pillow (the stream decode through Pillow, `draft("L")` and `load()`, the
+  way stallscope checked before it called libjpeg-turbo directly), copy (shutil.copyfile of every
+  file: the I/O limit)
 
 Page cache: `--cache warm` (default) reads every file once before each timed run; `--cache cold` evicts
 every input file with posix_fadvise(DONTNEED) instead.
@@ -52,7 +54,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from stallscope.config import usable_cores  # noqa: E402  (after the log level, which the package also sets)
 from stallscope.records.convert import default_workers  # noqa: E402
 
-VARIANTS = ("stallscope", "seed-003", "seed-002", "stream-only", "stream-write", "stallscope-full", "decode-only", "copy")
+VARIANTS = ("stallscope", "seed-003", "seed-002", "stream-only", "stream-write", "stallscope-full", "decode-only",
+            "stream-pillow", "copy")
 DEFAULT_VARIANTS = VARIANTS[:5]
 
 
@@ -226,19 +229,27 @@ def run_copy(src: Path, out: Path, workers: int, shards: int) -> None:
 
 
 def _decode_files(paths: list[str], scaled: bool = False) -> int:
-    from PIL import Image
+    from stallscope.data.images import libjpeg_verdict
 
     for path in paths:
         with open(path, "rb") as handle:
-            image = Image.open(io.BytesIO(handle.read()))
-            if scaled:
-                image.draft("L", (1, 1))  # as stallscope's stream check: grey, 1/8 scale
-            image.load()
+            libjpeg_verdict(handle.read(), scaled=scaled)  # stallscope's own decode call
     return len(paths)
 
 
 def _stream_files(paths: list[str]) -> int:
     return _decode_files(paths, scaled=True)
+
+
+def _stream_files_pillow(paths: list[str]) -> int:
+    from PIL import Image
+
+    for path in paths:
+        with open(path, "rb") as handle:
+            image = Image.open(io.BytesIO(handle.read()))
+            image.draft("L", (1, 1))  # grey, 1/8 scale
+            image.load()
+    return len(paths)
 
 
 def _decode_in_workers(src: Path, workers: int, decode) -> None:
@@ -253,7 +264,7 @@ def _decode_in_workers(src: Path, workers: int, decode) -> None:
 def _stream_and_write(job: tuple[list[str], str]) -> int:
     import hashlib
 
-    from PIL import Image
+    from stallscope.data.images import libjpeg_verdict
 
     paths, target = job
     sha = hashlib.sha256()
@@ -261,9 +272,7 @@ def _stream_and_write(job: tuple[list[str], str]) -> int:
         for path in paths:
             with open(path, "rb") as handle:
                 data = handle.read()
-            image = Image.open(io.BytesIO(data))
-            image.draft("L", (1, 1))  # as stallscope's stream check: grey, 1/8 scale
-            image.load()
+            libjpeg_verdict(data)  # as stallscope's stream check: grey, 1/8 scale
             sha.update(data)
             sink.write(data)
         sink.flush()
@@ -289,8 +298,13 @@ def run_stream_only(src: Path, out: Path, workers: int, shards: int) -> None:
     _decode_in_workers(src, workers, _stream_files)
 
 
+def run_stream_pillow(src: Path, out: Path, workers: int, shards: int) -> None:
+    _decode_in_workers(src, workers, _stream_files_pillow)
+
+
 RUNNERS = {"stallscope": run_stallscope, "stallscope-full": run_stallscope_full, "seed-003": run_seed003,
-           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "stream-write": run_stream_write, "decode-only": run_decode_only}
+           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "stream-write": run_stream_write, "decode-only": run_decode_only,
+           "stream-pillow": run_stream_pillow}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -408,6 +422,7 @@ def main() -> None:
     ratio("stallscope", "seed-003", " (target >= 1.5x)")
     ratio("stallscope", "stream-only", " (its stream-decode ceiling; target >= 0.9x)")
     ratio("stallscope", "stream-write", " (its stream-decode-and-write ceiling)")
+    ratio("stream-only", "stream-pillow", " (libjpeg-turbo called directly vs through Pillow)")
     ratio("stallscope", "seed-002", " (seed-002 decodes nothing)")
     ratio("stallscope-full", "decode-only", " (its full-decode ceiling)")
     ratio("stallscope", "copy", " (the I/O limit)")

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from stallscope.data import images
-from stallscope.data.images import ImageOptions, UnusableImage, prepare_image
+from stallscope.data.images import ImageOptions, PreparedImage, UnusableImage, prepare_image
 from stallscope.errors import UsageError
 
 
@@ -155,6 +155,71 @@ def test_sniffing_and_jpeg_frames():
     assert images.jpeg_frame(b"\xff\xd8\xff\xd9") is None
 
 
+def _exif(orientation: int | None, big_endian: bool = False) -> bytes:
+    exif = Image.Exif()
+    exif[0x010F] = "camera"
+    if orientation is not None:
+        exif[0x0112] = orientation
+    data = exif.tobytes()
+    if big_endian:  # Pillow writes little-endian; the same IFD by hand in Motorola order
+        entries = [(0x010F, 2, 7, b"came"), *(((0x0112, 3, 1, struct.pack(">H", orientation) + b"\0\0"),) if orientation else ())]
+        body = struct.pack(">H", len(entries)) + b"".join(struct.pack(">HHI", t, k, n) + v for t, k, n, v in entries)
+        data = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08" + body + b"\0\0\0\0"
+    return data
+
+
+def _jpeg_variants() -> dict[str, bytes]:
+    photo = _photo((96, 64), seed=6)
+    other = _photo((96, 64), seed=7)
+    mpo = io.BytesIO()
+    photo.save(mpo, "MPO", save_all=True, append_images=[other])
+    xmp = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF><rdf:Description tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+    variants = {
+        "plain": _encode(photo, "JPEG"),
+        "progressive": _encode(photo, "JPEG", progressive=True),
+        "grayscale": _encode(photo.convert("L"), "JPEG"),
+        "cmyk": _encode(photo.convert("CMYK"), "JPEG"),
+        "exif without orientation": _encode(photo, "JPEG", exif=_exif(None)),
+        "exif big-endian, orientation 1": _encode(photo, "JPEG", exif=_exif(1, big_endian=True)),
+        "exif big-endian, orientation 8": _encode(photo, "JPEG", exif=_exif(8, big_endian=True)),
+        "xmp orientation": _encode(photo, "JPEG", xmp=xmp),
+        "two pictures (MPO)": mpo.getvalue(),
+        "exif block cut short": _encode(photo, "JPEG", exif=_exif(1)[:14]),
+    }
+    for orientation in range(1, 9):
+        variants[f"exif orientation {orientation}"] = _encode(photo, "JPEG", exif=_exif(orientation))
+    return variants
+
+
+def test_plain_jpeg_size_reads_only_what_tensorflow_decodes_as_it_is():
+    sizes = {name: images.plain_jpeg_size(data) for name, data in _jpeg_variants().items()}
+    plain = {name for name, size in sizes.items() if size is not None}
+    assert plain == {"plain", "progressive", "exif without orientation", "exif big-endian, orientation 1",
+                     "exif orientation 1"}
+    assert all(sizes[name] == (96, 64) for name in plain)
+
+
+@pytest.mark.parametrize("options", [ImageOptions(), ImageOptions(check="full"), ImageOptions(max_side=80),
+                                     ImageOptions(max_pixels=96 * 64)])
+def test_reading_the_markers_gives_what_reading_through_pillow_gives(options, monkeypatch):
+    variants = _jpeg_variants()
+    variants.update({f"damaged {i}": d for i, d in enumerate(_damaged_variants(variants["plain"], 60, seed=4))})
+    variants["larger"] = _encode(_photo((128, 64)), "JPEG")
+
+    def outcome(data: bytes):
+        try:
+            prepared = prepare_image(data, options)
+        except UnusableImage as exc:
+            return exc.reason
+        return prepared
+
+    quick = {name: outcome(data) for name, data in variants.items()}
+    monkeypatch.setattr(images, "plain_jpeg_size", lambda data: None)  # every JPEG opened by Pillow
+    through_pillow = {name: outcome(data) for name, data in variants.items()}
+    assert quick == through_pillow
+    assert {type(o) for o in quick.values()} == {PreparedImage, str}  # kept, repaired and refused all met
+
+
 @pytest.mark.parametrize("kwargs", [{"jpeg_quality": 0}, {"jpeg_quality": 101}, {"max_side": 0}, {"max_pixels": -1}])
 def test_options_are_validated(kwargs):
     with pytest.raises(UsageError):
@@ -228,6 +293,32 @@ def test_stream_check_keeps_exactly_what_tensorflow_decodes(progressive):
     disagree = [v for v in verdicts if (v[0] == "kept") != (v[1] == "kept")]
     assert not disagree, disagree
     assert {tf for _, tf in verdicts} == {"kept", images.CORRUPT}
+
+
+@pytest.mark.parametrize("check", ["stream", "full"])
+def test_a_jpeg_that_ends_inside_a_marker_is_refused_as_tensorflow_refuses_it(check):
+    # The end-of-image marker's last byte turned into a comment marker's: the file ends inside a marker.
+    # Pillow's reader invents the end and keeps it; TF's reader runs out of data and refuses it, so a kept
+    # copy would stop training at that record.
+    data = _encode(_photo((160, 120), seed=2), "JPEG", quality=95)
+    broken = data[:-1] + b"\xfe"
+    image = Image.open(io.BytesIO(broken))
+    image.draft("L", (1, 1))
+    image.load()  # Pillow alone keeps it
+    assert _tf_verdict(broken) == images.CORRUPT
+    assert images.libjpeg_verdict(broken, scaled=check == "stream") == images.ENDS_EARLY
+    with pytest.raises(UnusableImage, match="Premature end") as caught:
+        prepare_image(broken, ImageOptions(check=check))
+    assert caught.value.reason == images.CORRUPT
+
+
+def test_libjpeg_verdicts_of_a_clean_a_cut_and_a_damaged_stream():
+    data = _encode(_photo((160, 120), seed=4), "JPEG", quality=90)
+    assert images.libjpeg_verdict(data) == images.libjpeg_verdict(data, scaled=False) == images.CLEAN
+    assert images.libjpeg_verdict(data[: len(data) // 2]) == images.ENDS_EARLY
+    zeroed = data[:600] + bytes(40) + data[640:]  # a run of zeros inside the entropy-coded data
+    assert images.libjpeg_verdict(zeroed) == images.WARNED
+    assert _verdict(zeroed, "stream") == _tf_verdict(zeroed)  # a warned file gets Pillow's verdict
 
 
 def test_stream_check_keeps_the_original_bytes_and_header_size():
