@@ -3,18 +3,20 @@
 Every image is sniffed by its magic bytes (never its extension) and decoded once. A JPEG is kept
 byte for byte only when TF's `decode_jpeg` reads it as the same RGB picture: a baseline or
 progressive 8-bit, 3-channel JPEG with no EXIF rotation. Such a plain JPEG is read from its markers
-and decoded by libjpeg-turbo directly (`plain_jpeg_size`, `libjpeg_verdict`); anything else, and any
-JPEG libjpeg warns of, is opened and decoded by Pillow. Everything else that decodes
-(PNG, GIF, BMP, WebP, TIFF, CMYK, grayscale, palette, alpha, 16-bit, rotated, too large for
-`max_side`) is re-encoded as RGB JPEG and the actions are listed. What cannot be used raises
+and decoded by libjpeg-turbo directly (`plain_jpeg_size`, `libjpeg_verdict`); any other file, and
+any JPEG libjpeg warns of, is opened and decoded by Pillow. Everything else that decodes (PNG, GIF,
+BMP, WebP, TIFF, CMYK, grayscale, palette, alpha, 16-bit, rotated, too large for `max_side`) is
+re-encoded as RGB JPEG and the actions are listed. What cannot be used raises
 `UnusableImage` with a short reason (the manifest groups by it) and a detail.
 
 The check of a JPEG that is kept ("stream", the default) decodes its whole compressed stream, every
 scan and every block's coefficients, but has libjpeg-turbo rebuild pixels at 1/8 scale and in grey
-only (the chroma blocks are entropy-decoded but not transformed; 4% less time than RGB). Damage (truncation, a bad Huffman code, a broken marker) is found in the
-entropy-coded data, which this decodes in full; the inverse DCT and colour conversion that a full
-decode adds are arithmetic that cannot fail. It gives the same verdict as `check="full"` (tested on
-damaged files) for 0.45x its instructions (4.3 against 9.6 million per 78 KB JPEG, under callgrind). Images that are re-encoded are always decoded in full.
+only (the chroma blocks are entropy-decoded but not transformed; 4% less time than RGB). Damage
+(truncation, a bad Huffman code, a broken marker) is found in the entropy-coded data, which this
+decodes in full; the inverse DCT and colour conversion that a full decode adds are arithmetic that
+cannot fail. It gives the same verdict as `check="full"` (tested on damaged files) for 0.45x its
+instructions (4.3 against 9.6 million per 78 KB JPEG, under callgrind). Images that are re-encoded
+are always decoded in full.
 
 Re-encoding a JPEG keeps the source's quantisation tables and chroma subsampling (its quality;
 `jpeg_quality="keep"`, the default), so a downscaled or rotated image is not inflated by a blanket
@@ -231,7 +233,7 @@ PREMATURE_END = "Premature end of JPEG file"  # libjpeg's warning when it had to
 
 
 def libjpeg_verdict(data: bytes, *, scaled: bool = True) -> str:
-    """CLEAN, ENDS_EARLY or WARNED for a JPEG whose header Pillow has read, from one strict
+    """CLEAN, ENDS_EARLY or WARNED for a JPEG to be kept byte for byte, from one strict
     libjpeg-turbo decode (simplejpeg) of its whole compressed stream; `scaled` rebuilds grey pixels at
     1/8 scale (the stream check), else every RGB pixel (the full check).
 
@@ -252,6 +254,13 @@ def libjpeg_verdict(data: bytes, *, scaled: bool = True) -> str:
     return CLEAN
 
 
+def _kept_by_verdict(data: bytes, verdict: str, width: int, height: int) -> PreparedImage | None:
+    """The JPEG kept as it is (CLEAN), refused (ENDS_EARLY), or None: Pillow's verdict decides (WARNED)."""
+    if verdict == ENDS_EARLY:
+        raise UnusableImage(CORRUPT, f"JPEG: {PREMATURE_END}")
+    return PreparedImage(data, width, height, "JPEG") if verdict == CLEAN else None
+
+
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
     """Checks and, where needed, repairs one image. Raises UnusableImage when it cannot be used."""
     from PIL import Image, ImageOps
@@ -265,10 +274,8 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     size = plain_jpeg_size(data) if fmt == "JPEG" else None
     if size and size[0] * size[1] <= options.max_pixels and not (options.max_side and max(size) > options.max_side):
         verdict = libjpeg_verdict(data, scaled=options.check == "stream")
-        if verdict == CLEAN:
-            return PreparedImage(data, size[0], size[1], fmt)
-        if verdict == ENDS_EARLY:
-            raise UnusableImage(CORRUPT, f"{fmt}: {PREMATURE_END}")
+        if kept := _kept_by_verdict(data, verdict, *size):
+            return kept
     # Pillow's warnings (a decompression bomb below our own limit, a truncated or odd file) are ignored:
     # each image's verdict is the exception it raises. One filter for the open and the decode.
     with _pillow_pixel_limit(options.max_pixels), warnings.catch_warnings():
@@ -302,10 +309,8 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
                       and not (options.max_side and max(width, height) > options.max_side))
         if kept_as_is:  # a JPEG whose markers plain_jpeg_size could not read plainly, or one libjpeg warned of
             verdict = verdict or libjpeg_verdict(data, scaled=options.check == "stream")
-            if verdict == CLEAN:
-                return PreparedImage(data, width, height, fmt)
-            if verdict == ENDS_EARLY:
-                raise UnusableImage(CORRUPT, f"{fmt}: {PREMATURE_END}")
+            if kept := _kept_by_verdict(data, verdict, width, height):
+                return kept
         if kept_as_is and options.check == "stream":
             image.draft("L", (1, 1))  # the whole stream is decoded; grey pixels are rebuilt at 1/8 scale
         elif fmt == "JPEG" and options.max_side and max(width, height) > DRAFT_GAP * options.max_side:
