@@ -303,8 +303,8 @@ def run_stream_pillow(src: Path, out: Path, workers: int, shards: int) -> None:
 
 
 RUNNERS = {"stallscope": run_stallscope, "stallscope-full": run_stallscope_full, "seed-003": run_seed003,
-           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "stream-write": run_stream_write, "decode-only": run_decode_only,
-           "stream-pillow": run_stream_pillow}
+           "seed-002": run_seed, "copy": run_copy, "stream-only": run_stream_only, "stream-write": run_stream_write,
+           "decode-only": run_decode_only, "stream-pillow": run_stream_pillow}
 
 
 def child(args: argparse.Namespace) -> None:
