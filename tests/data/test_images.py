@@ -162,7 +162,9 @@ def _exif(orientation: int | None, big_endian: bool = False) -> bytes:
         exif[0x0112] = orientation
     data = exif.tobytes()
     if big_endian:  # Pillow writes little-endian; the same IFD by hand in Motorola order
-        entries = [(0x010F, 2, 7, b"came"), *(((0x0112, 3, 1, struct.pack(">H", orientation) + b"\0\0"),) if orientation else ())]
+        entries = [(0x010F, 2, 7, b"came")]
+        if orientation:
+            entries.append((0x0112, 3, 1, struct.pack(">H", orientation) + b"\0\0"))
         body = struct.pack(">H", len(entries)) + b"".join(struct.pack(">HHI", t, k, n) + v for t, k, n, v in entries)
         data = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08" + body + b"\0\0\0\0"
     return data
