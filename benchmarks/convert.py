@@ -23,7 +23,8 @@ Variants:
                    processes, nothing written: the ceiling for a converter that checks every stream
   stream-write     stream-only plus what any converter must do with the bytes it keeps: each of
                    `--shards` files written by one task, every image's bytes hashed (sha256) and
-                   written, the file fsync'd: the ceiling for a converter that checks and writes
+                   written, its write-back started every 8 MB and the file fsync'd (as stallscope's
+                   shards are): the ceiling for a converter that checks and writes
   (optional, with --variants) stallscope-full (`--check full`), decode-only (the same call's full RGB
   decode: its ceiling), stream-pillow (the stream decode through Pillow, `draft("L")` and `load()`, the
   way stallscope checked before it called libjpeg-turbo directly), copy (shutil.copyfile of every
@@ -265,9 +266,11 @@ def _stream_and_write(job: tuple[list[str], str]) -> int:
     import hashlib
 
     from stallscope.data.images import libjpeg_verdict
+    from stallscope.records.writeback import WRITEBACK_BYTES, start_writeback
 
     paths, target = job
     sha = hashlib.sha256()
+    written = written_back = 0
     with open(target, "wb", buffering=1 << 20) as sink:
         for path in paths:
             with open(path, "rb") as handle:
@@ -275,6 +278,11 @@ def _stream_and_write(job: tuple[list[str], str]) -> int:
             libjpeg_verdict(data)  # as stallscope's stream check: grey, 1/8 scale
             sha.update(data)
             sink.write(data)
+            written += len(data)
+            if written - written_back >= WRITEBACK_BYTES:  # as stallscope's shards: the fsync waits for a tail
+                sink.flush()
+                start_writeback(sink.fileno(), written_back, written - written_back)
+                written_back = written
         sink.flush()
         os.fsync(sink.fileno())
     return len(paths)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
+import platform
+import time
+from pathlib import Path
 
 import pytest
 
-from stallscope.records import writer as writer_module
+from stallscope.records import writeback, writer as writer_module
 from stallscope.records.schema import SEED, STANDARD, encode_example
 from stallscope.records.writer import (
     RecordFile, ShardWriter, crc32c_extend, encode_example_bytes, encode_example_parts, frame_record, masked_crc32c,
@@ -117,3 +122,51 @@ def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_
 def test_crc32c_extends_part_by_part(extend, monkeypatch):
     monkeypatch.setattr(writer_module, "_CRC32C_TABLE", writer_module._crc32c_table(), raising=False)
     assert extend(extend(extend(0, b"1234"), b""), b"56789") == extend(0, b"123456789") == 0xE3069283
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+
+def _dirty_pages(fd: int, length: int) -> int:
+    """Dirty page-cache pages among a file's first `length` bytes, by the kernel's own count
+    (cachestat(2), Linux 6.5+); skips the test where there is no such call."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    span = (ctypes.c_uint64 * 2)(0, length)
+    status = _CacheStat()
+    if libc.syscall(_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(status), 0) != 0:
+        pytest.skip(f"cachestat(2) is not available here (errno {ctypes.get_errno()}); needs Linux 6.5+ on x86_64")
+    return status.dirty
+
+
+_CACHESTAT = 451  # x86_64 and most 64-bit architectures
+
+
+def test_a_shard_goes_to_disk_while_it_is_written_and_a_segment_does_not(tmp_path):
+    """A shard's bytes are handed to the kernel's write-back every WRITEBACK_BYTES, so its commit's
+    fsync waits for a tail, not the whole shard; a segment (read back and deleted) never is."""
+    if platform.machine() != "x86_64" or not writeback.available():
+        pytest.skip(f"early write-back and cachestat(2) are Linux on x86_64 here; this is {platform.system()} {platform.machine()}")
+    if _on_tmpfs(tmp_path):
+        pytest.skip(f"{tmp_path} is on tmpfs, which has no write-back")
+    record = b"\x5a" * 100_000
+    first_block = writeback.WRITEBACK_BYTES
+    shard = ShardWriter(tmp_path / "train-00000-of-00001.tfrecord")
+    segment = RecordFile(tmp_path / ".part", hashed=False)
+    for _ in range(first_block // len(record) + 20):
+        shard.write(record)
+        segment.write(record)
+    deadline = time.monotonic() + 10
+    while _dirty_pages(shard._handle.fileno(), first_block) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _dirty_pages(shard._handle.fileno(), first_block) == 0
+    assert _dirty_pages(segment._handle.fileno(), first_block) > 0  # left to the page cache, as before
+    info = shard.commit()
+    segment.close()
+    assert (tmp_path / info.file).read_bytes() == frame_record(record) * info.records
+
+
+def _on_tmpfs(path: Path) -> bool:
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    best = max((m for m in mounts if str(path.resolve()).startswith(m[1])), key=lambda m: len(m[1]))
+    return best[2] == "tmpfs"

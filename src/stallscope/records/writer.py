@@ -18,6 +18,7 @@ from pathlib import Path
 
 from stallscope.records.manifest import ShardInfo
 from stallscope.records.schema import Schema
+from stallscope.records.writeback import WRITEBACK_BYTES, start_writeback
 
 _MASK_DELTA = 0xA282EAD8
 LENGTH = struct.Struct("<Q")  # a frame's length field
@@ -211,12 +212,15 @@ class RecordFile:
     image among them) are checksummed, hashed and written as they are, never joined into one copy
     of the record: the file's buffer holds the only copy."""
 
-    def __init__(self, path: Path | str, *, hashed: bool = True) -> None:
+    def __init__(self, path: Path | str, *, hashed: bool = True, early_writeback: bool = False) -> None:
         self.file = Path(path)
         self._handle = open(self.file, "wb", buffering=1 << 20)
         self._sha = hashlib.sha256() if hashed else None
         self.records = 0
         self.bytes = 0
+        # Bytes handed to the kernel's write-back so far; None: left to the commit's fsync (a file that
+        # is read back and deleted, such as a segment, is never asked to reach the disk).
+        self._written_back = 0 if early_writeback else None
 
     def write(self, payload: bytes) -> None:
         self.write_parts((payload,))
@@ -247,6 +251,16 @@ class RecordFile:
                 update(part)
         self.records += 1
         self.bytes += size
+        self._write_back()
+
+    def _write_back(self) -> None:
+        """Every WRITEBACK_BYTES, the bytes written since the last time go to the kernel's write-back
+        (`writeback`): the commit's fsync then waits for a tail, not for the whole file."""
+        if self._written_back is None or self.bytes - self._written_back < WRITEBACK_BYTES:
+            return
+        self._handle.flush()
+        start_writeback(self._handle.fileno(), self._written_back, self.bytes - self._written_back)
+        self._written_back = self.bytes
 
     def append_file(self, path: Path | str, records: int) -> None:
         """Appends the framed records another RecordFile wrote (`records` of them), hashing them from a
@@ -260,6 +274,7 @@ class RecordFile:
                         self._sha.update(data)
         self.records += records
         self.bytes += size
+        self._write_back()
 
     def close(self, *, sync: bool = False) -> None:
         self._handle.flush()
@@ -282,7 +297,7 @@ class ShardWriter(RecordFile):
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        super().__init__(temporary_name(self.path))
+        super().__init__(temporary_name(self.path), early_writeback=True)
         self._info: ShardInfo | None = None
 
     def commit(self, before_rename: Callable[[ShardInfo], None] | None = None) -> ShardInfo:
