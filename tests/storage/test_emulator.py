@@ -266,6 +266,37 @@ def test_latency_is_paid_by_every_request_and_counted(served, tmp_path, bandwidt
     assert (from_file.requests, from_file.connections, from_file.bytes) == (8, 1, 8 * size)
 
 
+@pytest.mark.parametrize("bandwidth", [BY_THE_SERVER, BY_THE_PROXY], ids=["server", "proxy"])
+def test_a_gs_tunnel_pays_its_connect_and_handshake_and_then_one_round_trip_a_request(served, tmp_path, bandwidth):
+    """TF's gs:// reaches the store through `CONNECT storage.googleapis.com:443` and TLS with the
+    emulator's CA. At 50 ms a request, a new tunnel's first GET waits for the CONNECT, the handshake's
+    flight and itself (at least 3 latencies, whoever holds them: the server, or the relay in front of
+    it); a second GET on the same tunnel waits once."""
+    import ssl
+
+    latency = 0.05
+    key = "tree/class_00/img_000.jpg"
+    counters_file = tmp_path / "counters.json"
+    with emulate(served, kind="gcs", latency_s=latency, bandwidth_bps=bandwidth, counters_path=counters_file,
+                 max_duration_s=LIMIT_S) as store:
+        assert (store.server_port == store.port) == (bandwidth is BY_THE_SERVER)
+        trusted = ssl.create_default_context(cafile=store.env["CURL_CA_BUNDLE"])
+        firsts, seconds = [], []
+        for _ in range(3):
+            tunnel = http.client.HTTPSConnection("127.0.0.1", store.port, timeout=10, context=trusted)
+            tunnel.set_tunnel("storage.googleapis.com", 443)
+            for took in (firsts, seconds):
+                started = time.monotonic()
+                assert _get(tunnel, f"/data/{key}") == (served / key).read_bytes()
+                took.append(time.monotonic() - started)
+            tunnel.close()
+        live = store.counters()
+    assert min(firsts) >= 3 * latency
+    assert min(seconds) >= latency
+    assert all(second < first - latency for first, second in zip(firsts, seconds)), (firsts, seconds)
+    assert (live.requests, live.connections) == (6, 3)
+
+
 def test_the_latency_proxy_adds_its_latency_and_no_more(served):
     """Small answers through a 1 ms proxy: a body shorter than one TCP segment must not wait for the
     ack of its headers (Nagle's algorithm against delayed acks holds it 40 ms on Linux, which the

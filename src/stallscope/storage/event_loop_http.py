@@ -1,5 +1,6 @@
-"""An HTTP/1.1 loopback server on one asyncio event loop, answering with the same handlers as the
-threaded `http_base.LoopbackServer`.
+"""An HTTP/1.1 loopback server on one asyncio event loop, answering with http.server-style handlers
+(`http_base.CountingHandler`): the emulated S3 and GCS stores. A CONNECT tunnel's handler may turn
+the connection into a TLS server's (`start_tls`), as the GCS store does for TF's `gs://` client.
 
 Why: the emulated store shares the cores with the training it serves, so its CPU per request is part of
 what every emulated run measures. With 128 GETs in flight (the `tuned` pipeline on JPEGs in s3://), a
@@ -137,12 +138,18 @@ def chunked_end(buffer: bytearray, at: int) -> int | None:
 
 class AnsweredOnLoop:
     """Mixed into a CountingHandler subclass: the handler answers one request already read whole,
-    and leaves its body to the connection to stream."""
+    and leaves its body to the connection to stream. `over_tls`: the request came over TLS."""
 
     body: Iterable[bytes] | None
+    upgrade: ssl.SSLContext | None
+    over_tls: bool
 
     def send_chunks(self, chunks: Iterable[bytes]) -> None:
         self.body = chunks
+
+    def start_tls(self, context: ssl.SSLContext) -> None:
+        """Once this answer (a CONNECT's 200) is sent, the connection speaks TLS as a server with `context`."""
+        self.upgrade = context
 
 
 class Connection(asyncio.Protocol):
@@ -165,6 +172,9 @@ class Connection(asyncio.Protocol):
         self.refused = False  # answered with an error and half-closed: the rest is dropped
         self.last_activity = self.loop.time()
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.over_tls = server.tls is not None
+        self.upgrading = False  # a TLS handshake after CONNECT is under way: no request is read
+        self.handshake_wait = 0.0  # the handshake's round trip, charged to the first request after it
 
     # ----- asyncio's callbacks
     def connection_made(self, transport) -> None:
@@ -211,7 +221,7 @@ class Connection(asyncio.Protocol):
     def _advance(self) -> None:
         """Moves this connection on as far as the bytes in hand and the clock allow."""
         while (self.transport is not None and not self.transport.is_closing() and not self.refused
-               and self.body is None and self.timer is None):
+               and self.body is None and self.timer is None and not self.upgrading):
             if self.reading_paused:
                 self.transport.resume_reading()
                 self.reading_paused = False
@@ -233,7 +243,9 @@ class Connection(asyncio.Protocol):
                 if len(self.buffer) > MAX_HEAD_BYTES:
                     raise RequestError(431, "Request header fields too large")
                 return False
-            self.request = Request(bytes(self.buffer[:head_end]), self.loop.time() + self.server.latency_s)
+            ready_at = self.loop.time() + self.server.latency_s + self.handshake_wait
+            self.request = Request(bytes(self.buffer[:head_end]), ready_at)
+            self.handshake_wait = 0.0
             del self.buffer[:head_end + 4]
         request = self.request
         now = self.loop.time()
@@ -285,6 +297,8 @@ class Connection(asyncio.Protocol):
         handler.rfile = io.BytesIO(raw_body)
         handler.wfile = io.BytesIO()
         handler.body = None
+        handler.upgrade = None
+        handler.over_tls = self.over_tls
         method = getattr(handler, "do_" + request.command, None)
         try:
             if method is None:
@@ -297,11 +311,14 @@ class Connection(asyncio.Protocol):
             return
         self.close_after = handler.close_connection
         head = handler.wfile.getvalue()
+        if handler.upgrade is not None:
+            self._start_tls(head, handler.upgrade)
+            return
         if handler.body is None:
             self.transport.write(head)
             self._finish()
             return
-        if (isinstance(handler.body, FileRange) and self.server.tls is None
+        if (isinstance(handler.body, FileRange) and not self.over_tls
                 and handler.body.last - handler.body.first >= JOINED_BODY_BYTES):
             self.transport.write(head)
             self.body = iter(())  # answering: the next request waits for the file to be sent
@@ -320,6 +337,34 @@ class Connection(asyncio.Protocol):
             self.transport.write(head)
             self.piece = memoryview(first)
         self._pump()
+
+    def _start_tls(self, head: bytes, context: ssl.SSLContext) -> None:
+        """Sends `head` (a CONNECT's 200), then makes this connection a TLS server's: the client's
+        hello is read by the TLS layer, not taken for a request (reading waits until it is in place)."""
+        self.transport.pause_reading()
+        self.transport.write(head)
+        self.upgrading = True
+        self.loop.create_task(self._upgrade(context))
+
+    async def _upgrade(self, context: ssl.SSLContext) -> None:
+        try:
+            transport = await self.loop.start_tls(self.transport, self, context, server_side=True,
+                                                  ssl_handshake_timeout=IDLE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError, AttributeError):
+            log.debug("TLS with %s failed", self.peer, exc_info=True)  # a refused CA, a peer gone
+            if self.transport is not None:
+                self.transport.close()
+            return
+        finally:
+            self.upgrading = False
+        if transport is None or self.transport is None:  # the peer left during the handshake
+            return
+        self.transport = transport
+        self.over_tls = True
+        # The handshake's flight (ClientHello to ServerHello) is a round trip the client waits for,
+        # as a relay holding each burst makes it: charged to the tunnel's first request.
+        self.handshake_wait = self.server.latency_s
+        self._advance()
 
     async def _send_file(self, part: FileRange) -> None:
         """A large part of a file goes from the page cache to the socket in the kernel (os.sendfile):

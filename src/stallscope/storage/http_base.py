@@ -1,19 +1,13 @@
-"""The loopback HTTP server the GCS store builds on (one thread per connection, keep-alive, every idle
-connection timed out, counters for connections, requests and bytes, optionally a latency each request
-waits before it is answered), and the request handler both stores answer with. The S3 store answers
-with the same handler on one event loop instead (`event_loop_http`)."""
+"""The request handler both emulated stores answer with (S3 and GCS dialects), on the event loop of
+`event_loop_http`: http.server's request handler for its status lines and headers, with the bodies
+counted (connections, requests and bytes feed the report)."""
 
 from __future__ import annotations
 
 import abc
 import http.server
 import logging
-import socket
-import socketserver
-import time
 from typing import Iterable
-
-from stallscope.storage.counters import SharedCounters
 
 log = logging.getLogger(__name__)
 
@@ -21,64 +15,16 @@ LOOPBACK = "127.0.0.1"
 IDLE_TIMEOUT_S = 30.0
 
 
-class LoopbackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """Binds 127.0.0.1 only. `port=0` takes a free port (see `.port`). `latency_s`: how long each
-    request's thread waits, once its request line and headers are in, before it is answered: the one
-    round trip a request pays on a kept-alive connection, without a relay (see `serving`)."""
-
-    daemon_threads = True
-    allow_reuse_address = False  # a second server on a taken port must fail, not share it
-    request_queue_size = 128
-
-    def __init__(self, port: int, handler: type, counters: SharedCounters, *, latency_s: float = 0.0) -> None:
-        self.counters = counters
-        self.latency_s = latency_s
-        super().__init__((LOOPBACK, port), handler)
-
-    @property
-    def port(self) -> int:
-        return self.server_address[1]
-
-    def process_request(self, request, client_address) -> None:
-        self.counters.add(connections=1)
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().process_request(request, client_address)
-
-    def handle_error(self, request, client_address) -> None:  # a reader that hangs up is not news
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
-
-
 class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta):
-    """HTTP/1.1 with keep-alive; `send_body` and `send_error_body` count what they send."""
+    """HTTP/1.1 with keep-alive; what `send_body` sends is counted. Its request
+    is read whole by the event loop's connection, which then answers it (`event_loop_http.Connection`)."""
 
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_TIMEOUT_S
-    # Responses are buffered and sent once complete (http.server flushes after each request): a JPEG's
-    # headers and body in one send instead of two, each of which is a GIL hand-off among the connections.
-    wbufsize = 256 * 1024
-    server: LoopbackServer
     server_version = "stallscope-storage"
     sys_version = ""
 
     def version_string(self) -> str:
         return self.server_version
-
-    def parse_request(self) -> bool:
-        """The request is in: it waits out the server's latency (its thread sleeps; no CPU)."""
-        parsed = super().parse_request()
-        if parsed and self.server.latency_s:
-            time.sleep(self.server.latency_s)
-        return parsed
-
-    def handle_expect_100(self) -> bool:
-        """The interim '100 Continue' goes out now: the client waits for it before sending the body.
-        With a latency, the headers' round trip is waited out first, and the body's after it (in
-        `parse_request`): two, as a relay holding each burst would make it."""
-        if self.server.latency_s:
-            time.sleep(self.server.latency_s)
-        answer = super().handle_expect_100()
-        self.wfile.flush()
-        return answer
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         if log.isEnabledFor(logging.DEBUG):  # every request is logged: format only when it is kept
@@ -109,13 +55,9 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
             return
         self.send_chunks([body] if isinstance(body, (bytes, bytearray)) else body)
 
+    @abc.abstractmethod
     def send_chunks(self, chunks: Iterable[bytes]) -> None:
-        """Writes a response body and counts its bytes (on an event loop, it is streamed instead)."""
-        sent = 0
-        for chunk in chunks:
-            self.wfile.write(chunk)
-            sent += len(chunk)
-        self.server.counters.add(bytes=sent)
+        """Hands a response body over to be sent (and counted as it goes): the event loop's."""
 
     def read_body(self, limit: int = 1 << 30) -> bytes:
         """The request's body, sent with a Content-Length or chunked; at most `limit` bytes kept."""

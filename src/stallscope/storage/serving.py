@@ -25,8 +25,8 @@ class StoreOptions:
     """One emulated store.
 
     root: the folder served. kind: 'gcs', 's3' or 'mount'.
-    latency_s: held per request burst (HTTP stores: by the S3 server's event loop, or by the latency proxy
-        where one runs) or per open/read/listing (mount); 0 for none.
+    latency_s: held per request burst (HTTP stores: by the server's event loop, or by the latency proxy
+        where a bandwidth cap makes one run) or per open/read/listing (mount); 0 for none.
     bandwidth_bps: a shared cap in bits per second per direction; None for none.
     bucket: the bucket name of gs://BUCKET or s3://BUCKET. mount_point: an empty folder (mount only).
     port: the port readers connect to on 127.0.0.1; 0 takes a free one.
@@ -117,11 +117,11 @@ class RunningStore:
 
         options = self.options
         bucket = FolderBucket(options.root, options.bucket, writable=options.writable)
-        # S3 over kept-alive connections pays one round trip per request, which the server's event loop
-        # waits out itself (a timer per request); the relay is for what only it can shape: a bandwidth cap, and TF's
-        # gs:// TLS handshakes (a round trip per flight). On 2 cores, relaying each 75 KB GET cost the
-        # store's process ~0.3 ms of CPU (python benchmarks/s3_reader.py --latency 10).
-        in_server = options.kind == "s3" and not options.bandwidth_bps
+        # Each request's round trip is waited out by the server's event loop itself (a timer per request;
+        # for gs://, also one per TLS handshake after a CONNECT); the relay is for what only it can shape,
+        # a bandwidth cap. On 2 cores, relaying each 75 KB GET cost the store's process ~0.3 ms of CPU
+        # (python benchmarks/s3_reader.py --latency 10).
+        in_server = not options.bandwidth_bps
         shaped = bool(options.bandwidth_bps or (options.latency_s and not in_server))
         store_port = 0 if shaped else options.port
         try:
@@ -130,7 +130,8 @@ class RunningStore:
                 from stallscope.storage.tls import server_context
 
                 ca_path = self.state_dir / "ca.pem"
-                server = GcsServer(store_port, bucket, self.counters, server_context(ca_path))
+                server = GcsServer(store_port, bucket, self.counters, server_context(ca_path),
+                                   latency_s=options.latency_s if in_server else 0.0)
             else:
                 from stallscope.storage.s3_server import S3Server
 
