@@ -136,3 +136,18 @@ def test_encoding_is_what_tensorflow_parses_at_varint_edges():
                           height=label, width=size)
             ours = tf.train.Example.FromString(encode_example_bytes(schema, **kwargs))
             assert ours == tf.train.Example.FromString(encode_example(schema, **kwargs)), (name, label, size)
+
+
+def _blas_threads_after_numpy() -> int:
+    """In a worker: the BLAS pool's threads once numpy is in, as the stream check brings it in."""
+    import numpy  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    return max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
+
+
+def test_a_workers_blas_pool_is_one_thread():
+    """numpy comes into every worker with simplejpeg; OpenBLAS would start a busy-waiting thread per
+    core there, for BLAS calls a conversion never makes."""
+    with convert._worker_pool(2) as pool:
+        assert [future.result(timeout=120) for future in [pool.submit(_blas_threads_after_numpy) for _ in range(2)]] == [1, 1]
