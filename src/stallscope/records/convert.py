@@ -424,7 +424,7 @@ def _worker_pool(workers: int) -> Iterator[concurrent.futures.ProcessPoolExecuto
 def _one_blas_thread() -> None:
     """A worker's BLAS pool is one thread. numpy comes into every worker with simplejpeg, and OpenBLAS
     starts a thread per core that busy-waits a while for work that never comes (no BLAS call is made
-    here): 1.22-1.23 -> 1.12-1.18 s of user time converting 1,500 images on 3 workers (`/usr/bin/time`).
+    here): user+sys 1.44-1.49 -> 1.30-1.33 s converting 1,500 images on 3 workers (`/usr/bin/time`).
     Where the parent had numpy already, the forked worker's pool is cut to one thread instead."""
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
