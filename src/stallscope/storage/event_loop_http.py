@@ -30,7 +30,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from stallscope.storage.counters import SharedCounters
 from stallscope.storage.http_base import IDLE_TIMEOUT_S, LOOPBACK, CountingHandler
@@ -134,22 +134,6 @@ def chunked_end(buffer: bytearray, at: int) -> int | None:
         at += size + 2
         if len(buffer) < at:
             return None
-
-
-class AnsweredOnLoop:
-    """Mixed into a CountingHandler subclass: the handler answers one request already read whole,
-    and leaves its body to the connection to stream. `over_tls`: the request came over TLS."""
-
-    body: Iterable[bytes] | None
-    upgrade: ssl.SSLContext | None
-    over_tls: bool
-
-    def send_chunks(self, chunks: Iterable[bytes]) -> None:
-        self.body = chunks
-
-    def start_tls(self, context: ssl.SSLContext) -> None:
-        """Once this answer (a CONNECT's 200) is sent, the connection speaks TLS as a server with `context`."""
-        self.upgrade = context
 
 
 class Connection(asyncio.Protocol):
@@ -357,7 +341,7 @@ class Connection(asyncio.Protocol):
             return
         finally:
             self.upgrading = False
-        if transport is None or self.transport is None:  # the peer left during the handshake
+        if self.transport is None:  # the peer left during the handshake
             return
         self.transport = transport
         self.over_tls = True
@@ -447,7 +431,7 @@ class EventLoopServer:
         self.counters = counters
         self.latency_s = latency_s
         self.tls = tls
-        self.handler_class = type(handler.__name__, (AnsweredOnLoop, handler), {})
+        self.handler_class = handler
         self.connections: set[Connection] = set()
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:

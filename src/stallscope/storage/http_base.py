@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import http.server
 import logging
+import ssl
 from typing import Iterable
 
 log = logging.getLogger(__name__)
@@ -16,9 +17,13 @@ IDLE_TIMEOUT_S = 30.0
 
 
 class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta):
-    """HTTP/1.1 with keep-alive; what `send_body` sends is counted. Its request
-    is read whole by the event loop's connection, which then answers it (`event_loop_http.Connection`)."""
+    """HTTP/1.1 with keep-alive; what `send_body` sends is counted. Its request is read whole by the
+    event loop's connection, which then answers it and streams the body it was handed
+    (`event_loop_http.Connection`). `over_tls`: the request came over TLS."""
 
+    body: Iterable[bytes] | None
+    upgrade: ssl.SSLContext | None
+    over_tls: bool
     protocol_version = "HTTP/1.1"
     server_version = "stallscope-storage"
     sys_version = ""
@@ -55,9 +60,13 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
             return
         self.send_chunks([body] if isinstance(body, (bytes, bytearray)) else body)
 
-    @abc.abstractmethod
     def send_chunks(self, chunks: Iterable[bytes]) -> None:
-        """Hands a response body over to be sent (and counted as it goes): the event loop's."""
+        """Hands a response body to the connection, which sends and counts it as the peer takes it."""
+        self.body = chunks
+
+    def start_tls(self, context: ssl.SSLContext) -> None:
+        """Once this answer (a CONNECT's 200) is sent, the connection speaks TLS as a server with `context`."""
+        self.upgrade = context
 
     def read_body(self, limit: int = 1 << 30) -> bytes:
         """The request's body, sent with a Content-Length or chunked; at most `limit` bytes kept."""
