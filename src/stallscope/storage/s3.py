@@ -27,6 +27,7 @@ from stallscope.storage import s3_objects
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, short, storage_timeout, with_deadline,
 )
+from stallscope.storage.obstore_reading import storage_error_text
 from stallscope.storage.s3_reading import reader_name
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class S3Store(Store):
 
     def error(self, path: RemotePath, exc: BaseException, action: str = "read") -> StorageError:
         name = type(exc).__name__
-        text = s3_objects.storage_error_text(exc)
+        text = storage_error_text(exc)
         cause = exc.__cause__ or exc.__context__
         code = ""
         for candidate in (exc, cause):

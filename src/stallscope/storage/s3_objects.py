@@ -12,16 +12,14 @@ configuration as botocore reads it. STALLSCOPE_S3_READER=s3fs reads through s3fs
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer, storage_timeout
+from stallscope.storage.location import StorageError, storage_timeout
+from stallscope.storage.obstore_reading import ObstoreReader
 
-REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
 CREDENTIALS_TTL = datetime.timedelta(minutes=5)  # how long obstore keeps refreshable credentials
 
 
@@ -44,23 +42,17 @@ class NoCredentials(Exception):
     """botocore's chain found no credentials (S3Store.error names what it looked for)."""
 
 
-class ObjectReader:
-    """One obstore store per bucket and a pool of request threads, per process (made again after a fork)."""
+class ObjectReader(ObstoreReader):
+    """The s3:// stores: credentials from botocore's chain, endpoint, region and CA bundle from the
+    AWS configuration."""
 
     def __init__(self, bucket_region: Callable[[str], str | None] = lambda bucket: None) -> None:
+        super().__init__()
         self._bucket_region = bucket_region  # asked where the AWS configuration names no region
-        self._lock = threading.Lock()
-        self._pid = 0
-        self._stores: dict[str, object] = {}
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._session = None
 
-    def _fresh(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._stores = {}
-            self._pool = concurrent.futures.ThreadPoolExecutor(REQUEST_THREADS, thread_name_prefix="s3-get")
-            self._session = None
+    def _forget_process_state(self) -> None:
+        self._session = None
 
     def _credentials(self) -> dict:
         credentials = self._session.get_credentials()
@@ -87,79 +79,23 @@ class ObjectReader:
             raise StorageError(f"{source}: expected a PEM file of CA certificates, got {bundle!r} (no certificate in it)")
         return pem
 
-    def store(self, bucket: str):
-        with self._lock:
-            self._fresh()
-            if bucket in self._stores:
-                return self._stores[bucket]
-            import botocore.session
-            from obstore.store import S3Store as ObstoreS3
+    def _new_store(self, bucket: str):
+        import botocore.session
+        from obstore.store import S3Store as ObstoreS3
 
-            if self._session is None:
-                self._session = botocore.session.Session()
-            self._credentials()  # none at all: one line now, not a wrapped error per request
-            seconds = storage_timeout()
-            endpoint = endpoint_url(self._session)
-            limit = datetime.timedelta(seconds=seconds)
-            options = {"connect_timeout": limit, "timeout": limit,
-                       "allow_http": bool(endpoint and endpoint.startswith("http://"))}
-            authorities = self._ca_bundle()
-            if authorities:  # trusted beside the system's roots, as botocore trusts the bundle
-                options["root_certificate"] = authorities
-            # botocore follows a bucket's redirect to its region; obstore does not, so it is told.
-            region = self._session.get_config_variable("region") or self._bucket_region(bucket) or "us-east-1"
-            store = ObstoreS3(bucket, endpoint=endpoint, region=region,
-                              credential_provider=self._credentials, client_options=options,
-                              retry_config={"max_retries": 1, "retry_timeout": limit})
-            self._stores[bucket] = store
-            return store
-
-    def size(self, path: RemotePath) -> int:
-        import obstore
-
-        return int(obstore.head(self.store(path.bucket), path.key)["size"])
-
-    def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
-        """Bytes [start, end) of an object, fetched on a request thread; the future holds them as
-        obstore's own buffer (bytes-like, read in place: copying each 16 MB block into fresh pages
-        cost 0.14 ms of CPU per 75 KB record of it, against 0.04 for the GET alone, on 2 cores)."""
-        import obstore
-
-        store = self.store(path.bucket)
-        return self._pool.submit(lambda: obstore.get_range(store, path.key, start=start, end=end))
-
-    def read_many(self, paths: list[RemotePath], in_flight: int,
-                  error: Callable[[RemotePath, BaseException], StorageError]) -> list[bytes]:
-        """The objects' bytes in order, up to `in_flight` GETs at once; the first failure raises
-        `error(path, exception)`, the one line naming the object."""
-        import obstore
-
-        try:
-            stores = [self.store(p.bucket) for p in paths]
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise error(paths[0], exc) from None
-        pool = self._pool
-        out: list[bytes] = []
-        step = max(1, in_flight)
-        for start in range(0, len(paths), step):
-            pending = [pool.submit(lambda s, k: bytes(obstore.get(s, k).bytes()), store, path.key)
-                       for store, path in zip(stores[start:start + step], paths[start:start + step])]
-            for path, future in zip(paths[start:start + step], pending):
-                try:
-                    out.append(future.result(timeout=deadline()))
-                    continue
-                except concurrent.futures.TimeoutError:
-                    failure = no_answer(path, deadline())
-                except Exception as exc:  # obstore's errors, OSError kinds: all one line
-                    failure = error(path, exc)
-                for other in pending:
-                    other.cancel()
-                raise failure from None
-        return out
-
-
-def storage_error_text(exc: BaseException) -> str:
-    """obstore's message without its multi-line debug dump."""
-    return " ".join(str(exc).split("Debug source:", 1)[0].split())
+        if self._session is None:
+            self._session = botocore.session.Session()
+        self._credentials()  # none at all: one line now, not a wrapped error per request
+        seconds = storage_timeout()
+        endpoint = endpoint_url(self._session)
+        limit = datetime.timedelta(seconds=seconds)
+        options = {"connect_timeout": limit, "timeout": limit,
+                   "allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        authorities = self._ca_bundle()
+        if authorities:  # trusted beside the system's roots, as botocore trusts the bundle
+            options["root_certificate"] = authorities
+        # botocore follows a bucket's redirect to its region; obstore does not, so it is told.
+        region = self._session.get_config_variable("region") or self._bucket_region(bucket) or "us-east-1"
+        return ObstoreS3(bucket, endpoint=endpoint, region=region,
+                         credential_provider=self._credentials, client_options=options,
+                         retry_config={"max_retries": 1, "retry_timeout": limit})

@@ -1,0 +1,101 @@
+"""Whole objects and byte ranges read through obstore (Rust object_store bindings), for any store
+obstore speaks: the request threads, the per-process state and the ordered, bounded reads that the
+s3:// reader (`s3_objects`) and the pooled gs:// reader (`gcs_objects`) share.
+
+Each GET runs on a pool thread that waits outside the GIL while obstore's own runtime does the
+request over kept-alive connections; a store is made once per bucket and process (again after a
+fork: its connections and runtime belong to the process that made them).
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable
+
+from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer
+
+REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
+
+
+class ObstoreReader(abc.ABC):
+    """One obstore store per bucket and a pool of request threads, per process (made again after a fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._stores: dict[str, object] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _fresh(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._stores = {}
+            self._pool = concurrent.futures.ThreadPoolExecutor(REQUEST_THREADS, thread_name_prefix="obstore-get")
+            self._forget_process_state()
+
+    def _forget_process_state(self) -> None:
+        """What a subclass keeps per process, dropped in a fresh one (a forked child)."""
+
+    @abc.abstractmethod
+    def _new_store(self, bucket: str):
+        """The obstore store of `bucket`, made with this store's credentials, endpoint and timeouts."""
+
+    def store(self, bucket: str):
+        with self._lock:
+            self._fresh()
+            if bucket not in self._stores:
+                self._stores[bucket] = self._new_store(bucket)
+            return self._stores[bucket]
+
+    def size(self, path: RemotePath) -> int:
+        import obstore
+
+        return int(obstore.head(self.store(path.bucket), path.key)["size"])
+
+    def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
+        """Bytes [start, end) of an object, fetched on a request thread; the future holds them as
+        obstore's own buffer (bytes-like, read in place: copying each 16 MB block into fresh pages
+        cost 0.14 ms of CPU per 75 KB record of it, against 0.04 for the GET alone, on 2 cores)."""
+        import obstore
+
+        store = self.store(path.bucket)
+        return self._pool.submit(lambda: obstore.get_range(store, path.key, start=start, end=end))
+
+    def read_many(self, paths: list[RemotePath], in_flight: int,
+                  error: Callable[[RemotePath, BaseException], StorageError]) -> list[bytes]:
+        """The objects' bytes in order, up to `in_flight` GETs at once; the first failure raises
+        `error(path, exception)`, the one line naming the object."""
+        import obstore
+
+        try:
+            stores = [self.store(p.bucket) for p in paths]
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise error(paths[0], exc) from None
+        pool = self._pool
+        out: list[bytes] = []
+        step = max(1, in_flight)
+        for start in range(0, len(paths), step):
+            pending = [pool.submit(lambda s, k: bytes(obstore.get(s, k).bytes()), store, path.key)
+                       for store, path in zip(stores[start:start + step], paths[start:start + step])]
+            for path, future in zip(paths[start:start + step], pending):
+                try:
+                    out.append(future.result(timeout=deadline()))
+                    continue
+                except concurrent.futures.TimeoutError:
+                    failure = no_answer(path, deadline())
+                except Exception as exc:  # obstore's errors, OSError kinds: all one line
+                    failure = error(path, exc)
+                for other in pending:
+                    other.cancel()
+                raise failure from None
+        return out
+
+
+def storage_error_text(exc: BaseException) -> str:
+    """obstore's message without its multi-line debug dump."""
+    return " ".join(str(exc).split("Debug source:", 1)[0].split())
