@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import email.utils
 import json
 import re
 import secrets
@@ -164,7 +165,9 @@ class GcsHandler(CountingHandler):
             self.count_request(errors=1)
             return self.send_body(416, {"Content-Range": f"bytes */{info.size}"}, b"", 0, head_only=head_only)
         headers = {"Content-Type": "application/octet-stream", "x-goog-generation": str(info.mtime_ns),
-                   "x-goog-stored-content-length": str(info.size), "Accept-Ranges": "bytes"}
+                   "x-goog-stored-content-length": str(info.size), "Accept-Ranges": "bytes",
+                   "ETag": f'"{info.mtime_ns:x}"',
+                   "Last-Modified": email.utils.formatdate(info.mtime_ns / 1e9, usegmt=True)}
         self.count_request()
         if info.size == 0:
             return self.send_body(200, headers, b"", 0, head_only=head_only)
