@@ -126,13 +126,14 @@ def diagnose_runs(options: DemoOptions, data_dir: Path, records_dir: Path):
     _say(f"saved as {fixed_path}; reuse it with `stallscope train --pipeline-config {shlex.quote(str(fixed_path))}`")
     _say()
     _say(_seed_question(from_files, from_records, after))
-    return fixed.config, [a for a in from_files.advice if a.key == "reads_in_flight"]
+    return fixed.config, [a for a in from_files.advice if a.key in ("gcs_reader", "reads_in_flight")]
 
 
 def storage_runs(options: DemoOptions, fixed_config, store_advice) -> None:
     """Act 5: the seed and the fixed pipeline from files and from records on an emulated object store
-    (`stallscope storage serve --gcs`, read through TF's own gs://), each also run from local disk with
-    the same shuffle buffer and steps, for the ratio."""
+    (`stallscope storage serve --gcs`, read through TF's own gs://, and with the storage advice through
+    the reader it names), each also run from local disk with the same shuffle buffer and steps, for
+    the ratio."""
     from stallscope.analysis.advice import apply_advice
     from stallscope.report.text import fmt_knobs
     from stallscope.pipeline.presets import get_preset
@@ -146,7 +147,7 @@ def storage_runs(options: DemoOptions, fixed_config, store_advice) -> None:
     _say(f"shuffle buffer {STORE_SHUFFLE_BUFFER} so reads spread over the steps, as in any data set larger "
          f"than the buffer; {STORE_STEPS} steps each")
     pipelines = {"seed": get_preset("seed"), "fixed": fixed_config}
-    for advice in store_advice:  # the diagnosis' storage what-if at this latency: reads in flight
+    for advice in store_advice:  # the diagnosis' storage what-if at this latency: the reader, reads in flight
         _say(f"fixed+io: the fixed pipeline with the storage advice: {advice.title} ({fmt_knobs(advice.knobs)})")
         pipelines["fixed+io"] = apply_advice(fixed_config, advice)
     remote: dict[tuple[str, str], dict] = {}

@@ -315,6 +315,10 @@ def _named(text, config, client="tf-gcs", pattern=JPEG):
 
 
 def test_storage_advice_when_requests_dominate(monkeypatch):
+    """TF's gs:// client alone (obstore not installed): enough reads in flight for its requests."""
+    from stallscope.storage import gcs_objects
+
+    monkeypatch.setattr(gcs_objects, "available", lambda: False)
     monkeypatch.setenv(sw.GCS_BLOCK_ENV, "1")
     advice = storage_advice(_named("30ms,1Gbit", SEED), SEED, data_bytes=10**8, memory_bytes=10**10,
                             local_images_per_second=600)
@@ -328,6 +332,29 @@ def test_storage_advice_when_requests_dominate(monkeypatch):
     fixed = apply_advice(SEED, advice)  # every knob is a real PipelineConfig field
     assert fixed.private_threadpool_size == reads.knobs["private_threadpool_size"] and fixed.cache == "memory"
     assert "--source records" in advice[0].command
+
+
+def test_storage_advice_moves_gs_jpegs_to_the_pooled_reader(monkeypatch):
+    """Where obstore is installed, JPEGs read through TF's gs:// (a TCP+TLS handshake per request)
+    are advised onto the pooled reader, with its own reads in flight; TF-sized ones are not advised."""
+    from stallscope.storage import gcs_objects
+
+    monkeypatch.setattr(gcs_objects, "available", lambda: True)
+    monkeypatch.setenv(sw.GCS_BLOCK_ENV, "1")
+    what = _named("30ms,1Gbit", SEED)
+    advice = storage_advice(what, SEED, data_bytes=10**8, memory_bytes=10**10, local_images_per_second=600)
+    keys = [a.key for a in advice]
+    assert keys == ["convert_records", "gcs_reader", "cache"]
+    pooled = advice[1]
+    assert pooled.knobs["gcs_reader"] == "pooled" and pooled.knobs["read_parallelism"] > 16
+    fixed = apply_advice(SEED, advice)
+    assert fixed.gcs_reader == "pooled" and fixed.read_parallelism == pooled.knobs["read_parallelism"]
+    # its figure is the pooled client's own prediction at that store, above TF's client's best
+    scenario = what.scenarios[0].scenario
+    row = sw.predict_format(JPEG, scenario, sw.obstore_gcs_client(), fixed, WORKLOAD)
+    tf_best = sw.predict_format(JPEG, scenario, sw.tf_gcs_client(), SEED, WORKLOAD).enough_in_flight
+    assert f"{row.enough_in_flight.images_per_second:,.0f} images/s" in pooled.reason
+    assert row.enough_in_flight.images_per_second > 1.1 * tf_best.images_per_second
 
 
 def test_storage_advice_leaves_tfs_gcs_block_alone(monkeypatch):

@@ -85,10 +85,11 @@ def test_loading_a_config_with_an_unknown_key_names_it(tmp_path):
         PipelineConfig.load(path)
 
 
-def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store():
+def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store(monkeypatch):
     from pathlib import Path
 
-    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, S3_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, POOLED_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.storage import gcs_objects
     from stallscope.storage.s3_reading import groups_in_flight
     from stallscope.pipeline.sources import DataSource
     from stallscope.storage.location import as_path
@@ -98,20 +99,29 @@ def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store():
                           file_labels=(0,) if kind == "files" else (), schema="", num_examples=1, total_bytes=1)
 
     tuned = PRESETS["tuned"]
+    assert tuned.gcs_reader == "pooled" and PRESETS["seed"].gcs_reader == "tf"
+    monkeypatch.setattr(gcs_objects, "available", lambda: True)
     on_gs = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
-    assert on_gs.read_parallelism == REMOTE_READS_IN_FLIGHT and on_gs.preset == "tuned"
-    assert on_gs.private_threadpool_size > REMOTE_READS_IN_FLIGHT  # the reads and a thread per core to decode
+    assert on_gs.read_parallelism == POOLED_READS_IN_FLIGHT and on_gs.gcs_reader == "pooled"
     assert overridden_fields(on_gs).keys() == {"read_parallelism", "private_threadpool_size"}
     on_s3 = tuned_for_source(tuned, source("files", as_path("s3://bucket/train/a/1.jpg")))
-    assert on_s3.read_parallelism == S3_READS_IN_FLIGHT and groups_in_flight(S3_READS_IN_FLIGHT) == 8
+    assert on_s3.read_parallelism == POOLED_READS_IN_FLIGHT and groups_in_flight(POOLED_READS_IN_FLIGHT) == 8
     assert on_s3.private_threadpool_size > 8  # a thread per group waiting, and a thread per core to decode
+    on_tf_gs = tuned_for_source(tuned.replace(gcs_reader="tf"), source("files", as_path("gs://b/t/a/1.jpg")))
+    assert on_tf_gs.read_parallelism == REMOTE_READS_IN_FLIGHT  # TF's client: a thread per request in flight
+    assert on_tf_gs.private_threadpool_size > REMOTE_READS_IN_FLIGHT  # the reads and a thread per core to decode
     unchanged = [
         (tuned, source("files", Path("/data/train/a/1.jpg"))),                       # local disk
         (tuned, source("records", as_path("s3://bucket/records/train-0.tfrecord"))),  # a request per 16 MB
-        (tuned, source("records", as_path("gs://bucket/records/train-0.tfrecord"))),  # a request per 64 MB
+        (tuned, source("records", as_path("gs://bucket/records/train-0.tfrecord"))),
         (PRESETS["seed"], source("files", as_path("gs://bucket/train/a/1.jpg"))),    # seed stays as the seeds wrote it
         (tuned.replace(private_threadpool_size=4), source("files", as_path("gs://b/t/a/1.jpg"))),  # the user's own
         (tuned.replace(read_parallelism=8), source("files", as_path("gs://b/t/a/1.jpg"))),
     ]
     for config, src in unchanged:
         assert tuned_for_source(config, src) is config
+    # Without obstore, tuned reads gs:// through TF's own client, with TF's reads in flight.
+    monkeypatch.setattr(gcs_objects, "available", lambda: False)
+    fallback = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
+    assert fallback.gcs_reader == "tf" and fallback.read_parallelism == REMOTE_READS_IN_FLIGHT
+    assert tuned_for_source(tuned, source("records", as_path("gs://b/r/0.tfrecord"))).gcs_reader == "tf"

@@ -27,6 +27,15 @@ BUCKET = "data"
 ALLOW_S3 = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_tree) -> Path:
+    """The folder the stores serve: `tree/` (3 classes x 8 JPEGs) and `records/` (its 2 shards)."""
+    root = tmp_path_factory.mktemp("served")
+    shutil.copytree(tiny_tree, root / "tree")
+    convert_tree(ConvertOptions(dataset_path=root / "tree", output_path=root / "records", shards=2, workers=1))
+    return root
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -22,22 +22,12 @@ import pytest
 from stallscope.analysis.storage_counters import load_storage_counters
 from stallscope.cli.main import main
 from stallscope.errors import UsageError
-from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.storage import location, s3_reading
 from stallscope.storage.emulator import emulate
 
 from .conftest import child_environment
 
 LIMIT_S = 120  # every child here is bounded
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_tree) -> Path:
-    """The folder the stores serve: `tree/` (3 classes x 8 JPEGs) and `records/` (its 2 shards)."""
-    root = tmp_path_factory.mktemp("served")
-    shutil.copytree(tiny_tree, root / "tree")
-    convert_tree(ConvertOptions(dataset_path=root / "tree", output_path=root / "records", shards=2, workers=1))
-    return root
 
 
 def digests(root: Path) -> dict[str, str]:
@@ -424,18 +414,3 @@ def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, 
     # one ranged GET per JPEG (1 MB blocks), plus a share of the listings and the shuffle's refills
     assert 1.0 <= storage["requests"] < 2.0 and storage["connections"] > 0
     assert served_requests >= 24 and report["source"]["path"] == "gs://data/tree"
-
-
-def test_tuned_keeps_more_reads_in_flight_on_gs_jpegs(served, tmp_path):
-    """On gs:// JPEGs `tuned` reads in a map of its own with 32 calls on a private pool (the shared
-    pool's thread per core would keep ~2 requests in flight), and says so on its reader line."""
-    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
-        done = subprocess.run(
-            [sys.executable, "-m", "stallscope", "train", "--dataset_path", f"{store.url}/tree", "--pipeline", "tuned",
-             "--steps", "4", "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000",
-             "--log-path", str(tmp_path / "run")],
-            capture_output=True, text=True, timeout=LIMIT_S, env=child_environment(store.env))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "reader          TF gs:// (32 reads in flight on a private pool of " in done.stdout, done.stdout
-    requested = json.loads((tmp_path / "run" / "pipeline.json").read_text())["requested"]
-    assert requested["read_parallelism"] == 32 and requested["private_threadpool_size"] > 32

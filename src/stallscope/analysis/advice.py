@@ -153,7 +153,7 @@ def _underparallel(stage) -> bool:
 
 
 CACHE_MEMORY_FRACTION = 0.25  # advise an in-memory cache only for data below this share of free RAM
-STORAGE_ORDER = ("convert_records", "gcs_block_size", "reads_in_flight", "cache", "connection_reuse")
+STORAGE_ORDER = ("convert_records", "gcs_block_size", "gcs_reader", "reads_in_flight", "cache", "connection_reuse")
 STORAGE_GAIN = 1.1          # advise a storage change only where the what-if gains at least 10%
 RECORDS_GAIN = 1.25         # advise converting to records from a 25% gain (a conversion costs a pass)
 S3_POOL_CONNECTIONS = 10    # aiobotocore's default max_pool_connections, under s3fs
@@ -217,7 +217,22 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
                     f"{best_small:,.0f} images/s instead of {best_now:,.0f}", evidence,
                     command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ..."))
     enough = reading.enough_in_flight
-    if cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second:
+    pooled = _pooled_gcs_reads(current, config, what, scenario, cell, enough)
+    if pooled is not None:
+        advice.append(Advice(
+            "gcs_reader", "Read gs:// over kept-alive connections (stallscope's pooled reader)",
+            {"gcs_reader": "pooled", "read_parallelism": pooled.read_parallelism,
+             "private_threadpool_size": pooled.private_threadpool_size, "deterministic": False,
+             **({"map_parallelism": AUTOTUNE} if config.map_parallelism is None else {}),
+             **({"prefetch": AUTOTUNE} if config.prefetch is None else {})},
+            "# obstore (Rust object_store) keeps its TLS connections; TF's gs:// opens one per request\n"
+            "store = obstore.store.GCSStore(BUCKET)\n"
+            "data = [bytes(obstore.get(store, key).bytes()) for key in group]  # on a pool of request threads",
+            f"TF's gs:// pays a TCP+TLS handshake with every request ({current.connections_per_image:.3g} "
+            f"connections per image); {pooled.reads}, over kept-alive connections: "
+            f"{pooled.images_per_second:,.0f} images/s ({pooled.prediction.input_share * 100:.0f}% input) instead of "
+            f"{max(cell.images_per_second, enough.images_per_second):,.0f}", evidence))
+    elif cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second:
         knobs: dict[str, Any] = {"read_parallelism": enough.read_parallelism,
                                  "private_threadpool_size": enough.private_threadpool_size, "deterministic": False}
         if config.map_parallelism is None:
@@ -254,7 +269,7 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
             f"s3fs.S3FileSystem(config_kwargs={{'max_pool_connections': {enough.read_parallelism}}})",
             f"{enough.read_parallelism} reads in flight over aiobotocore's default pool of {S3_POOL_CONNECTIONS} "
             "connections would open and close the rest per request", evidence))
-    elif current.client == "tf-gcs" and current.format == "files":
+    elif current.client == "tf-gcs" and current.format == "files" and pooled is None:
         advice.append(Advice(
             "connection_reuse", "Fewer requests: TF's gs:// opens a connection per request", {},
             "# TF's gs:// has no connection pool: every request pays a TCP+TLS handshake (~4 round trips)",
@@ -264,9 +279,25 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
     return sorted(advice, key=lambda a: STORAGE_ORDER.index(a.key))
 
 
+def _pooled_gcs_reads(current, config: PipelineConfig, what: "StorageWhatIf", scenario, cell, enough):
+    """JPEGs read through TF's gs:// (a connection per request): the pooled reader's cell with enough
+    reads in flight, where obstore is installed and it gains STORAGE_GAIN over the best TF's client
+    gives (as configured, or with enough reads in flight); else None."""
+    from stallscope.analysis import storage_whatif as sw
+    from stallscope.storage import gcs_objects
+
+    if current.client != "tf-gcs" or current.format != "files" or not gcs_objects.available():
+        return None
+    row = sw.predict_format(sw.IoPattern(current.format, current.bytes_per_image, current.objects_per_image),
+                            scenario, sw.obstore_gcs_client(), config.replace(gcs_reader="pooled"), what.workload)
+    pooled = row.enough_in_flight
+    best_now = max(cell.images_per_second, enough.images_per_second)
+    return pooled if pooled.images_per_second >= STORAGE_GAIN * best_now else None
+
+
 def merge_advice(local: Sequence[Advice], storage: Sequence[Advice]) -> list[Advice]:
     """The diagnosis' own advice and the storage advice, storage's version winning where both
     touch the same thing (its cache; its reads in flight replace a plain parallel interleave)."""
     keys = {a.key for a in storage}
-    drop = keys | ({"parallel_interleave"} if "reads_in_flight" in keys else set())
+    drop = keys | ({"parallel_interleave"} if keys & {"reads_in_flight", "gcs_reader"} else set())
     return [*storage, *(a for a in local if a.key not in drop)]

@@ -86,8 +86,9 @@ class DiagnoseOptions:
     work_dir: where the probe runs' directories go (kept); None: a temporary directory, removed.
     storage_scenarios: stores the storage what-if predicts for (and the storage advice weighs);
         empty: the presets are shown and no storage advice is given.
-    storage_client: the object-store client the what-if models ("tf-gcs", "s3fs", "obstore"); None:
-        from the data set path (s3:// -> the s3:// reader that runs, else TF's gs://).
+    storage_client: the object-store client the what-if models ("tf-gcs", "obstore-gcs", "s3fs",
+        "obstore"); None: from the data set path (s3:// -> the s3:// reader that runs, else the gs://
+        reader the pipeline's `gcs_reader` names).
     storage_counters: a store's counters file (`StorageCounters`), read around the pipeline probe:
         requests, connections and bytes per image are then measured, not modelled.
     extra_stages: builder hooks added to every probe's pipeline (library use: tests, experiments).
@@ -558,7 +559,8 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
                 "reader": describe_reader(source.kind, source.files, read_parallelism=config.read_parallelism,
                                           map_parallelism=config.map_parallelism,
-                                          private_pool=config.private_threadpool_size)},
+                                          private_pool=config.private_threadpool_size,
+                                          gcs_reader=config.gcs_reader)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=notes,
         storage=figures, storage_whatif=what,
@@ -591,7 +593,7 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
     """Storage per image (measured by the store where its counters moved, else modelled) and the
     storage what-if, from the probes' figures: nothing here is measured twice."""
     notes = []
-    client = options.storage_client or client_for_path(str(source.path))
+    client = options.storage_client or client_for_path(str(source.path), config.gcs_reader)
     pattern = pattern_for(source.kind, examples=source.num_examples, total_bytes=source.total_bytes,
                           files=len(source.files))
     if served is not None and served.requests == 0:

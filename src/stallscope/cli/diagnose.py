@@ -93,11 +93,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         "'unlimited'; repeat the flag or list pairs: 10ms,200Mbit,30ms,1Gbit) or a preset: "
                         + storage_presets_help() + ". Storage advice follows where the store dominates. "
                         "Default: the presets are shown, no storage advice")
-    flags.add_flag(storage, "storage_client", choices=("tf-gcs", "s3fs", "obstore"), default=None,
+    flags.add_flag(storage, "storage_client", choices=("tf-gcs", "obstore-gcs", "s3fs", "obstore"), default=None,
                    help="the object-store client the what-if models: tf-gcs (TF's gs://, blocks of "
-                        "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64), s3fs (pooled connections, ~2.5 ms of "
-                        "CPU per request) or obstore (~0.25 ms per request) (default: s3:// data's reader, "
-                        "obstore where installed; else tf-gcs)")
+                        "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64, a connection per request), obstore-gcs "
+                        "(stallscope's pooled gs:// reader, --gcs-reader pooled), s3fs (pooled connections, "
+                        "~2.5 ms of CPU per request) or obstore (~0.25 ms per request) (default: s3:// data's "
+                        "reader, obstore where installed; else the pipeline's --gcs-reader)")
     flags.add_flag(storage, "storage_counters", type=flags.existing_file, default=None, metavar="FILE",
                    help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
                         "`stallscope storage serve`): requests per image are then measured, not modelled")

@@ -90,6 +90,7 @@ def build_dataset(
     unknown = sorted(set(hooks) - set(HOOK_POINTS))
     if unknown:
         raise UsageError(f"extra_stages: unknown hook point(s) {', '.join(unknown)}; allowed: {', '.join(HOOK_POINTS)}")
+    readers.require_reader(source.files, config.gcs_reader)
     num_classes = source.num_classes if num_classes is None else num_classes
     if num_classes <= 0:
         raise UsageError(f"num_classes: expected a positive integer, got {num_classes!r}")
@@ -130,8 +131,8 @@ def build_dataset(
         if why:
             raise UsageError(f"skip_examples: this pipeline cannot skip before decoding: {why}")
         dataset = dataset.skip(skip_examples)
-    if element == "s3 path":
-        dataset, element = _fetch_s3(dataset, config), "encoded"
+    if element == "remote path":
+        dataset, element = _fetch_grouped(dataset, config), "encoded"
     dataset = dataset.map(
         _decode_fn(config, source, element, num_classes, one_hot),
         num_parallel_calls=_calls(config.map_parallelism),
@@ -202,7 +203,7 @@ def _shuffled_paths(config: PipelineConfig, source: DataSource) -> bool:
 
 def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, separate_read: bool):
     """(dataset, element kind): "path" elements (path, label, path), "encoded" (bytes, label, path) or
-    "s3 path" (path, label: the s3:// fetch comes later)."""
+    "remote path" (path, label: stallscope's reader fetches them later)."""
     paths = [str(p) for p in source.files]
     dataset = tf.data.Dataset.from_tensor_slices((paths, list(source.file_labels)))
     if config.shuffle_files:
@@ -214,10 +215,11 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
             "interleave_cycle_length=%s does not apply to a files source (it reads with a map); ignored",
             config.interleave_cycle_length,
         )
-    if readers.needs_own_reader(source.files):
-        # s3://: TF cannot open it; s3fs fetches groups of files (see `_fetch_s3`), here when something sits
-        # between read and decode, else just before the decode map, after any skip of a resumed run.
-        return (_fetch_s3(dataset, config), "encoded") if separate_read else (dataset, "s3 path")
+    if readers.needs_own_reader(source.files, config.gcs_reader):
+        # s3:// (TF cannot open it) and pooled gs://: our reader fetches groups of files (`_fetch_grouped`),
+        # here when something sits between read and decode, else just before the decode map, after any
+        # skip of a resumed run.
+        return (_fetch_grouped(dataset, config), "encoded") if separate_read else (dataset, "remote path")
     if config.read_parallelism in (None, config.map_parallelism) and not separate_read:
         # Read inside the decode map, with its parallelism: one stage less per image (measured
         # ~0.08 ms of CPU per image less than a separate read map of the same parallelism).
@@ -233,9 +235,9 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
     return dataset, "encoded"
 
 
-def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
-    """(path, label) -> (bytes, label, path) through the s3:// reader, as many requests at once as the read's (or
-    else the map's) parallelism asks."""
+def _fetch_grouped(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    """(path, label) -> (bytes, label, path) through stallscope's reader of the store, as many requests
+    at once as the read's (or else the map's) parallelism asks."""
     parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
     return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
 
@@ -243,7 +245,7 @@ def _fetch_s3(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Datas
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
     """(dataset of serialized records, "serialized")."""
     shards = [str(p) for p in source.files]
-    own_reader = readers.needs_own_reader(source.files)  # s3://: records streamed by our reader
+    own_reader = readers.needs_own_reader(source.files, config.gcs_reader)  # records streamed by our reader
     files = None
     if config.shuffle_files:
         files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)

@@ -28,6 +28,7 @@ CACHE_AT_CHOICES = ("encoded", "decoded")
 DECODE_CHOICES = ("full", "crop", "scaled")
 NORMALIZE_CHOICES = ("minus_one_one", "zero_one", "none")
 SHUFFLE_AT_CHOICES = ("decoded", "encoded")
+GCS_READER_CHOICES = ("tf", "pooled")
 # TF's static graph rewrites that change what the user wrote; None leaves TF's default.
 STATIC_OPTIMIZATIONS = (
     "map_parallelization",
@@ -87,6 +88,10 @@ class PipelineConfig:
     seed: shuffle seed, so runs repeat.
     data_service: a tf.data service dispatcher HOST:PORT (see `stallscope serve`); the pipeline up
         to the batch runs on the service's workers and this host only receives batches.
+    gcs_reader: who reads gs:// data: "tf", TF's own client (`tf.io.read_file`, `TFRecordDataset`; a
+        new TCP+TLS connection per request), or "pooled", stallscope's reader on obstore (JPEGs
+        fetched in groups over connections it keeps open, shards streamed in 16 MiB blocks), as
+        s3:// data always is.
     """
 
     preset: str = "custom"
@@ -118,6 +123,7 @@ class PipelineConfig:
     drop_remainder: bool = True
     seed: int = 0
     data_service: str = ""
+    gcs_reader: str = "tf"
 
     def __post_init__(self) -> None:
         require_positive("batch_size", self.batch_size)
@@ -142,6 +148,7 @@ class PipelineConfig:
         require_non_negative("max_intra_op_parallelism", self.max_intra_op_parallelism)
         require_choice("decode", self.decode, DECODE_CHOICES)
         require_choice("normalize", self.normalize, NORMALIZE_CHOICES)
+        require_choice("gcs_reader", self.gcs_reader, GCS_READER_CHOICES)
         if self.data_service:
             from stallscope.service.servers import normalize_address
 

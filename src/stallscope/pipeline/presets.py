@@ -74,6 +74,8 @@ TUNED = PipelineConfig(
     deterministic=True,
     max_intra_op_parallelism=1,
     normalize="none",
+    # gs:// over kept-alive connections where obstore is installed (`tuned_for_store` falls back to TF's).
+    gcs_reader="pooled",
 )
 
 PRESETS: dict[str, PipelineConfig] = {p.preset: p for p in (SEED, AUTOTUNE_PRESET, TUNED)}
@@ -86,37 +88,45 @@ def get_preset(name: str) -> PipelineConfig:
         raise UsageError(f"--pipeline: unknown preset {name!r}; expected one of {', '.join(PRESETS)}") from None
 
 
-# `tuned` on JPEG files in gs://: reads in flight (see tuned_for_source). Latency x throughput: a JPEG
-# through TF's gs:// waits ~3 round trips (a new TLS connection per request), ~33 ms at 10 ms each;
-# 32 in flight keep ~1,000 images/s fed.
+# `tuned` on JPEG files in gs:// through TF's own client: reads in flight (see tuned_for_source).
+# Latency x throughput: a JPEG through TF's gs:// waits ~3 round trips (a new TLS connection per
+# request), ~33 ms at 10 ms each; 32 in flight keep ~1,000 images/s fed.
 REMOTE_READS_IN_FLIGHT = 32
-# `tuned` on JPEG files in s3://: its reader's requests wait on request threads outside the GIL, in groups
-# of 16 per tf.data call, so more can be in flight at little cost; the groups hold tf.data threads.
-S3_READS_IN_FLIGHT = 128
+# `tuned` on JPEG files through the pooled reader (s3://, and gs:// with gcs_reader "pooled"): its
+# requests wait on request threads outside the GIL, in groups of 16 per tf.data call, so more can be
+# in flight at little cost; the groups hold tf.data threads.
+POOLED_READS_IN_FLIGHT = 128
 
 
 def tuned_for_store(config: PipelineConfig, kind: str, scheme: str) -> PipelineConfig:
     """`tuned` as it reads `kind` ("files", "records") from a store (`scheme`: "gs", "s3", "file").
 
-    A JPEG in gs:// is one request that waits its round trips, and tf.data's shared pool (a thread per
-    core) keeps only about as many in flight as there are cores, so there the reads get a map of their
-    own with REMOTE_READS_IN_FLIGHT calls on a private pool of that many threads plus the cores
-    (`stallscope sweep` at 10 ms: 46 -> 164 images/s on 2 cores). JPEGs in s3:// are fetched in groups
-    of 16 requests, each group holding a tf.data thread while it waits: S3_READS_IN_FLIGHT (8 groups)
-    on a private pool of the groups plus the cores (benchmarks/storage.py --store s3, ImageNet-like
-    JPEGs at 10 ms on 2 cores: ~530 -> ~780 images/s, against 2 groups on the shared pool, which left
-    the decode waiting for threads). Left as it is where the user chose a private pool or a read
-    parallelism, and for records (a request per large block)."""
+    On gs:// `tuned` reads through the pooled reader (obstore) where it is installed, else through
+    TF's own client. A JPEG through TF's gs:// is one request that waits its round trips, and tf.data's
+    shared pool (a thread per core) keeps only about as many in flight as there are cores, so there
+    the reads get a map of their own with REMOTE_READS_IN_FLIGHT calls on a private pool of that many
+    threads plus the cores (`stallscope sweep` at 10 ms: 46 -> 164 images/s on 2 cores). Through the
+    pooled reader JPEGs are fetched in groups of 16 requests, each group holding a tf.data thread
+    while it waits: POOLED_READS_IN_FLIGHT (8 groups) on a private pool of the groups plus the cores
+    (benchmarks/storage.py --store s3, ImageNet-like JPEGs at 10 ms on 2 cores: ~530 -> ~780
+    images/s, against 2 groups on the shared pool, which left the decode waiting for threads). Left
+    as it is where the user chose a private pool or a read parallelism, and for records (a request
+    per large block)."""
     from stallscope.config import AUTOTUNE
+    from stallscope.storage import gcs_objects
     from stallscope.storage.s3_reading import groups_in_flight
 
-    if (config.preset != "tuned" or kind != "files" or scheme not in ("gs", "s3") or config.private_threadpool_size
-            or config.read_parallelism != AUTOTUNE):
+    if config.preset != "tuned":
+        return config
+    if scheme == "gs" and config.gcs_reader == "pooled" and not gcs_objects.available():
+        config = config.replace(gcs_reader="tf")
+    if kind != "files" or scheme not in ("gs", "s3") or config.private_threadpool_size \
+            or config.read_parallelism != AUTOTUNE:
         return config
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if scheme == "s3":
-        return config.replace(read_parallelism=S3_READS_IN_FLIGHT,
-                              private_threadpool_size=groups_in_flight(S3_READS_IN_FLIGHT) + cores)
+    if scheme == "s3" or config.gcs_reader == "pooled":
+        return config.replace(read_parallelism=POOLED_READS_IN_FLIGHT,
+                              private_threadpool_size=groups_in_flight(POOLED_READS_IN_FLIGHT) + cores)
     return config.replace(read_parallelism=REMOTE_READS_IN_FLIGHT,
                           private_threadpool_size=REMOTE_READS_IN_FLIGHT + cores)
 

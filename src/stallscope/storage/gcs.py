@@ -14,10 +14,14 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from stallscope.errors import UsageError
+from stallscope.storage import gcs_objects
+from stallscope.storage.obstore_reading import storage_error_text
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
 )
@@ -77,7 +81,62 @@ def gcs_block_note() -> str:
 
 
 class GcsStore(Store):
-    """gs:// through TensorFlow's own GCS file system."""
+    """gs:// through TensorFlow's own GCS file system; a pipeline with `gcs_reader="pooled"` reads
+    through obstore instead (`objects`, `read_pooled`, `size`, `request_range`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: gcs_objects.GcsObjectReader | None = None
+
+    def objects(self) -> gcs_objects.GcsObjectReader:
+        """The pooled reader (obstore; one per store, remade in a forked child)."""
+        with self._lock:
+            if self._objects is None:
+                self._objects = gcs_objects.GcsObjectReader()
+            return self._objects
+
+    def read_pooled(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
+        """The objects' bytes in order through the pooled reader, up to `in_flight` GETs at once."""
+        return self.objects().read_many(paths, in_flight, self.error)
+
+    def size(self, path: RemotePath) -> int:
+        """An object's size, asked of the store through the pooled reader (a HEAD)."""
+        try:
+            return self.objects().size(path)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self.error(path, exc) from None
+
+    def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
+        """Bytes [start, end) of an object through the pooled reader, asked for now."""
+        return self.objects().request_range(path, start, end)
+
+    def error(self, path: RemotePath, exc: BaseException) -> StorageError:
+        """The one line for a failed read through the pooled reader (obstore's errors)."""
+        text = storage_error_text(exc)
+        lowered = text.lower()
+        if isinstance(exc, (StorageError, UsageError)):
+            return exc if isinstance(exc, StorageError) else StorageError(str(exc))
+        if "token request" in lowered or "application default credentials" in lowered or "metadata" in lowered:
+            return StorageError(f"{path}: no credentials for gs:// ({short(text)}); expected Application Default "
+                                "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)")
+        if re.search(r"\b(401|403)\b", text):
+            return StorageError(f"{path}: gs:// refused the credentials ({short(text)}); expected Application Default "
+                                "Credentials that may read this bucket")
+        if "bucket does not exist" in lowered:
+            return StorageError(f"{path}: bucket {path.bucket!r} does not exist (or these credentials cannot see it); "
+                                "expected an existing bucket")
+        if isinstance(exc, FileNotFoundError) or " 404 " in text:
+            return StorageError(f"{path}: no such object; expected one that exists")
+        if "certificate" in lowered:
+            return StorageError(f"{path}: the store sent a TLS certificate this machine does not trust ({short(text)}); "
+                                "expected CURL_CA_BUNDLE naming its CA")
+        if any(word in lowered for word in ("error sending request", "connect", "timed out", "timeout")) \
+                or isinstance(exc, (TimeoutError, ConnectionError)):
+            return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
+                                "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")
+        return StorageError(f"{path}: gs:// failed ({type(exc).__name__}: {short(text)})")
 
     @staticmethod
     def _tf():

@@ -43,12 +43,13 @@ _settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "abandoned": False}
 
 
 def set_timeout(seconds: float) -> None:
-    """Connect and read timeout for every store request from now on (s3:// at once; gs:// needs
-    `gcs.prepare_gcs_environment` before TensorFlow loads)."""
+    """Connect and read timeout for every store request from now on (s3:// and gs://'s pooled reader
+    at once; TF's own gs:// needs `gcs.prepare_gcs_environment` before TensorFlow loads)."""
     if not seconds > 0:
         raise UsageError(f"--storage-timeout: expected a number of seconds above 0, got {seconds!r}")
     _settings["timeout_s"] = float(seconds)
-    _STORES.pop("s3", None)  # its client is made with the timeout
+    _STORES.pop("s3", None)  # their clients are made with the timeout
+    _STORES.pop("gs", None)
 
 
 def storage_timeout() -> float:

@@ -1,5 +1,6 @@
-"""tf.data readers for data in a store TensorFlow cannot open itself (s3://), and the one-line name of
-the reader a pipeline runs, for the run record.
+"""tf.data readers for data in a store TensorFlow cannot open itself (s3://) or reads one connection
+per request (gs:// with `gcs_reader="pooled"`), and the one-line name of the reader a pipeline runs,
+for the run record.
 
 TensorFlow reads local files and gs:// natively (`tf.io.read_file`, `TFRecordDataset`). For s3:// the
 pipeline fetches image files in groups of requests (one `tf.numpy_function` per group, the group
@@ -20,17 +21,38 @@ import tensorflow as tf
 
 from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.storage import gcs_objects
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
-    RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer, read_many,
+    RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer,
 )
 from stallscope.storage.s3_reading import FIRST_BLOCK_BYTES, GROUP_REQUESTS, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
 
-def needs_own_reader(files) -> bool:
-    """True when TensorFlow cannot open these paths itself (s3://)."""
-    return bool(files) and isinstance(files[0], S3Path)
+def needs_own_reader(files, gcs_reader: str = "tf") -> bool:
+    """True when these paths are read by stallscope's reader, not TensorFlow's: s3:// (TF cannot open
+    it), and gs:// with `gcs_reader` "pooled"."""
+    if not files:
+        return False
+    first = files[0]
+    return isinstance(first, S3Path) or (gcs_reader == "pooled" and isinstance(first, RemotePath)
+                                         and first.scheme == "gs")
+
+
+def require_reader(files, gcs_reader: str) -> None:
+    """A one-line UsageError now, before the pipeline runs, where its reader is not installed."""
+    if gcs_reader == "pooled" and needs_own_reader(files, gcs_reader) and not isinstance(files[0], S3Path):
+        gcs_objects.require_obstore()
+
+
+def read_group(paths: list[RemotePath], in_flight: int) -> list[bytes]:
+    """The objects' bytes in order through stallscope's reader of their store (the pooled one for gs://)."""
+    if not paths:
+        return []
+    store = backend(paths[0])
+    pooled = getattr(store, "read_pooled", None)
+    return pooled(paths, in_flight) if pooled is not None else store.read_many(paths, in_flight)
 
 
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
@@ -43,7 +65,7 @@ def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | 
     groups = groups_in_flight(requests)
 
     def fetch(batch: np.ndarray) -> np.ndarray:
-        data = read_many([as_path(p.decode()) for p in batch], group)
+        data = read_group([as_path(p.decode()) for p in batch], group)
         return np.array(data, dtype=object)
 
     def fetch_group(path_batch, label_batch):
@@ -213,15 +235,16 @@ def records_dataset(shards: list[str]) -> tf.data.Dataset:
 
 
 def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None,
-                    private_pool: int | None = None) -> str:
+                    private_pool: int | None = None, gcs_reader: str = "tf") -> str:
     """The reader a pipeline over `files` runs, e.g. 's3fs (16 in flight)' or 'TF gs:// (...)'."""
     first = files[0] if files else None
-    if isinstance(first, S3Path):
+    if needs_own_reader(files, gcs_reader):
+        name = reader_name() if isinstance(first, S3Path) else "obstore on gs://"
         if kind == "files":
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
-            return f"{reader_name()} ({requests} in flight)"
+            return f"{name} ({requests} in flight)"
         blocks = f"{SHARD_BLOCK_BYTES >> 20} MB blocks after a {FIRST_BLOCK_BYTES >> 20} MB one, {BLOCKS_AHEAD} requested ahead"
-        return f"{reader_name()} (records streamed in {blocks}; {pad_heaps()})"
+        return f"{name} (records streamed in {blocks}; {pad_heaps()})"
     if isinstance(first, RemotePath):
         reads = ""
         if kind == "files" and read_parallelism is not None and read_parallelism > 1:

@@ -27,8 +27,12 @@ log = logging.getLogger(__name__)
 
 def evaluation_pipeline(train_pipeline: PipelineConfig | None = None, *, image_size: int | None = None,
                         batch_size: int | None = None, normalize: str | None = None) -> PipelineConfig:
-    """Every example once, in order, as fast as the cores allow, preprocessed like training."""
-    base = train_pipeline or PipelineConfig(preset="evaluate")
+    """Every example once, in order, as fast as the cores allow, preprocessed like training (read as
+    training read; on its own, gs:// through the pooled reader where obstore is installed)."""
+    from stallscope.storage import gcs_objects
+
+    base = train_pipeline or PipelineConfig(preset="evaluate",
+                                            gcs_reader="pooled" if gcs_objects.available() else "tf")
     return base.replace(
         preset="evaluate",
         image_size=image_size or base.image_size,

@@ -323,14 +323,14 @@ class _BatchNormKeeper:
 
 
 def _for_source(options: TrainOptions, source) -> TrainOptions:
-    """The pipeline as it reads this source (`tuned` keeps more reads in flight on gs://)."""
+    """The pipeline as it reads this source (`tuned` keeps more reads in flight on JPEGs in a store)."""
     from stallscope.pipeline.presets import tuned_for_source
 
     pipeline = tuned_for_source(options.pipeline, source)
     if pipeline == options.pipeline:
         return options
-    log.info("tuned on JPEG files in gs://: %d reads in flight on a private pool of %d threads",
-                pipeline.read_parallelism, pipeline.private_threadpool_size)
+    log.info("tuned on this store: %d reads in flight on a private pool of %d threads; gs:// read by %s",
+             pipeline.read_parallelism or 0, pipeline.private_threadpool_size, pipeline.gcs_reader)
     return dataclasses.replace(options, pipeline=pipeline)
 
 
@@ -615,7 +615,8 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
                    "schema": source.schema, "classes": source.num_classes,
                    "reader": describe_reader(source.kind, source.files, read_parallelism=options.pipeline.read_parallelism,
                                              map_parallelism=options.pipeline.map_parallelism,
-                                             private_pool=options.pipeline.private_threadpool_size)},
+                                             private_pool=options.pipeline.private_threadpool_size,
+                                             gcs_reader=options.pipeline.gcs_reader)},
         "accelerator": options.accelerator.to_dict(),
         "dataset_path": str(options.dataset_path),
         "dataset_size": plan.examples,

@@ -1,0 +1,144 @@
+"""gs:// through stallscope's pooled reader (`gcs_reader="pooled"`, obstore): the same bytes as the
+folder over kept-alive connections, from the emulated store TF's gs:// also reads; its failures are
+one line each, within the storage timeout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.storage import location
+from stallscope.storage.emulator import emulate
+from stallscope.storage.location import StorageError
+
+from .conftest import child_environment, free_port
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("obstore") is None,
+                                reason="obstore (the storage extra) not installed")
+
+LIMIT_S = 120
+
+
+@pytest.fixture
+def gs_store(served, monkeypatch):
+    """The emulated GCS store at 2 ms and this process's gs:// readers pointed at it."""
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        location.set_timeout(10)  # a fresh pooled client, made with this store's proxy and CA
+        location.forget_listings()
+        yield store
+        location.forget_listings()
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+
+
+def _gs():
+    return location.backend(location.as_path("gs://data"))
+
+
+def test_pooled_gs_reads_the_folders_bytes_over_kept_alive_connections(served, gs_store):
+    names = sorted(p.relative_to(served).as_posix() for p in (served / "tree").rglob("*.jpg"))
+    paths = [location.as_path(f"gs://data/{name}") for name in names]
+    before = gs_store.counters()
+    assert _gs().read_pooled(paths, 4) == [(served / name).read_bytes() for name in names]
+    assert _gs().read_pooled(paths, 4) == [(served / name).read_bytes() for name in names]
+    after = gs_store.counters()
+    assert after.requests - before.requests == 2 * len(paths)  # a GET each, no HEAD before it
+    # TF's gs:// opens a connection per request; these 48 GETs, 4 at a time, reuse a few.
+    assert 1 <= after.connections - before.connections <= 8
+
+
+def test_pooled_gs_streams_the_records_tf_reads_locally(served, gs_store, monkeypatch):
+    import tensorflow as tf
+
+    from stallscope.storage import readers
+
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)  # headers and records across blocks
+    for shard in sorted((served / "records").glob("*.tfrecord")):
+        local = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+        remote = [r.numpy() for r in readers.shard_records(tf.constant(f"gs://data/records/{shard.name}"))]
+        assert remote == local and len(local) == 12
+
+
+@pytest.mark.parametrize("what, path, needle", [
+    ("missing bucket", "gs://nope/tree/class_00/img_000.jpg", "bucket 'nope' does not exist"),
+    ("missing object", "gs://data/tree/class_00/none.jpg", "no such object"),
+])
+def test_pooled_gs_failures_name_the_object_in_one_line(gs_store, what, path, needle):
+    with pytest.raises(StorageError) as info:
+        _gs().read_pooled([location.as_path(path)], 1)
+    text = str(info.value)
+    assert text.startswith(path) and needle in text and "\n" not in text, what
+
+
+def test_pooled_gs_without_credentials_says_which_it_looked_for(gs_store, monkeypatch, tmp_path):
+    monkeypatch.delenv("GOOGLE_AUTH_TOKEN_FOR_TESTING")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no `gcloud auth application-default login` file
+    location.set_timeout(10)
+    with pytest.raises(StorageError, match="no credentials for gs://.*GOOGLE_APPLICATION_CREDENTIALS") as info:
+        _gs().read_pooled([location.as_path("gs://data/tree/class_00/img_000.jpg")], 1)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("proxy", ["closed", "silent"])
+def test_pooled_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, monkeypatch, tmp_path):
+    """Through an HTTPS proxy that refuses (a closed port) or accepts and never answers."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0)) if proxy == "silent" else None
+    port = listener.getsockname()[1] if listener else free_port()
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "x")
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    location.set_timeout(2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StorageError, match="did not answer") as info:
+            _gs().read_pooled([location.as_path("gs://some-bucket/a.jpg")], 1)
+    finally:
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+        if listener:
+            listener.close()
+    assert str(info.value).startswith("gs://some-bucket/a.jpg: ") and "\n" not in str(info.value)
+    assert time.monotonic() - started < 30
+
+
+def _train(store, run: Path, *flags: str):
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope", "train", "--dataset_path", f"{store.url}/tree", "--pipeline", "tuned",
+         "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--log-path", str(run), *flags],
+        capture_output=True, text=True, timeout=LIMIT_S, env=child_environment(store.env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    reader = next(line for line in done.stdout.splitlines() if line.startswith("reader"))
+    return reader, json.loads((run / "pipeline.json").read_text())["requested"], store.counters()
+
+
+def test_tuned_reads_gs_jpegs_through_the_pooled_reader_and_tf_on_request(served, tmp_path):
+    """`tuned` fetches gs:// JPEGs in groups, 128 in flight, and says so on its reader line;
+    `--gcs-reader tf` keeps TF's own client, 32 reads in flight on a private pool."""
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        reader, requested, _ = _train(store, tmp_path / "pooled", "--steps", "4")
+    assert reader.endswith("obstore on gs:// (128 in flight)"), reader
+    assert requested["gcs_reader"] == "pooled" and requested["read_parallelism"] == 128
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        reader, requested, counted = _train(store, tmp_path / "tf", "--gcs-reader", "tf", "--steps", "4")
+    assert "TF gs:// (32 reads in flight on a private pool of " in reader, reader
+    assert requested["gcs_reader"] == "tf" and requested["read_parallelism"] == 32
+    assert counted.connections >= counted.requests - counted.lists  # a connection per request
+
+
+def test_the_pooled_reader_keeps_its_connections_across_epochs(served, tmp_path):
+    """Five passes over 24 JPEGs, 8 in flight: ~120 GETs over at most 8 connections of its own (the
+    run's listing goes through TF's gs://, a connection per request)."""
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        _, requested, counted = _train(store, tmp_path / "run", "--read-parallelism", "8", "--steps", "30")
+    assert requested["gcs_reader"] == "pooled" and requested["read_parallelism"] == 8
+    assert counted.requests - counted.lists >= 120
+    assert counted.requests - counted.connections >= 100  # each of the reader's connections served many GETs
