@@ -2,8 +2,10 @@
 
 A synthetic data set (`stallscope prepare synthetic`: 1,600 ImageNet-like JPEGs of ~75 KB, as the issue
 measured; `--long-side 200-300 --images-per-class 40` makes 160 of ~20 KB for a quick look), converted to
-TFRecords by `stallscope convert` (4 training shards), is served by `stallscope.storage.emulator` (gcs:
-TF's own gs://, a new TLS connection per request; s3: stallscope's reader over kept-alive connections) with a per-request latency of 0, 3, 10 and 30 ms.
+TFRecords by `stallscope convert` (4 training shards), is served by `stallscope.storage.emulator` with a
+per-request latency of 0, 3, 10 and 30 ms. gcs: each pipeline reads through the gs:// reader its
+`gcs_reader` names (`seed` and the fixed config: TF's own gs://, a new TLS connection per request;
+`tuned`: stallscope's pooled reader on obstore, kept-alive connections); s3: stallscope's reader.
 For each format (files, records) and pipeline (the `seed` and `tuned` presets, and the config
 `stallscope diagnose --fix` writes for seed), a real `stallscope train` run reads it through the
 store in a subprocess (TF reads its gs:// settings at first use), with an emulated accelerator fast
@@ -53,7 +55,9 @@ ACCELERATOR = "emulated:20000"   # 0.8 ms per batch of 16: input dominates every
 BATCH = 16
 COMMON = ["--batch-size", str(BATCH), "--image-size", "96", "--model", "mobilenet", "--weights", "none",
           "--accelerator", ACCELERATOR]
-CLIENT = {"gcs": "tf-gcs", "s3": s3_reading.reader_name()}  # s3://: obstore where installed (STALLSCOPE_S3_READER)
+# The what-if's client: s3:// data's reader (obstore where installed, STALLSCOPE_S3_READER); for gs://
+# None, the reader each pipeline's gcs_reader names, as `diagnose` picks it.
+CLIENT = {"gcs": None, "s3": s3_reading.reader_name()}
 TARGET_RATIO = 0.25
 TARGET_TUNED_AT_10 = {"files": 0.8, "records": 0.9}
 
@@ -106,12 +110,14 @@ def server_cpu_ms(pid: int) -> float:
     return (times.user + times.system) * 1000.0
 
 
-def diagnose(fmt: str, path: Path, preset_args: list[str], latencies: list[float], client: str,
+def diagnose(fmt: str, path: Path, preset_args: list[str], latencies: list[float], client: str | None,
              work: Path) -> dict:
-    """A local diagnosis asked about each latency (unlimited bandwidth)."""
+    """A local diagnosis asked about each latency (unlimited bandwidth), through `client` (None: the one
+    the pipeline's gcs_reader names)."""
     spec = ",".join(f"{ms:g}ms,unlimited" for ms in latencies)
+    chosen = ["--storage-client", client] if client else []
     out = stallscope(["diagnose", "--source", fmt, "--dataset_path", str(path), "--what-if-storage", spec,
-                      "--storage-client", client, "--json", "--work-dir", str(work), *COMMON, *preset_args])
+                      *chosen, "--json", "--work-dir", str(work), *COMMON, *preset_args])
     return json.loads(out)
 
 
@@ -172,6 +178,7 @@ def main() -> int:
     client = CLIENT[args.store]
     started = time.perf_counter()
     rows = []
+    clients: dict[tuple[str, str], str] = {}
     with tempfile.TemporaryDirectory(prefix="stallscope-bench-storage-") as scratch_name:
         scratch = Path(scratch_name)
         data = make_data(scratch, args.classes, args.images_per_class, args.long_side)
@@ -180,6 +187,8 @@ def main() -> int:
             for preset in presets:
                 preset_args = pipeline_args(preset, fixed, fmt)
                 diagnosis = diagnose(fmt, data[fmt], preset_args, latencies, client, scratch / f"d-{fmt}-{preset}")
+                read_by = diagnosis["storage_what_if"]["object_client"]
+                clients[(fmt, preset)] = read_by
                 predicted = predictions(diagnosis, fmt, latencies)
                 # Local disk is at least as fast as the fastest remote prediction.
                 examples = diagnosis["source"]["examples"]
@@ -206,9 +215,10 @@ def main() -> int:
                 for ms in latencies:
                     measured = statistics.median(m for m, _ in runs[ms])
                     per_request = statistics.median(c for _, c in runs[ms])
-                    served = with_server_cpu(diagnosis, fmt, ms, client, per_request)
+                    served = with_server_cpu(diagnosis, fmt, ms, read_by, per_request)
                     rows.append((fmt, preset, f"{ms:g} ms", measured, predicted[ms], served))
-    print(f"store: {args.store} ({client}), {args.classes * args.images_per_class} images, a pass of warm-up, then "
+    read_by = ", ".join(f"{fmt} {preset}: {name}" for (fmt, preset), name in clients.items())
+    print(f"store: {args.store} ({read_by}), {args.classes * args.images_per_class} images, a pass of warm-up, then "
           f"whole passes of {BATCH}-image steps for {args.steps}-{args.max_steps} steps or ~{args.seconds:g} s at the "
           f"predicted pace, accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
     print(f"{'format':8} {'pipeline':8} {'storage':8} {'measured':>9} {'predicted':>10} {'pred/meas':>10} "
