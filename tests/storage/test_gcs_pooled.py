@@ -164,3 +164,21 @@ def test_convert_from_gs_gives_the_shards_of_the_local_tree_over_kept_alive_conn
     # The listing goes through TF's gs:// (a connection per request, so requests == connections there);
     # a chunk's GETs go out at once, each on a connection, and later chunks reuse them.
     assert counted.requests - counted.connections >= 24
+
+
+def test_a_gs_listing_is_one_paged_request_with_every_size(served, gs_store):
+    """TF's client lists names, then asks each object's size (a request and a TLS handshake each);
+    the listing through obstore carries the sizes: one request for these 24 objects."""
+    root = location.as_path("gs://data/tree")
+    before = gs_store.counters()
+    listing = _gs().list(root)
+    after = gs_store.counters()
+    local = {p.relative_to(served / "tree").as_posix(): p.stat().st_size for p in (served / "tree").rglob("*.jpg")}
+    assert {name: info.size for name, info in listing.files.items()} == local and len(local) == 24
+    assert after.requests - before.requests == 1 and after.lists - before.lists == 1
+    one = _gs().list(location.as_path("gs://data/tree/class_00/img_000.jpg"))  # an object, not a folder
+    assert list(one.files) == [""] and one.files[""].size == local["class_00/img_000.jpg"]
+    assert _gs().list(location.as_path("gs://data/nothing-here")).files == {}
+    with pytest.raises(StorageError, match="bucket 'nope' does not exist") as info:
+        _gs().list(location.as_path("gs://nope/tree"))
+    assert "\n" not in str(info.value)

@@ -169,6 +169,49 @@ class GcsStore(Store):
             raise self._errors(path, exc, action) from None
 
     def list(self, root: RemotePath) -> Listing:
+        """Every object under `root`: through obstore where installed (a paged listing that carries
+        each object's size: 2 requests for 1,601 objects, where TF's client lists names and then asks
+        each object's size, a request and a TLS handshake each), else TF's client."""
+        if gcs_objects.available():
+            listing = self._list_pooled(root)
+            if listing is not None:
+                return listing
+        return self._list_tf(root)
+
+    def _list_pooled(self, root: RemotePath) -> Listing | None:
+        """The listing through obstore; None where obstore cannot take these keys (TF's then lists
+        them); the store's own failures are one line, as TF's are."""
+        import obstore
+
+        prefix = root.key.strip("/")
+        files: dict[str, ObjectInfo] = {}
+        try:
+            store = self.objects().store(root.bucket)
+
+            def walk() -> None:
+                for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+                    for meta in page:
+                        name = meta["path"][len(prefix) + 1:] if prefix else meta["path"]
+                        files[name] = ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
+
+            with_deadline(walk, deadline(), str(root))
+            if not files and prefix:
+                meta = with_deadline(lambda: obstore.head(store, prefix), deadline(), str(root))
+                return Listing(root, {"": ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))})
+        except StorageError:
+            raise
+        except FileNotFoundError:
+            pass  # no object at the prefix itself: an empty listing, as TF's
+        except Exception as exc:  # noqa: BLE001 - the store's failures are one line; obstore's own, TF's turn
+            failure = self.error(root, exc)
+            if str(failure).startswith(f"{root}: gs:// failed"):
+                logger.info("%s: obstore could not list it (%s); listing through TF's gs://", root, failure)
+                return None
+            raise failure from None
+        logger.info("%s: listed %d objects", root, len(files))
+        return Listing(root, files)
+
+    def _list_tf(self, root: RemotePath) -> Listing:
         tf = self._tf()
         url = str(root)
         exists = with_deadline(lambda: self._call(root, lambda: tf.io.gfile.exists(url)), deadline(), str(root))

@@ -14,7 +14,8 @@ holds each request itself (the CONNECT, the handshake's flight, the GET: three r
 relay made them); the relay stays for a bandwidth cap.
 
 Served: bucket metadata, object metadata, media download (with Range; `alt=media` on the JSON path or
-the storage.googleapis.com path), listings with prefix, delimiter, maxResults and pageToken.
+the storage.googleapis.com path), listings with prefix, delimiter, maxResults and pageToken, and the
+XML API's listing (`list-type=2`, obstore's).
 Writes are refused with 403 unless the folder is served `writable`; then the uploads TF's gs:// makes
 (resumable sessions, in one or several chunks; `uploadType=media`), object deletes and
 rewrites/copies (TF's rename) land in the folder, each object whole or not at all.
@@ -35,6 +36,7 @@ from typing import BinaryIO
 
 from stallscope.storage.event_loop_http import EventLoopServer
 from stallscope.storage.http_base import CountingHandler
+from stallscope.storage.s3_server import list_bucket_result
 from stallscope.storage.objects import (
     ByteRangeError,
     FolderBucket,
@@ -144,7 +146,7 @@ class GcsHandler(CountingHandler):
         if name != bucket.name:
             return self._error(404, f"The specified bucket does not exist: {name}", "notFound")
         if not key:
-            return self._list(query, head_only)
+            return self._xml_list(query, head_only) if "list-type" in query else self._list(query, head_only)
         return self._media(key, head_only)
 
     def _metadata(self, key: str, head_only: bool) -> None:
@@ -194,6 +196,15 @@ class GcsHandler(CountingHandler):
         if page.next_token:
             body["nextPageToken"] = page.next_token
         self._json(body, head_only, lists=1)
+
+    def _xml_list(self, query: dict, head_only: bool) -> None:
+        """The XML API's listing (`storage.googleapis.com/BUCKET?list-type=2`, obstore's), as S3 writes it."""
+        try:
+            body = list_bucket_result(self.server.bucket, query).encode()
+        except ValueError:
+            return self._error(400, f"Invalid max-keys: {query.get('max-keys', [''])[0]}", "invalid")
+        self.count_request(lists=1)
+        self.send_body(200, {"Content-Type": "application/xml"}, body, len(body), head_only=head_only)
 
     # ----- writes (a writable bucket; otherwise each is refused with 403)
     def do_POST(self) -> None:  # noqa: N802

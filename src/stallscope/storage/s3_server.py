@@ -49,6 +49,43 @@ def _iso(mtime_ns: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def list_bucket_result(bucket: FolderBucket, query: dict) -> str:
+    """ListObjectsV2 (`list-type=2`) or ListObjects as S3's XML ListBucketResult, which GCS's XML API
+    answers too; a max-keys that is not a number is a ValueError."""
+    def one(name: str) -> str:
+        return query.get(name, [""])[0]
+
+    version2 = one("list-type") == "2"
+    prefix, delimiter = one("prefix"), one("delimiter")
+    token = one("continuation-token") if version2 else one("marker")
+    start_after = one("start-after") if version2 else ""
+    page_size = int(one("max-keys") or 1000)
+    page = bucket.list(prefix, delimiter, token or start_after, page_size)
+    parts = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_XMLNS}">',
+             f"<Name>{escape(bucket.name)}</Name><Prefix>{escape(prefix)}</Prefix>",
+             f"<MaxKeys>{page_size}</MaxKeys><IsTruncated>{'true' if page.next_token else 'false'}</IsTruncated>"]
+    if delimiter:
+        parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
+    if version2:
+        parts.append(f"<KeyCount>{len(page.objects) + len(page.prefixes)}</KeyCount>")
+        if token:
+            parts.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
+        if page.next_token:
+            parts.append(f"<NextContinuationToken>{escape(page.next_token)}</NextContinuationToken>")
+    else:
+        parts.append(f"<Marker>{escape(token)}</Marker>")
+        if page.next_token:
+            parts.append(f"<NextMarker>{escape(page.next_token)}</NextMarker>")
+    for info in page.objects:
+        parts.append(f"<Contents><Key>{escape(info.key)}</Key><LastModified>{_iso(info.mtime_ns)}</LastModified>"
+                     f"<ETag>{escape(_etag(info))}</ETag><Size>{info.size}</Size>"
+                     f"<StorageClass>STANDARD</StorageClass></Contents>")
+    for common in page.prefixes:
+        parts.append(f"<CommonPrefixes><Prefix>{escape(common)}</Prefix></CommonPrefixes>")
+    parts.append("</ListBucketResult>")
+    return "".join(parts)
+
+
 class S3Handler(CountingHandler):
     server: S3Server
 
@@ -92,41 +129,12 @@ class S3Handler(CountingHandler):
                        head_only=head_only)
 
     def _list(self, query: dict) -> None:
-        def one(name: str) -> str:
-            return query.get(name, [""])[0]
-
-        version2 = one("list-type") == "2"
-        prefix, delimiter = one("prefix"), one("delimiter")
-        token = one("continuation-token") if version2 else one("marker")
-        start_after = one("start-after") if version2 else ""
         try:
-            page_size = int(one("max-keys") or 1000)
+            body = list_bucket_result(self.server.bucket, query)
         except ValueError:
-            return self._error(400, "InvalidArgument", "max-keys must be an integer", one("max-keys"), False)
-        page = self.server.bucket.list(prefix, delimiter, token or start_after, page_size)
-        parts = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_XMLNS}">',
-                 f"<Name>{escape(self.server.bucket.name)}</Name><Prefix>{escape(prefix)}</Prefix>",
-                 f"<MaxKeys>{page_size}</MaxKeys><IsTruncated>{'true' if page.next_token else 'false'}</IsTruncated>"]
-        if delimiter:
-            parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
-        if version2:
-            parts.append(f"<KeyCount>{len(page.objects) + len(page.prefixes)}</KeyCount>")
-            if token:
-                parts.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
-            if page.next_token:
-                parts.append(f"<NextContinuationToken>{escape(page.next_token)}</NextContinuationToken>")
-        else:
-            parts.append(f"<Marker>{escape(token)}</Marker>")
-            if page.next_token:
-                parts.append(f"<NextMarker>{escape(page.next_token)}</NextMarker>")
-        for info in page.objects:
-            parts.append(f"<Contents><Key>{escape(info.key)}</Key><LastModified>{_iso(info.mtime_ns)}</LastModified>"
-                         f"<ETag>{escape(_etag(info))}</ETag><Size>{info.size}</Size>"
-                         f"<StorageClass>STANDARD</StorageClass></Contents>")
-        for common in page.prefixes:
-            parts.append(f"<CommonPrefixes><Prefix>{escape(common)}</Prefix></CommonPrefixes>")
-        parts.append("</ListBucketResult>")
-        self._xml("".join(parts), False, lists=1)
+            return self._error(400, "InvalidArgument", "max-keys must be an integer", query.get("max-keys", [""])[0],
+                               False)
+        self._xml(body, False, lists=1)
 
     # ----- writes (a writable bucket; otherwise each is refused with 403)
     def _object_key(self) -> tuple[str, str, dict]:
