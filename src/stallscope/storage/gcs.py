@@ -1,4 +1,7 @@
-"""gs:// through TensorFlow's own GCS file system (`tf.io.gfile`, built into the TF 2.21 CPU wheel).
+"""gs:// through TensorFlow's own GCS file system (`tf.io.gfile`, built into the TF 2.21 CPU wheel),
+and through obstore where it is installed (`gcs_objects`) for what TF's client does one connection
+and one request at a time: listings (sizes come with the names), whole objects read in bulk
+(convert's chunks) and the pipelines that ask for the pooled reader. Writes stay on TF's client.
 
 TF's client reads its settings from the environment once, when TensorFlow loads (tsl's
 gcs_file_system.cc: GCS_REQUEST_CONNECTION_TIMEOUT_SECS, GCS_REQUEST_IDLE_TIMEOUT_SECS,
@@ -81,8 +84,9 @@ def gcs_block_note() -> str:
 
 
 class GcsStore(Store):
-    """gs:// through TensorFlow's own GCS file system; a pipeline with `gcs_reader="pooled"` reads
-    through obstore instead (`objects`, `read_pooled`, `size`, `request_range`)."""
+    """gs:// through TensorFlow's own GCS file system, and through obstore where installed for
+    listings, bulk reads and a pipeline with `gcs_reader="pooled"` (`objects`, `read_pooled`, `size`,
+    `request_range`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -113,12 +117,12 @@ class GcsStore(Store):
         return self.objects().request_range(path, start, end)
 
     def error(self, path: RemotePath, exc: BaseException) -> StorageError:
-        """The one line for a failed read through the pooled reader (obstore's errors)."""
+        """The one line for a failed request through obstore (its errors' text names the cause)."""
         text = storage_error_text(exc)
         lowered = text.lower()
         if isinstance(exc, (StorageError, UsageError)):
             return exc if isinstance(exc, StorageError) else StorageError(str(exc))
-        if "token request" in lowered or "application default credentials" in lowered or "metadata" in lowered:
+        if "token request" in lowered or "application default credentials" in lowered or "computemetadata" in lowered:
             return StorageError(f"{path}: no credentials for gs:// ({short(text)}); expected Application Default "
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)")
         if re.search(r"\b(401|403)\b", text):

@@ -1,5 +1,6 @@
-"""gs:// objects read through obstore, for pipelines with `gcs_reader="pooled"`: GETs on kept-alive
-connections, where TF's own gs:// client opens a new TCP+TLS connection for every request.
+"""gs:// objects listed and read through obstore (pipelines with `gcs_reader="pooled"`, listings,
+convert's chunks): GETs on kept-alive connections, where TF's own gs:// client opens a new TCP+TLS
+connection for every request.
 
 On 2 cores through the emulated store at 10 ms (`storage serve --gcs`, 75 KB JPEGs, 64 in flight),
 obstore's GETs cost this process ~0.26 ms of CPU each and the store ~0.16 ms, against ~0.70 ms and
