@@ -146,9 +146,9 @@ def test_the_pooled_reader_keeps_its_connections_across_epochs(served, tmp_path)
 
 def test_convert_from_gs_gives_the_shards_of_the_local_tree_over_kept_alive_connections(image_tree_factory,
                                                                                        tmp_path):
-    """convert's chunks of a JPEG tree in gs:// come through the pooled reader: the same shards, byte
-    for byte, as from the local folder, and its GETs share connections (TF's gs:// opens one each)."""
-    tree = image_tree_factory(classes=4, per_class=24)  # 96 JPEGs: 6 chunks of 16, up to 5 fetched at once
+    """convert lists and reads a JPEG tree in gs:// through obstore: the same shards, byte for byte, as
+    from the local folder, and its GETs share connections (TF's gs:// opens one each)."""
+    tree = image_tree_factory(classes=4, per_class=48)  # 192 JPEGs: 12 chunks of 16, up to 5 fetched at once
     options = ["--shards", "2", "--workers", "2", "--no-progress"]
     local, remote = tmp_path / "local", tmp_path / "remote"
     with emulate(tree.parent, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
@@ -161,9 +161,9 @@ def test_convert_from_gs_gives_the_shards_of_the_local_tree_over_kept_alive_conn
     shards = {p.name: p.read_bytes() for p in sorted(local.glob("*.tfrecord"))}
     assert len(shards) == 2 and shards == {p.name: p.read_bytes() for p in sorted(remote.glob("*.tfrecord"))}
     assert json.loads((remote / "manifest.json").read_text())["source"] == f"{store.url}/{tree.name}"
-    # The listing goes through TF's gs:// (a connection per request, so requests == connections there);
-    # a chunk's GETs go out at once, each on a connection, and later chunks reuse them.
-    assert counted.requests - counted.connections >= 24
+    # Through TF's gs:// requests == connections. A chunk's GETs go out at once, each on a connection
+    # (up to 80 at a time), and later chunks reuse them.
+    assert counted.requests - counted.connections >= 64, counted
 
 
 def test_a_gs_listing_is_one_paged_request_with_every_size(served, gs_store):

@@ -14,6 +14,28 @@ from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
 from .conftest import BUCKET
 
 
+def test_a_gs_listing_through_obstore_takes_folder_objects_for_folders():
+    """obstore drops a folder object's slash ("data/" -> "data", "data/a/" -> "data/a": checked against a
+    real S3 listing with such keys), so the prefix's own and any name with objects below it are
+    folders, as TF's listing takes them; an empty folder object stays a 0-byte name, as in TF's."""
+    import datetime
+
+    when = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
+
+    def meta(path, size=0):
+        return {"path": path, "size": size, "last_modified": when}
+
+    page = [meta("data"), meta("data/a"), meta("data/a/b"), meta("data/a/b/x.jpg", 7), meta("data/c.jpg", 9),
+            meta("data/empty")]
+    files = gcs.listed_objects("data", page)
+    gcs.without_folders(files)
+    assert {name: info.size for name, info in files.items()} == {"a/b/x.jpg": 7, "c.jpg": 9, "empty": 0}
+    assert files["c.jpg"].mtime_ns == int(when.timestamp() * 1e9)
+    whole = gcs.listed_objects("", [meta("a"), meta("a/x.jpg", 3)])  # a whole bucket
+    gcs.without_folders(whole)
+    assert list(whole) == ["a/x.jpg"]
+
+
 def test_urls_become_remote_paths_and_local_paths_stay_paths(tmp_path):
     path = as_path("s3://bucket/some/prefix/")
     assert isinstance(path, S3Path) and str(path) == "s3://bucket/some/prefix"

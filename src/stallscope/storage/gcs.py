@@ -1,7 +1,8 @@
 """gs:// through TensorFlow's own GCS file system (`tf.io.gfile`, built into the TF 2.21 CPU wheel),
 and through obstore where it is installed (`gcs_objects`) for what TF's client does one connection
-and one request at a time: listings (sizes come with the names), whole objects read in bulk
-(convert's chunks) and the pipelines that ask for the pooled reader. Writes stay on TF's client.
+and one request at a time: listings (sizes come with the names), whole objects (convert's chunks, a
+Beam worker's images, verify's shards) and the pipelines that ask for the pooled reader. Writes stay
+on TF's client.
 
 TF's client reads its settings from the environment once, when TensorFlow loads (tsl's
 gcs_file_system.cc: GCS_REQUEST_CONNECTION_TIMEOUT_SECS, GCS_REQUEST_IDLE_TIMEOUT_SECS,
@@ -81,6 +82,26 @@ def gcs_block_note() -> str:
     if not value:
         return f"{GCS_BLOCK_VAR} unset: a 64 MB buffer per object"
     return f"{GCS_BLOCK_VAR}={value}" + (", set by stallscope" if GCS_BLOCK_VAR in _set_by_us else "")
+
+
+def listed_objects(prefix: str, page) -> dict[str, ObjectInfo]:
+    """{name below `prefix`: its size and time} of a page of obstore's listing. A folder object
+    ("PREFIX/", "PREFIX/a/": what TF's makedirs and the console write) comes without its slash, so
+    the prefix's own is dropped here and the others by `without_folders`."""
+    found = {}
+    for meta in page:
+        if meta["path"] == prefix:
+            continue
+        name = meta["path"][len(prefix) + 1:] if prefix else meta["path"]
+        found[name] = ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
+    return found
+
+
+def without_folders(files: dict[str, ObjectInfo]) -> None:
+    """Drops the names that have objects below them: folder objects, as TF's listing takes them."""
+    folders = {name.rsplit("/", depth)[0] for name in files for depth in range(1, name.count("/") + 1)}
+    for folder in folders & set(files):
+        del files[folder]
 
 
 class GcsStore(Store):
@@ -194,11 +215,10 @@ class GcsStore(Store):
 
             def walk() -> None:
                 for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
-                    for meta in page:
-                        name = meta["path"][len(prefix) + 1:] if prefix else meta["path"]
-                        files[name] = ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
+                    files.update(listed_objects(prefix, page))
 
             with_deadline(walk, deadline(), str(root))
+            without_folders(files)
             if not files and prefix:
                 meta = with_deadline(lambda: obstore.head(store, prefix), deadline(), str(root))
                 return Listing(root, {"": ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))})
@@ -254,6 +274,10 @@ class GcsStore(Store):
         return sorted(found - folders)
 
     def read(self, path: RemotePath) -> bytes:
+        """One whole object: through the pooled reader where obstore is installed (a Beam worker's
+        images, verify's shards, a manifest), else TF's client."""
+        if gcs_objects.available():
+            return self.read_pooled([path], 1)[0]
         tf = self._tf()
 
         def read() -> bytes:
