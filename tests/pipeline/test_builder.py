@@ -249,3 +249,32 @@ def test_private_threadpool_knob_sets_the_datasets_options(source):
     private = build_dataset(small(PRESETS["tuned"], private_threadpool_size=7), source)
     assert shared.options().threading.private_threadpool_size in (None, 0)
     assert private.options().threading.private_threadpool_size == 7
+
+
+@pytest.mark.parametrize("url, gcs_reader, refused", [
+    ("s3://bucket/train/a/1.jpg", "tf", True),        # s3:// is always stallscope's reader
+    ("gs://bucket/train/a/1.jpg", "pooled", True),
+    ("gs://bucket/train/a/1.jpg", "tf", False),       # TF's own reader runs on the service's workers
+])
+def test_a_python_reader_is_refused_on_a_tf_data_service_in_one_line(url, gcs_reader, refused):
+    """The service's workers run the dataset's graph, not this process's Python: stallscope's reader
+    (a numpy_function) cannot run there, so the pipeline is refused before it is sent."""
+    from stallscope.pipeline.config import PipelineConfig
+    from stallscope.pipeline.presets import tuned_for_source
+    from stallscope.pipeline.sources import DataSource
+    from stallscope.storage import readers
+    from stallscope.storage.location import as_path
+
+    first = as_path(url)
+    source = DataSource(kind="files", path=first.parent, split="train", labels=("a",), files=(first,),
+                        file_labels=(0,), schema="", num_examples=1, total_bytes=1)
+    config = PipelineConfig(batch_size=1, image_size=8, shuffle_buffer=0, gcs_reader=gcs_reader,
+                            data_service="127.0.0.1:5000")
+    if refused:
+        with pytest.raises(UsageError, match="^--data-service: the service's workers cannot run stallscope's reader"):
+            build_dataset(config, source)
+    else:
+        readers.require_reader(source.files, gcs_reader, config.data_service)  # nothing refused
+    # `tuned` on gs:// keeps TF's reader where a service reads
+    assert tuned_for_source(PRESETS["tuned"].replace(data_service="127.0.0.1:5000"), source).gcs_reader == \
+        ("tf" if url.startswith("gs://") else "pooled")

@@ -90,7 +90,7 @@ def build_dataset(
     unknown = sorted(set(hooks) - set(HOOK_POINTS))
     if unknown:
         raise UsageError(f"extra_stages: unknown hook point(s) {', '.join(unknown)}; allowed: {', '.join(HOOK_POINTS)}")
-    readers.require_reader(source.files, config.gcs_reader)
+    readers.require_reader(source.files, config.gcs_reader, config.data_service)
     num_classes = source.num_classes if num_classes is None else num_classes
     if num_classes <= 0:
         raise UsageError(f"num_classes: expected a positive integer, got {num_classes!r}")

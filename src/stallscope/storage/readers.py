@@ -19,6 +19,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from stallscope.errors import UsageError
 from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage import gcs_objects
@@ -40,9 +41,17 @@ def needs_own_reader(files, gcs_reader: str = "tf") -> bool:
                                          and first.scheme == "gs")
 
 
-def require_reader(files, gcs_reader: str) -> None:
-    """A one-line UsageError now, before the pipeline runs, where its reader is not installed."""
-    if gcs_reader == "pooled" and needs_own_reader(files, gcs_reader) and not isinstance(files[0], S3Path):
+def require_reader(files, gcs_reader: str, data_service: str = "") -> None:
+    """A one-line UsageError now, before the pipeline runs, where its reader is not installed or
+    cannot run: stallscope's reader is a Python function, which a tf.data service's workers do not run."""
+    if not needs_own_reader(files, gcs_reader):
+        return
+    if data_service:
+        store = "s3://" if isinstance(files[0], S3Path) else "gs:// with --gcs-reader pooled"
+        raise UsageError(f"--data-service: the service's workers cannot run stallscope's reader of {store} "
+                         "(a Python function); expected data TF reads itself (a local or shared folder, or "
+                         "gs:// with --gcs-reader tf)")
+    if not isinstance(files[0], S3Path):
         gcs_objects.require_obstore()
 
 
