@@ -223,8 +223,8 @@ def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypat
     source = open_source("files", f"s3://{BUCKET}/tree")
     config = get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8)
     fetched = []
-    original = readers.read_group
-    monkeypatch.setattr(readers, "read_group", lambda paths, n: fetched.extend(paths) or original(paths, n))
+    original = readers.read_many
+    monkeypatch.setattr(readers, "read_many", lambda paths, n: fetched.extend(paths) or original(paths, n))
     batches = list(build_dataset(config, source, skip_examples=20))
     assert len(batches) == 1 and batches[0][0].shape[0] == 4
     assert len(fetched) == 4  # the 20 images skipped were never fetched

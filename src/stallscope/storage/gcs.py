@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from stallscope.errors import UsageError
 from stallscope.storage import gcs_objects
 from stallscope.storage.obstore_reading import storage_error_text
 from stallscope.storage.location import (
@@ -92,9 +91,13 @@ def listed_objects(prefix: str, page) -> dict[str, ObjectInfo]:
     for meta in page:
         if meta["path"] == prefix:
             continue
-        name = meta["path"][len(prefix) + 1:] if prefix else meta["path"]
-        found[name] = ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
+        found[meta["path"][len(prefix) + 1:] if prefix else meta["path"]] = object_info(meta)
     return found
+
+
+def object_info(meta) -> ObjectInfo:
+    """The size and time of obstore's description of an object (a listing's entry, a HEAD)."""
+    return ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
 
 
 def without_folders(files: dict[str, ObjectInfo]) -> None:
@@ -139,10 +142,10 @@ class GcsStore(Store):
 
     def error(self, path: RemotePath, exc: BaseException) -> StorageError:
         """The one line for a failed request through obstore (its errors' text names the cause)."""
+        if isinstance(exc, StorageError):
+            return exc
         text = storage_error_text(exc)
         lowered = text.lower()
-        if isinstance(exc, (StorageError, UsageError)):
-            return exc if isinstance(exc, StorageError) else StorageError(str(exc))
         if "token request" in lowered or "application default credentials" in lowered or "computemetadata" in lowered:
             return StorageError(f"{path}: no credentials for gs:// ({short(text)}); expected Application Default "
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)")
@@ -221,7 +224,7 @@ class GcsStore(Store):
             without_folders(files)
             if not files and prefix:
                 meta = with_deadline(lambda: obstore.head(store, prefix), deadline(), str(root))
-                return Listing(root, {"": ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))})
+                return Listing(root, {"": object_info(meta)})
         except StorageError:
             raise
         except FileNotFoundError:

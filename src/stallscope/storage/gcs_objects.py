@@ -17,20 +17,18 @@ login`, a service account on the VM).
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
-from pathlib import Path
 
 from stallscope.errors import UsageError
-from stallscope.storage.location import StorageError, storage_timeout
-from stallscope.storage.obstore_reading import ObstoreReader
+from stallscope.storage.location import storage_timeout
+from stallscope.storage.obstore_reading import ObstoreReader, installed, read_ca_bundle
 
 TEST_TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 
 
 def available() -> bool:
     """True where obstore (the storage extra) is installed."""
-    return importlib.util.find_spec("obstore") is not None
+    return installed()
 
 
 def require_obstore() -> None:
@@ -44,21 +42,6 @@ def _proxy() -> tuple[str | None, str | None]:
     proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or None
     excludes = os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or None
     return proxy, excludes
-
-
-def _ca_bundle() -> str | None:
-    """The PEM certificates TF's gs:// trusts (CURL_CA_BUNDLE), for a store behind a private CA."""
-    bundle = os.environ.get("CURL_CA_BUNDLE")
-    if not bundle:
-        return None
-    try:
-        pem = Path(bundle).expanduser().read_text(encoding="ascii", errors="replace")
-    except OSError as exc:
-        raise StorageError(f"CURL_CA_BUNDLE: expected a readable PEM file of CA certificates, got {bundle!r} "
-                           f"({exc.strerror or exc})") from None
-    if "-----BEGIN CERTIFICATE-----" not in pem:
-        raise StorageError(f"CURL_CA_BUNDLE: expected a PEM file of CA certificates, got {bundle!r} (no certificate in it)")
-    return pem
 
 
 class GcsObjectReader(ObstoreReader):
@@ -75,9 +58,9 @@ class GcsObjectReader(ObstoreReader):
             options["proxy_url"] = proxy
             if excludes:
                 options["proxy_excludes"] = excludes
-        authorities = _ca_bundle()
-        if authorities:
-            options["root_certificate"] = authorities
+        bundle = os.environ.get("CURL_CA_BUNDLE")  # what TF's gs:// trusts
+        if bundle:
+            options["root_certificate"] = read_ca_bundle(bundle, "CURL_CA_BUNDLE")
         token = os.environ.get(TEST_TOKEN_ENV)
         credentials = {"bearer_token": token} if token else {}
         return GCSStore(bucket, client_options=options, retry_config={"max_retries": 1, "retry_timeout": limit},

@@ -11,13 +11,37 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import functools
+import importlib.util
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer
 
 REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
+
+
+@functools.cache
+def installed() -> bool:
+    """True where obstore (the storage extra) is installed; asked once (a lookup costs ~30 us, and the
+    readers ask before every read)."""
+    return importlib.util.find_spec("obstore") is not None
+
+
+def read_ca_bundle(bundle: str, source: str) -> bytes:
+    """The PEM certificates in the file `bundle` that `source` (the setting) names, for a store behind
+    a private CA: obstore trusts them beside the system's roots. A file that cannot be read or holds
+    no certificate is one line naming `source`."""
+    try:
+        pem = Path(bundle).expanduser().read_bytes()
+    except OSError as exc:
+        raise StorageError(f"{source}: expected a readable PEM file of CA certificates, got {bundle!r} "
+                           f"({exc.strerror or exc})") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise StorageError(f"{source}: expected a PEM file of CA certificates, got {bundle!r} (no certificate in it)")
+    return pem
 
 
 class ObstoreReader(abc.ABC):

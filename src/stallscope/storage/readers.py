@@ -26,7 +26,7 @@ from stallscope.storage import gcs_objects
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
-    RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer,
+    RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer, read_many,
 )
 from stallscope.storage.s3_reading import FIRST_BLOCK_BYTES, GROUP_REQUESTS, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
@@ -55,15 +55,6 @@ def require_reader(files, gcs_reader: str, data_service: str = "") -> None:
         gcs_objects.require_obstore()
 
 
-def read_group(paths: list[RemotePath], in_flight: int) -> list[bytes]:
-    """The objects' bytes in order through stallscope's reader of their store (the pooled one for gs://)."""
-    if not paths:
-        return []
-    store = backend(paths[0])
-    pooled = getattr(store, "read_pooled", None)
-    return pooled(paths, in_flight) if pooled is not None else store.read_many(paths, in_flight)
-
-
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:
     """(path, label) elements -> (bytes, label, path), fetched in groups of up to GROUP_REQUESTS, as
     many groups at once as `groups_in_flight(requests)` says (the next group is fetched while one is
@@ -74,7 +65,7 @@ def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | 
     groups = groups_in_flight(requests)
 
     def fetch(batch: np.ndarray) -> np.ndarray:
-        data = read_group([as_path(p.decode()) for p in batch], group)
+        data = read_many([as_path(p.decode()) for p in batch], group)
         return np.array(data, dtype=object)
 
     def fetch_group(path_batch, label_batch):

@@ -15,10 +15,9 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable
-from pathlib import Path
 
-from stallscope.storage.location import StorageError, storage_timeout
-from stallscope.storage.obstore_reading import ObstoreReader
+from stallscope.storage.location import storage_timeout
+from stallscope.storage.obstore_reading import ObstoreReader, read_ca_bundle
 
 CREDENTIALS_TTL = datetime.timedelta(minutes=5)  # how long obstore keeps refreshable credentials
 
@@ -70,14 +69,7 @@ class ObjectReader(ObstoreReader):
         if not bundle:
             return None
         source = "AWS_CA_BUNDLE" if os.environ.get("AWS_CA_BUNDLE") == bundle else "the AWS profile's ca_bundle"
-        try:
-            pem = Path(bundle).expanduser().read_bytes()
-        except OSError as exc:
-            raise StorageError(f"{source}: expected a readable PEM file of CA certificates, got {bundle!r} "
-                               f"({exc.strerror or exc})") from None
-        if b"-----BEGIN CERTIFICATE-----" not in pem:
-            raise StorageError(f"{source}: expected a PEM file of CA certificates, got {bundle!r} (no certificate in it)")
-        return pem
+        return read_ca_bundle(bundle, source)
 
     def _new_store(self, bucket: str):
         import botocore.session

@@ -3,10 +3,10 @@ and the storage what-if, which must model the reader that really runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from stallscope.errors import UsageError
+from stallscope.storage.obstore_reading import installed
 
 # Which reader fetches whole s3:// objects (JPEGs): obstore where installed, unless this says s3fs.
 READER_ENV = "STALLSCOPE_S3_READER"
@@ -47,7 +47,7 @@ def reader_name() -> str:
         raise UsageError(f"{READER_ENV}: expected one of {', '.join(READERS)}, got {wanted!r}")
     if wanted == "s3fs":
         return "s3fs"
-    if importlib.util.find_spec("obstore") is None:
+    if not installed():
         if wanted == "obstore":
             raise UsageError(f"{READER_ENV}=obstore needs the obstore package: pip install 'stallscope[storage]'")
         return "s3fs"
