@@ -121,7 +121,11 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
         for line in sweep.stdout:  # ends when the sweep does, whatever happens
             lines.append(line)
             if " done in " in line:
-                time.sleep(2)  # into the second run
+                # Into the second run: its train process has made its run directory (a run that lists and
+                # reads the emulated store quickly can finish within a fixed wait of a second or two).
+                waited = time.monotonic() + 60
+                while not missing[1].is_dir() and time.monotonic() < waited:
+                    time.sleep(0.02)
                 sweep.send_signal(signal.SIGTERM)  # as a scheduler stops it; Ctrl-C takes the same path
                 break
         code = sweep.wait(timeout=120)
