@@ -38,3 +38,26 @@ def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: 
     options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
                                      files=tuple(files) if files is not None else None)
     return diagnose_dataset(dataset, model=model, options=options)
+
+
+def list_files(url, pattern: str = "*"):
+    """Every file below a folder, `gs://bucket/prefix` or `s3://bucket/prefix` matching `pattern`, sorted."""
+    from stallscope.storage.own_pipeline import list_files as _list_files
+
+    return _list_files(url, pattern)
+
+
+def read_files(dataset, in_flight: int = 64, *, deterministic=None):
+    """Your tf.data.Dataset of paths (or of tuples led by one) with each path replaced by the file's
+    bytes, read from a folder, gs:// or s3:// through stallscope's readers, `in_flight` at once."""
+    from stallscope.storage.own_pipeline import read_files as _read_files
+
+    return _read_files(dataset, in_flight, deterministic=deterministic)
+
+
+def read_records(filenames, num_parallel_reads=None, *, deterministic=None):
+    """TFRecordDataset's records from a folder, gs:// or s3://, shards in a bucket streamed by
+    stallscope's reader with every record's checksums checked."""
+    from stallscope.storage.own_pipeline import read_records as _read_records
+
+    return _read_records(filenames, num_parallel_reads, deterministic=deterministic)

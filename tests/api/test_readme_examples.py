@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -19,8 +20,8 @@ def _examples() -> dict[str, str]:
 
 def test_the_readme_holds_each_example_file_verbatim():
     examples = _examples()
-    assert sorted(examples) == ["examples/custom_loop.py", "examples/diagnose_dataset.py",
-                                "examples/keras_callback.py"]
+    assert sorted(examples) == ["examples/bucket_pipeline.py", "examples/custom_loop.py",
+                                "examples/diagnose_dataset.py", "examples/keras_callback.py"]
     for path, code in examples.items():
         assert code == (REPO / path).read_text(encoding="utf-8"), f"README's copy of {path} is out of date"
 
@@ -37,3 +38,18 @@ def test_each_example_runs(path, args, verdict, tmp_path, monkeypatch, run_scrip
     if path.endswith("keras_callback.py"):
         assert re.search(r"^stallscope: highly input-bound .* bottleneck: Map; top fix: ", done.stdout, re.M)
     assert os.listdir(tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("obstore") is None, reason="obstore (the storage extra) not installed")
+def test_the_bucket_example_reads_and_diagnoses_a_pipeline_over_the_emulated_store(tiny_tree, tmp_path, monkeypatch,
+                                                                                 run_script):
+    from stallscope.storage.emulator import emulate
+
+    with emulate(tiny_tree, kind="s3", latency_s=0.002, max_duration_s=200) as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        done = run_script(REPO / "examples/bucket_pipeline.py", store.url, cwd=tmp_path)
+        assert store.counters().requests >= 24  # every image came from the store
+    assert re.search(r"^verdict: \w+ input share: ", done.stdout, re.M), done.stdout[-2000:]
+    assert "the files are in a store (s3://data/" in done.stdout
+    assert "24 file(s)" in done.stdout

@@ -24,6 +24,7 @@ from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage.location import as_path, is_remote
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
 
@@ -57,7 +58,7 @@ class DatasetDiagnoseOptions:
         parse_accelerator(self.accelerator)
         if self.files is not None:
             object.__setattr__(self, "files", tuple(str(f) for f in self.files))
-            missing = [f for f in self.files if not os.path.isfile(f)]
+            missing = [f for f in self.files if not _is_file(f)]
             if missing:
                 raise UsageError(f"files: {missing[0]!r} is not a file")
         if not (isinstance(self.pipeline_budget_s, (int, float)) and self.pipeline_budget_s > 0):
@@ -80,7 +81,11 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     run_step, device_name = _device(model, options.accelerator)
 
     cold = None
-    if files:
+    in_store = [f for f in files if is_remote(f)]
+    if in_store:
+        notes.append(f"cold page cache not probed: the files are in a store ({in_store[0]}), which every epoch "
+                     "reads again, so the pipeline-alone probe already measures reads from it")
+    elif files:
         say(f"probe: pipeline alone, cold page cache ({len(files)} file(s) evicted)")
         cold = probe_dataset(dataset, cache_state="cold", files=files, max_batches=options.steps,
                              budget_s=options.pipeline_budget_s)
@@ -92,7 +97,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                          budget_s=options.pipeline_budget_s)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
     parts = differential.breakdown(warm, cold, config)
-    data_bytes = sum(os.path.getsize(f) for f in files)
+    data_bytes = sum(_size(f) for f in files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
 
     say("probe: compute alone")
@@ -114,6 +119,15 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(chain),
     )
+
+
+def _is_file(name: str) -> bool:
+    """A local file, or an object a store's listing holds (one listing per tree, kept for the process)."""
+    return as_path(name).is_file() if is_remote(name) else os.path.isfile(name)
+
+
+def _size(name: str) -> int:
+    return as_path(name).stat().st_size if is_remote(name) else os.path.getsize(name)
 
 
 def dataset_files(dataset) -> list[str]:
@@ -227,5 +241,10 @@ def _examples(dataset, batch_size: int) -> int | None:
 def _files_text(files: list[str]) -> str:
     if not files:
         return "(dataset in memory or files unknown)"
-    parent = os.path.commonpath(files) if len(files) > 1 else files[0]
+    if len(files) == 1:
+        parent = files[0]
+    elif any(is_remote(f) for f in files):  # commonpath would fold gs:// into gs:/
+        parent = "/".join(os.path.commonprefix([f.split("/") for f in files]))
+    else:
+        parent = os.path.commonpath(files)
     return f"{parent} ({len(files)} file(s))"
