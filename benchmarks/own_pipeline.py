@@ -11,6 +11,9 @@ map (AUTOTUNE), batches of 32, prefetch. Only the read differs:
                  pool of 16 + cores)
   stallscope-gs  stallscope.read_files(dataset, in_flight=64) from gs:// (obstore, kept-alive connections)
   stallscope-s3  the same from s3:// (TF 2.21 cannot open s3:// at all)
+and the same images as TFRecord shards (`stallscope convert`, 4 training shards), parsed then decoded:
+  records-local / records-tf-gs   tf.data.TFRecordDataset(shards, num_parallel_reads=4)
+  records-stallscope-gs / -s3     stallscope.read_records(shards, num_parallel_reads=4)
 Each variant runs in a fresh process (TF reads its gs:// settings when it loads), takes one pass over
 the images as warm-up, then reads whole passes for at least `--seconds`. The stores are
 `stallscope storage serve` at `--latency` on these same cores (a real store's CPU is elsewhere).
@@ -32,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-VARIANTS = ("local", "tf-gs", "tf-gs-16", "stallscope-gs", "stallscope-s3")
+VARIANTS = ("local", "tf-gs", "tf-gs-16", "stallscope-gs", "stallscope-s3",
+            "records-local", "records-tf-gs", "records-stallscope-gs", "records-stallscope-s3")
+SHARD_READS = 4
 BATCH = 32
 
 
@@ -42,6 +47,8 @@ def measure(variant: str, root: str, seconds: float) -> float:
 
     import stallscope
 
+    if variant.startswith("records"):
+        return measure_records(variant, root, seconds)
     files = stallscope.list_files(root, "*.jpg")
     names = sorted({f.split("/")[-2] for f in files})
     labels = [names.index(f.split("/")[-2]) for f in files]
@@ -60,12 +67,41 @@ def measure(variant: str, root: str, seconds: float) -> float:
     else:
         dataset = dataset.map(lambda p, label: (tf.io.read_file(p), label), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    return timed(dataset, len(files), seconds)
+
+
+def measure_records(variant: str, root: str, seconds: float) -> float:
+    """Images/s of the records pipeline: shards read, Examples parsed, JPEGs decoded and resized."""
+    import tensorflow as tf
+
+    import stallscope
+
+    shards = stallscope.list_files(root, "train-*")
+    if variant.endswith("local") or variant.endswith("tf-gs"):
+        records = tf.data.TFRecordDataset(shards, num_parallel_reads=SHARD_READS)
+    else:
+        records = stallscope.read_records(shards, num_parallel_reads=SHARD_READS)
+    count = sum(1 for _ in stallscope.read_records(shards))  # every training image: none was skipped
+    features = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+                "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def decode(record):
+        example = tf.io.parse_single_example(record, features)
+        image = tf.image.resize(tf.io.decode_jpeg(example["image/encoded"], channels=3), (96, 96))
+        return image, example["image/class/label"]
+
+    dataset = records.repeat().map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    return timed(dataset, count, seconds)
+
+
+def timed(dataset, count: int, seconds: float) -> float:
+    """A pass of warm-up (connections, thread pools, page cache), then whole passes for `seconds`."""
     iterator = iter(dataset)
-    for _ in range(-(-len(files) // BATCH)):  # a pass of warm-up: connections, thread pools, page cache
+    for _ in range(-(-count // BATCH)):
         next(iterator)
     images, started = 0, time.perf_counter()
     while True:
-        for _ in range(-(-len(files) // BATCH)):
+        for _ in range(-(-count // BATCH)):
             next(iterator)
             images += BATCH
         elapsed = time.perf_counter() - started
@@ -104,26 +140,35 @@ def main() -> int:
                         "--classes", "4", "--images-per-class", str(args.images_per_class), "--long-side",
                         args.long_side, "--workers", "2"], check=True, capture_output=True)
         count = sum(1 for _ in (data / "train").rglob("*.jpg"))
+        subprocess.run([sys.executable, "-m", "stallscope", "convert", str(data), "--output-path",
+                        str(Path(scratch) / "records"), "--train-shards", "4", "--validation-shards", "1",
+                        "--no-progress"], check=True, capture_output=True)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
         latency = args.latency / 1000.0
-        with emulate(data, kind="gcs", latency_s=latency, max_duration_s=3600) as gs, \
-                emulate(data, kind="s3", latency_s=latency, max_duration_s=3600) as s3:
+        with emulate(scratch, kind="gcs", latency_s=latency, max_duration_s=3600) as gs, \
+                emulate(scratch, kind="s3", latency_s=latency, max_duration_s=3600) as s3:
             gs_env = {**gs.env, "GCS_READ_CACHE_BLOCK_SIZE_MB": "1"}
-            places = {"local": (str(data / "train"), {}), "tf-gs": (f"{gs.url}/train", gs_env),
-                      "tf-gs-16": (f"{gs.url}/train", gs_env), "stallscope-gs": (f"{gs.url}/train", gs_env),
-                      "stallscope-s3": (f"{s3.url}/train", s3.env)}
+            places = {"local": (str(data / "train"), {}), "tf-gs": (f"{gs.url}/files/train", gs_env),
+                      "tf-gs-16": (f"{gs.url}/files/train", gs_env),
+                      "stallscope-gs": (f"{gs.url}/files/train", gs_env),
+                      "stallscope-s3": (f"{s3.url}/files/train", s3.env),
+                      "records-local": (str(Path(scratch) / "records"), {}),
+                      "records-tf-gs": (f"{gs.url}/records", gs.env),  # TF's default block: shards are streamed
+                      "records-stallscope-gs": (f"{gs.url}/records", gs.env),
+                      "records-stallscope-s3": (f"{s3.url}/records", s3.env)}
             for _ in range(args.repeats):
                 for variant in VARIANTS:
                     root, env = places[variant]
                     rates[variant].append(child(variant, root, env, args.seconds))
-                    print(f"  {variant:14} {rates[variant][-1]:8,.0f} images/s", flush=True)
+                    print(f"  {variant:22} {rates[variant][-1]:8,.0f} images/s", flush=True)
     medians = {v: statistics.median(r) for v, r in rates.items()}
     print(f"{count} training JPEGs, read + decode + resize to 96x96 in batches of {BATCH}, {args.latency:g} ms per "
           f"request, median of {args.repeats} run(s) each, {time.perf_counter() - started:.0f} s")
-    print(f"{'variant':14} {'images/s':>9} {'vs local':>9} {'vs tf-gs':>9}")
+    print(f"{'variant':22} {'images/s':>9} {'vs local':>9} {'vs TF gs://':>12}")
     for variant in VARIANTS:
-        print(f"{variant:14} {medians[variant]:9,.0f} {medians[variant] / medians['local']:8.2f}x "
-              f"{medians[variant] / medians['tf-gs']:8.2f}x")
+        base = "records-" if variant.startswith("records") else ""
+        print(f"{variant:22} {medians[variant]:9,.0f} {medians[variant] / medians[base + 'local']:8.2f}x "
+              f"{medians[variant] / medians[base + 'tf-gs']:11.2f}x")
     return 0
 
 
