@@ -132,3 +132,18 @@ def test_the_probes_steady_pace_leaves_out_a_slow_start():
     assert probe.batches == 8 and probe.steady_images == probe.images - 4
     assert probe.steady_ms_per_image < probe.ms_per_image / 4  # 0.4 s of start over 32 images
     assert probe.to_dict()["steady_ms_per_image"] == pytest.approx(probe.steady_ms_per_image)
+
+
+def test_gs_files_read_by_tfs_client_get_stallscopes_reader_as_advice():
+    from stallscope.analysis.dataset_diagnosis import reader_advice
+
+    paths = ["gs://data/a/1.jpg", "gs://data/a/2.jpg"]
+    by_tf = tf.data.Dataset.from_tensor_slices(paths).map(tf.io.read_file)
+    assert [a.key for a in reader_advice(by_tf, paths, "evidence")] == ["read_files"]
+    assert "stallscope.read_files(dataset" in reader_advice(by_tf, paths, "evidence")[0].code
+    records = tf.data.TFRecordDataset(["gs://data/r/train-0", "gs://data/r/train-1"])
+    assert reader_advice(records, ["gs://data/r/train-0"], "") == []  # big blocks hide the latency already
+    by_stallscope = stallscope.read_files(tf.data.Dataset.from_tensor_slices((paths, [0, 1])))
+    assert reader_advice(by_stallscope, paths, "") == []  # already through stallscope's reader
+    local = tf.data.Dataset.from_tensor_slices(["/data/1.jpg"]).map(tf.io.read_file)
+    assert reader_advice(local, ["/data/1.jpg"], "") == []
