@@ -145,5 +145,6 @@ def test_gs_files_read_by_tfs_client_get_stallscopes_reader_as_advice():
     assert reader_advice(records, ["gs://data/r/train-0"], "") == []  # big blocks hide the latency already
     by_stallscope = stallscope.read_files(tf.data.Dataset.from_tensor_slices((paths, [0, 1])))
     assert reader_advice(by_stallscope, paths, "") == []  # already through stallscope's reader
+    assert dataset_files(by_stallscope) == paths  # objects named in the graph count as its files
     local = tf.data.Dataset.from_tensor_slices(["/data/1.jpg"]).map(tf.io.read_file)
     assert reader_advice(local, ["/data/1.jpg"], "") == []

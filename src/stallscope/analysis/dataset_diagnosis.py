@@ -25,7 +25,7 @@ from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.storage.location import as_path, is_remote
+from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
 
@@ -98,7 +98,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                          budget_s=options.pipeline_budget_s)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
     parts = differential.breakdown(warm, cold, config)
-    data_bytes = sum(_size(f) for f in files)
+    data_bytes = _data_bytes(files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
 
     say("probe: compute alone")
@@ -130,8 +130,24 @@ def _is_file(name: str) -> bool:
     return as_path(name).is_file() if is_remote(name) else os.path.isfile(name)
 
 
-def _size(name: str) -> int:
-    return as_path(name).stat().st_size if is_remote(name) else os.path.getsize(name)
+def _data_bytes(files: Sequence[str]) -> int:
+    """The files' bytes; objects in a store from the listing that covers them, else from one listing of
+    their common prefix (not a request per object)."""
+    remote = [f for f in files if is_remote(f)]
+    if remote and listed_size(as_path(remote[0])) is None:
+        common = "/".join(os.path.commonprefix([f.split("/") for f in remote]))
+        if common.count("/") >= 2 and common != remote[0]:  # at least scheme://bucket, and a folder
+            as_path(common).is_dir()  # one listing, kept for the process
+    total = 0
+    for name in files:
+        if not is_remote(name):
+            total += os.path.getsize(name)
+            continue
+        try:
+            total += as_path(name).stat().st_size
+        except FileNotFoundError:
+            logger.info("%s: not in its store's listing; its bytes are not counted", name)
+    return total
 
 
 def _graph_nodes(dataset) -> list:
@@ -172,7 +188,8 @@ def reader_advice(dataset, files: Sequence[str], evidence: str) -> list[Advice]:
 
 def dataset_files(dataset) -> list[str]:
     """The files the dataset reads, as far as its graph names them: string constants that are existing
-    files, and the files matching string constants that are glob patterns (`list_files`)."""
+    files, the files matching string constants that are glob patterns (`list_files`), and gs:// and
+    s3:// objects (`stallscope.read_files` over a list of them; not asked of the store here)."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
@@ -188,7 +205,9 @@ def dataset_files(dataset) -> list[str]:
             continue
         for raw in values[:MAX_FILES]:
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-            if os.path.isfile(text):
+            if is_remote(text) and not _GLOB_CHARS & set(text):
+                found[text] = None
+            elif os.path.isfile(text):
                 found[os.path.abspath(text)] = None
             elif _GLOB_CHARS & set(text) and os.sep in text:
                 for match in sorted(glob.glob(text)):
