@@ -15,7 +15,7 @@ dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(8)
 
 model = tf.keras.Sequential([
     tf.keras.Input((64, 64, 3)),
-    tf.keras.layers.Conv2D(32, 3, activation="relu"),
+    tf.keras.layers.Conv2D(64, 3, activation="relu"),
     tf.keras.layers.GlobalAveragePooling2D(),
     tf.keras.layers.Dense(4),
 ])
