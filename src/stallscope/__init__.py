@@ -29,14 +29,20 @@ def serve_profiler(port: int) -> int:
     return _serve(port)
 
 
-def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None):
+def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None,
+             what_if_storage: str | None = None, storage_client: str | None = None):
     """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled
     model, or an emulated device of `accelerator` speed), the pipeline alone warm and cold (where its
-    files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text())."""
+    files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text()).
+    `what_if_storage` ("10ms,200Mbit", preset names; as `diagnose --what-if-storage`) adds the storage
+    what-if, which files in a store get with the presets anyway; `storage_client` picks its client."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
+    from stallscope.analysis.storage_whatif import parse_scenarios
 
     options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
-                                     files=tuple(files) if files is not None else None)
+                                     files=tuple(files) if files is not None else None,
+                                     storage_scenarios=parse_scenarios(what_if_storage) if what_if_storage else (),
+                                     storage_client=storage_client)
     return diagnose_dataset(dataset, model=model, options=options)
 
 

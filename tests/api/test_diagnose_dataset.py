@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -135,16 +136,54 @@ def test_the_probes_steady_pace_leaves_out_a_slow_start():
 
 
 def test_gs_files_read_by_tfs_client_get_stallscopes_reader_as_advice():
-    from stallscope.analysis.dataset_diagnosis import reader_advice
+    from stallscope.analysis.dataset_diagnosis import graph_ops, reader_advice
 
     paths = ["gs://data/a/1.jpg", "gs://data/a/2.jpg"]
     by_tf = tf.data.Dataset.from_tensor_slices(paths).map(tf.io.read_file)
-    assert [a.key for a in reader_advice(by_tf, paths, "evidence")] == ["read_files"]
-    assert "stallscope.read_files(dataset" in reader_advice(by_tf, paths, "evidence")[0].code
+    assert [a.key for a in reader_advice(graph_ops(by_tf), paths, "evidence")] == ["read_files"]
+    assert "stallscope.read_files(dataset" in reader_advice(graph_ops(by_tf), paths, "evidence")[0].code
     records = tf.data.TFRecordDataset(["gs://data/r/train-0", "gs://data/r/train-1"])
-    assert reader_advice(records, ["gs://data/r/train-0"], "") == []  # big blocks hide the latency already
+    assert reader_advice(graph_ops(records), ["gs://data/r/train-0"], "") == []  # big blocks hide the latency already
     by_stallscope = stallscope.read_files(tf.data.Dataset.from_tensor_slices((paths, [0, 1])))
-    assert reader_advice(by_stallscope, paths, "") == []  # already through stallscope's reader
+    assert reader_advice(graph_ops(by_stallscope), paths, "") == []  # already through stallscope's reader
     assert dataset_files(by_stallscope) == paths  # objects named in the graph count as its files
     local = tf.data.Dataset.from_tensor_slices(["/data/1.jpg"]).map(tf.io.read_file)
-    assert reader_advice(local, ["/data/1.jpg"], "") == []
+    assert reader_advice(graph_ops(local), ["/data/1.jpg"], "") == []
+
+
+def test_the_storage_what_if_runs_on_your_own_dataset_of_files(tiny_tree, capsys):
+    files = stallscope.list_files(tiny_tree, "*.jpg")
+    labels = [int(f.split("/")[-2].split("_")[-1]) for f in files]
+
+    def decode(jpeg, label):
+        return tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), (32, 32)), label
+
+    dataset = stallscope.read_files(tf.data.Dataset.from_tensor_slices((files, labels)).repeat(), in_flight=4)
+    dataset = dataset.map(decode).batch(4)
+    diagnosis = stallscope.diagnose(dataset, steps=4, files=files, what_if_storage="10ms,200Mbit,object-store-region",
+                                    storage_client="obstore")
+    what = diagnosis.storage_whatif
+    assert what is not None, diagnosis.notes
+    assert what.source_format == "files" and what.object_client == "obstore"
+    assert [s.scenario.latency_ms for s in what.scenarios] == [10.0, 20.0]
+    for scenario in what.scenarios:
+        by_format = {f.format: f for f in scenario.formats}
+        assert set(by_format) == {"files", "records"}
+        files_row, records_row = by_format["files"], by_format["records"]
+        assert files_row.requests_per_image == 1.0 and records_row.requests_per_image < 0.1
+        assert 0 < files_row.sequential.images_per_second < files_row.enough_in_flight.images_per_second
+    assert diagnosis.storage.bytes == pytest.approx(sum(os.path.getsize(f) for f in files) / len(files))
+    text = diagnosis.text()
+    assert "storage what-if" in text and "10ms,200Mbit" in text and "object-store-region" in text
+    with pytest.raises(UsageError, match="storage_client: expected one of"):
+        stallscope.diagnose(dataset, steps=4, files=files, storage_client="nfs")
+
+
+def test_cli_dataset_fn_takes_the_storage_what_if_and_says_when_it_cannot_make_one(capsys):
+    code = main(["diagnose", "--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:stalled", "--probe-steps", "4",
+                 "--what-if-storage", "10ms,200Mbit", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["storage_what_if"] is None  # a dataset built from memory: no files to read from a store
+    assert any(note.startswith("storage what-if not made") for note in report["notes"])

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from stallscope.analysis import differential
 from stallscope.analysis.advice import Advice
+from stallscope.analysis.dataset_storage import dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
+from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
@@ -45,13 +47,17 @@ class DatasetDiagnoseOptions:
     """steps: measured steps of the compute and end-to-end probes (and batches of the pipeline probes).
     accelerator: the device the compute probe emulates when no model is given ("emulated:2000").
     files: the dataset's files, when the graph does not name them (None: found in the graph).
-    profile: profile a few end-to-end steps for the stage tree."""
+    profile: profile a few end-to-end steps for the stage tree.
+    storage_scenarios: the storage what-if's scenarios (none: the presets, and only where the files are
+    in a store). storage_client: the object-store client it models (None: the one the graph reads with)."""
 
     steps: int = 30
     accelerator: str = "emulated:2000"
     files: tuple[str, ...] | None = None
     pipeline_budget_s: float = PIPELINE_BUDGET_S
     profile: bool = True
+    storage_scenarios: tuple[StorageScenario, ...] = ()
+    storage_client: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
@@ -62,6 +68,8 @@ class DatasetDiagnoseOptions:
             missing = [f for f in self.files if not _is_file(f)]
             if missing:
                 raise UsageError(f"files: {missing[0]!r} is not a file")
+        if self.storage_client is not None and self.storage_client not in CLIENTS:
+            raise UsageError(f"storage_client: expected one of {', '.join(CLIENTS)}, got {self.storage_client!r}")
         if not (isinstance(self.pipeline_budget_s, (int, float)) and self.pipeline_budget_s > 0):
             raise UsageError(f"pipeline_budget_s: expected a number above 0, got {self.pipeline_budget_s!r}")
 
@@ -78,6 +86,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     started = time.perf_counter()
     notes: list[str] = []
     chain = _chain_as_run(dataset, notes)
+    ops = graph_ops(dataset)
     files = list(options.files) if options.files is not None else dataset_files(dataset)
     run_step, device_name = _device(model, options.accelerator)
 
@@ -114,14 +123,20 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     examples = _examples(dataset, config.batch_size)
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes)
     if phase.cause != "none":
-        advice = reader_advice(dataset, files, f"{phase.input_share:.0%} of the step waits for input, "
-                                              f"cause: {phase.cause}") + advice
+        advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
+                                          f"cause: {phase.cause}") + advice
+    figures = what = None
+    if options.storage_scenarios or options.storage_client or in_store:
+        figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
+                                              warm=warm, parts=parts, phase=phase,
+                                              scenarios=options.storage_scenarios, client=options.storage_client)
+        notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
                 "files": len(files), "bytes": data_bytes},
         pipeline=config, accelerator=device_name, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
-        notes=tuple(notes), analysis=analysis, stages=tuple(chain),
+        notes=tuple(notes), analysis=analysis, stages=tuple(chain), storage=figures, storage_whatif=what,
     )
 
 
@@ -166,14 +181,18 @@ def _graph_nodes(dataset) -> list:
     return list(graph.node) + [n for f in graph.library.function for n in f.node_def]
 
 
-def reader_advice(dataset, files: Sequence[str], evidence: str) -> list[Advice]:
+def graph_ops(dataset) -> set[str]:
+    """The op types in the dataset's graph and functions (`ReadFile`, `TFRecordDatasetV2`, ...)."""
+    return {node.op for node in _graph_nodes(dataset)}
+
+
+def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Advice]:
     """Where the files are in gs:// and TF's own client reads them one by one (a `tf.io.read_file` in
     the graph): stallscope's reader in its place, with kept-alive connections. Shards read by
     TFRecordDataset get none: 64 MB blocks in a few parallel reads already hide the latency
     (1,617 against 1,749 images/s through stallscope.read_records, benchmarks/own_pipeline.py)."""
     if not any(str(f).startswith("gs://") for f in files):
         return []
-    ops = {node.op for node in _graph_nodes(dataset)}
     advice = []
     if "ReadFile" in ops:
         advice.append(Advice(

@@ -132,8 +132,7 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     if args.fix:
         raise UsageError("--fix: applies to stallscope's own pipeline only; with --dataset-fn apply the advice "
                          "in your code")
-    for flag, value in (("--what-if-storage", args.what_if_storage), ("--storage-counters", args.storage_counters),
-                        ("--storage-client", args.storage_client)):
+    for flag, value in (("--storage-counters", args.storage_counters),):
         if value is not None:
             raise UsageError(f"{flag}: applies to stallscope's own data source (--dataset-path) only, "
                              "not to --dataset-fn")
@@ -143,7 +142,9 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     dataset = call_user_function(args.dataset_fn, "--dataset-fn")
     model = call_user_function(args.model_fn, "--model-fn") if args.model_fn else None
     options = DatasetDiagnoseOptions(steps=args.probe_steps, accelerator=args.accelerator,
-                                     pipeline_budget_s=args.pipeline_budget)
+                                     pipeline_budget_s=args.pipeline_budget,
+                                     storage_scenarios=tuple(s for group in args.what_if_storage or () for s in group),
+                                     storage_client=args.storage_client)
     return diagnose_dataset(dataset, model=model, options=options, progress=progress)
 
 
