@@ -14,6 +14,8 @@ map (AUTOTUNE), batches of 32, prefetch. Only the read differs:
 and the same images as TFRecord shards (`stallscope convert`, 4 training shards), parsed then decoded:
   records-local / records-tf-gs   tf.data.TFRecordDataset(shards, num_parallel_reads=4)
   records-stallscope-gs / -s3     stallscope.read_records(shards, num_parallel_reads=4)
+For the files variants read from a store, the storage what-if of `stallscope.diagnose` on the same
+pipeline over the local copy predicts images/s at the latency (printed beside the measured figure).
 Each variant runs in a fresh process (TF reads its gs:// settings when it loads), takes one pass over
 the images as warm-up, then reads whole passes for at least `--seconds`. The stores are
 `stallscope storage serve` at `--latency` on these same cores (a real store's CPU is elsewhere).
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 VARIANTS = ("local", "tf-gs", "tf-gs-16", "stallscope-gs", "stallscope-s3",
             "records-local", "records-tf-gs", "records-stallscope-gs", "records-stallscope-s3")
 SHARD_READS = 4
+PREDICTED = ("tf-gs", "tf-gs-16", "stallscope-gs", "stallscope-s3")
 BATCH = 32
 
 
@@ -50,6 +53,15 @@ def measure(variant: str, root: str, seconds: float) -> float:
     if variant.startswith("records"):
         return measure_records(variant, root, seconds)
     files = stallscope.list_files(root, "*.jpg")
+    return timed(files_pipeline(variant, files), len(files), seconds)
+
+
+def files_pipeline(variant: str, files: list[str]):
+    """The user's pipeline over `files` (path, label) -> batches of decoded images, read as `variant` reads."""
+    import tensorflow as tf
+
+    import stallscope
+
     names = sorted({f.split("/")[-2] for f in files})
     labels = [names.index(f.split("/")[-2]) for f in files]
     dataset = tf.data.Dataset.from_tensor_slices((files, labels)).repeat()
@@ -66,8 +78,21 @@ def measure(variant: str, root: str, seconds: float) -> float:
         dataset = dataset.with_options(options)
     else:
         dataset = dataset.map(lambda p, label: (tf.io.read_file(p), label), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
-    return timed(dataset, len(files), seconds)
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+
+
+def predict(variant: str, local_root: str, latency_ms: float) -> float:
+    """What `stallscope.diagnose(..., what_if_storage=...)` predicts for the variant's pipeline at this
+    latency, run on the local copy as a user asks before moving the data: the row as configured."""
+    import stallscope
+
+    files = stallscope.list_files(local_root, "*.jpg")
+    client = {"tf-gs": "tf-gcs", "tf-gs-16": "tf-gcs", "stallscope-gs": "obstore-gcs", "stallscope-s3": "obstore"}[variant]
+    diagnosis = stallscope.diagnose(files_pipeline(variant, files), files=files, steps=20,
+                                    accelerator="emulated:20000", what_if_storage=f"{latency_ms:g}ms,100Gbit",
+                                    storage_client=client)
+    row = diagnosis.storage_whatif.scenarios[0].format("files")
+    return row.parallel.images_per_second
 
 
 def measure_records(variant: str, root: str, seconds: float) -> float:
@@ -109,13 +134,15 @@ def timed(dataset, count: int, seconds: float) -> float:
             return images / elapsed
 
 
-def child(variant: str, root: str, env: dict[str, str], seconds: float) -> float:
-    done = subprocess.run([sys.executable, __file__, "--child", variant, root, "--seconds", str(seconds)],
+def child(variant: str, root: str, env: dict[str, str], seconds: float, latency_ms: float,
+          predict_from: str | None) -> dict:
+    command = [sys.executable, __file__, "--child", variant, root, "--seconds", str(seconds), "--latency", str(latency_ms)]
+    done = subprocess.run(command + (["--predict-from", predict_from] if predict_from else []),
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env})
     if done.returncode != 0:
         raise SystemExit(f"{variant} failed: {done.stderr[-1500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["images_per_s"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -126,9 +153,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=1, help="runs per variant, in turn; medians reported")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "ROOT"), help=argparse.SUPPRESS)
+    parser.add_argument("--predict-from", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps({"images_per_s": measure(args.child[0], args.child[1], args.seconds)}))
+        result = {"images_per_s": measure(args.child[0], args.child[1], args.seconds)}
+        if args.predict_from:
+            result["predicted"] = predict(args.child[0], args.predict_from, args.latency)
+        print(json.dumps(result))
         return 0
 
     from stallscope.storage.emulator import emulate
@@ -156,19 +187,27 @@ def main() -> int:
                       "records-tf-gs": (f"{gs.url}/records", gs.env),  # TF's default block: shards are streamed
                       "records-stallscope-gs": (f"{gs.url}/records", gs.env),
                       "records-stallscope-s3": (f"{s3.url}/records", s3.env)}
-            for _ in range(args.repeats):
+            predicted: dict[str, float] = {}
+            for repeat in range(args.repeats):
                 for variant in VARIANTS:
                     root, env = places[variant]
-                    rates[variant].append(child(variant, root, env, args.seconds))
+                    asks = repeat == 0 and variant in PREDICTED
+                    got = child(variant, root, env, args.seconds, args.latency, str(data / "train") if asks else None)
+                    rates[variant].append(got["images_per_s"])
+                    if asks:
+                        predicted[variant] = got["predicted"]
                     print(f"  {variant:22} {rates[variant][-1]:8,.0f} images/s", flush=True)
     medians = {v: statistics.median(r) for v, r in rates.items()}
     print(f"{count} training JPEGs, read + decode + resize to 96x96 in batches of {BATCH}, {args.latency:g} ms per "
           f"request, median of {args.repeats} run(s) each, {time.perf_counter() - started:.0f} s")
-    print(f"{'variant':22} {'images/s':>9} {'vs local':>9} {'vs TF gs://':>12}")
+    print(f"{'variant':22} {'images/s':>9} {'vs local':>9} {'vs TF gs://':>12} {'predicted':>10} {'pred/meas':>10}")
     for variant in VARIANTS:
         base = "records-" if variant.startswith("records") else ""
+        guess = f"{predicted[variant]:10,.0f} {predicted[variant] / medians[variant]:9.2f}x" if variant in predicted else ""
         print(f"{variant:22} {medians[variant]:9,.0f} {medians[variant] / medians[base + 'local']:8.2f}x "
-              f"{medians[variant] / medians[base + 'tf-gs']:11.2f}x")
+              f"{medians[variant] / medians[base + 'tf-gs']:11.2f}x {guess}")
+    print("predicted: stallscope.diagnose(pipeline on the local copy, what_if_storage=LATENCY,100Gbit), the row "
+          "as configured; the store's own CPU on these cores is not in it")
     return 0
 
 

@@ -172,6 +172,9 @@ def test_the_storage_what_if_runs_on_your_own_dataset_of_files(tiny_tree, capsys
         files_row, records_row = by_format["files"], by_format["records"]
         assert files_row.requests_per_image == 1.0 and records_row.requests_per_image < 0.1
         assert 0 < files_row.sequential.images_per_second < files_row.enough_in_flight.images_per_second
+        # read_files' own reads, as its stage's name and the dataset's options give them
+        assert files_row.parallel.reads.startswith("4 requests in flight, in groups of 4") and \
+            "a private pool of" in files_row.parallel.reads
     assert diagnosis.storage.bytes == pytest.approx(sum(os.path.getsize(f) for f in files) / len(files))
     text = diagnosis.text()
     assert "storage what-if" in text and "10ms,200Mbit" in text and "object-store-region" in text

@@ -28,6 +28,7 @@ from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage.location import as_path, is_remote, listed_size
+from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
 
@@ -129,7 +130,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     if options.storage_scenarios or options.storage_client or in_store:
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
                                               warm=warm, parts=parts, phase=phase,
-                                              scenarios=options.storage_scenarios, client=options.storage_client)
+                                              scenarios=options.storage_scenarios, client=options.storage_client,
+                                              private_pool=dataset.options().threading.private_threadpool_size)
         notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
@@ -182,8 +184,20 @@ def _graph_nodes(dataset) -> list:
 
 
 def graph_ops(dataset) -> set[str]:
-    """The op types in the dataset's graph and functions (`ReadFile`, `TFRecordDatasetV2`, ...)."""
-    return {node.op for node in _graph_nodes(dataset)}
+    """The op types in the dataset's graph and functions (`ReadFile`, `TFRecordDatasetV2`, ...), and
+    `stallscope_read_N` for a `stallscope.read_files` stage fetching N requests at once."""
+    from tensorflow.core.framework import dataset_metadata_pb2
+
+    ops = set()
+    for node in _graph_nodes(dataset):
+        ops.add(node.op)
+        if node.attr["metadata"].s:
+            metadata = dataset_metadata_pb2.Metadata()
+            metadata.ParseFromString(node.attr["metadata"].s)
+            name = metadata.name.decode("utf-8", "replace")
+            if name.startswith(READ_STAGE):
+                ops.add(name)
+    return ops
 
 
 def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Advice]:

@@ -12,6 +12,7 @@ from stallscope.analysis.storage_whatif import (
 )
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage.location import is_remote
+from stallscope.storage.s3_reading import READ_STAGE
 
 RECORD_OPS = {"TFRecordDataset", "TFRecordDatasetV2"}
 
@@ -27,7 +28,7 @@ def source_format(ops: set[str], files: Sequence[str]) -> str:
 
 def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, examples: int | None,
                     config: PipelineConfig, warm, parts, phase, scenarios: Sequence[StorageScenario] = (),
-                    client: str | None = None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
+                    client: str | None = None, private_pool: int | None = None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
     """(figures, what-if, notes). Where the dataset's images cannot be counted (records of a repeated
     dataset), nothing is predicted and a note says why."""
     kind = source_format(ops, files)
@@ -48,6 +49,14 @@ def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, exa
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=images, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
-    what = storage_whatif(pattern, config.replace(gcs_reader=gcs_reader), workload,
+    what = storage_whatif(pattern, as_read(config, ops, gcs_reader, private_pool), workload,
                           scenarios=scenarios, object_client=client)
     return figures, what, []
+
+
+def as_read(config: PipelineConfig, ops: set[str], gcs_reader: str, private_pool: int | None) -> PipelineConfig:
+    """The config with the reads the graph and options show: who reads gs://, the dataset's private
+    pool, and a `stallscope.read_files` stage's requests in flight (its name ends with them)."""
+    config = config.replace(gcs_reader=gcs_reader, private_threadpool_size=int(private_pool or 0))
+    in_flight = [int(op[len(READ_STAGE):]) for op in ops if op.startswith(READ_STAGE) and op[len(READ_STAGE):].isdigit()]
+    return config.replace(read_parallelism=max(in_flight)) if in_flight else config

@@ -24,7 +24,7 @@ from stallscope.config import usable_cores
 from stallscope.errors import UsageError
 from stallscope.storage import gcs_objects, readers
 from stallscope.storage.location import RemotePath, S3Path, as_path, is_remote, read_many
-from stallscope.storage.s3_reading import GROUP_REQUESTS, groups_in_flight
+from stallscope.storage.s3_reading import GROUP_REQUESTS, READ_STAGE, groups_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def read_files(dataset: tf.data.Dataset, in_flight: int = DEFAULT_IN_FLIGHT, *,
     batched = dataset.batch(group)
     fetched = batched.map(fetch_group if isinstance(spec, tuple) else (lambda paths: fetch_group(paths)),
                           num_parallel_calls=groups if groups > 1 else None,
-                          deterministic=deterministic if groups > 1 else None, name="read")
+                          deterministic=deterministic if groups > 1 else None, name=f"{READ_STAGE}{in_flight}")
     return _with_pool(fetched.unbatch(), groups if groups > 1 else 0)
 
 

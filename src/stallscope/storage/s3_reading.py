@@ -16,6 +16,9 @@ READERS = ("obstore", "s3fs")
 AUTOTUNE_IN_FLIGHT = 16
 # Requests fetched by one Python call of the pipeline (a group): the call's cost is shared by its images.
 GROUP_REQUESTS = 16
+# `stallscope.read_files`' fetching stage is named this, then its requests in flight: a diagnosis of a
+# dataset of your own finds it in the graph.
+READ_STAGE = "stallscope_read_"
 # Block size of a streamed s3:// shard: one request per this many bytes, after a first block of
 # FIRST_BLOCK_BYTES (`readers.block_spans`).
 SHARD_BLOCK_BYTES = 16 * 1024 * 1024
