@@ -204,7 +204,7 @@ def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Ad
     """Where the files are in gs:// and TF's own client reads them one by one (a `tf.io.read_file` in
     the graph): stallscope's reader in its place, with kept-alive connections. Shards read by
     TFRecordDataset get none: 64 MB blocks in a few parallel reads already hide the latency
-    (1,617 against 1,749 images/s through stallscope.read_records, benchmarks/own_pipeline.py)."""
+    (1,617-1,711 against 1,749-1,836 images/s through stallscope.read_records, benchmarks/own_pipeline.py)."""
     if not any(str(f).startswith("gs://") for f in files):
         return []
     advice = []
@@ -215,7 +215,7 @@ def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Ad
             "the tf.io.read_file map",
             "TF's gs:// opens a new TCP+TLS connection for every file, and its map keeps about one read per core in "
             "flight; stallscope's reader keeps its connections open and 64 requests in flight (on 2 cores at 10 ms "
-            "per request: 55 -> 1,472 images/s, benchmarks/own_pipeline.py)", evidence))
+            "per request: 55 -> 1,454-1,472 images/s, benchmarks/own_pipeline.py)", evidence))
     return advice
 
 

@@ -28,7 +28,8 @@ def source_format(ops: set[str], files: Sequence[str]) -> str:
 
 def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, examples: int | None,
                     config: PipelineConfig, warm, parts, phase, scenarios: Sequence[StorageScenario] = (),
-                    client: str | None = None, private_pool: int | None = None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
+                    client: str | None = None, private_pool: int | None = None
+                    ) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
     """(figures, what-if, notes). Where the dataset's images cannot be counted (records of a repeated
     dataset), nothing is predicted and a note says why."""
     kind = source_format(ops, files)
@@ -58,5 +59,6 @@ def as_read(config: PipelineConfig, ops: set[str], gcs_reader: str, private_pool
     """The config with the reads the graph and options show: who reads gs://, the dataset's private
     pool, and a `stallscope.read_files` stage's requests in flight (its name ends with them)."""
     config = config.replace(gcs_reader=gcs_reader, private_threadpool_size=int(private_pool or 0))
-    in_flight = [int(op[len(READ_STAGE):]) for op in ops if op.startswith(READ_STAGE) and op[len(READ_STAGE):].isdigit()]
+    counts = [op[len(READ_STAGE):] for op in ops if op.startswith(READ_STAGE)]
+    in_flight = [int(count) for count in counts if count.isdigit()]
     return config.replace(read_parallelism=max(in_flight)) if in_flight else config
