@@ -190,3 +190,24 @@ def test_cli_dataset_fn_takes_the_storage_what_if_and_says_when_it_cannot_make_o
     report = json.loads(captured.out)
     assert report["storage_what_if"] is None  # a dataset built from memory: no files to read from a store
     assert any(note.startswith("storage what-if not made") for note in report["notes"])
+
+
+def test_the_map_that_reads_is_found_with_its_parallel_calls():
+    from stallscope.analysis.dataset_diagnosis import read_map
+    from stallscope.analysis.dataset_storage import ReadMap, as_read
+    from stallscope.config import AUTOTUNE
+    from stallscope.pipeline.config import PipelineConfig
+
+    paths = tf.data.Dataset.from_tensor_slices((["a.jpg"], [0]))
+    separate = paths.map(lambda p, label: (tf.io.read_file(p), label), num_parallel_calls=16)
+    separate = separate.map(lambda jpeg, label: (tf.io.decode_jpeg(jpeg), label), num_parallel_calls=tf.data.AUTOTUNE)
+    assert read_map(separate) == ReadMap(16, decodes=False)
+    together = paths.map(lambda p, label: (tf.io.decode_jpeg(tf.io.read_file(p)), label),
+                         num_parallel_calls=tf.data.AUTOTUNE)
+    assert read_map(together) == ReadMap(AUTOTUNE, decodes=True)
+    assert read_map(paths.map(lambda p, label: (tf.io.read_file(p), label))) == ReadMap(None, decodes=False)
+    assert read_map(tf.data.Dataset.range(3)) is None
+    config = PipelineConfig(preset="your dataset", map_parallelism=AUTOTUNE)
+    assert as_read(config, set(), "tf", 18, ReadMap(16, decodes=False)).read_parallelism == 16
+    assert as_read(config, set(), "tf", 18, ReadMap(16, decodes=False)).private_threadpool_size == 18
+    assert as_read(config, {"stallscope_read_64"}, "pooled", 6, None).read_parallelism == 64

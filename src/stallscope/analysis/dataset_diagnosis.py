@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stallscope.analysis import differential
 from stallscope.analysis.advice import Advice
-from stallscope.analysis.dataset_storage import dataset_storage
+from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
@@ -131,7 +131,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
                                               warm=warm, parts=parts, phase=phase,
                                               scenarios=options.storage_scenarios, client=options.storage_client,
-                                              private_pool=dataset.options().threading.private_threadpool_size)
+                                              private_pool=dataset.options().threading.private_threadpool_size,
+                                              reads=read_map(dataset))
         notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
@@ -167,8 +168,8 @@ def _data_bytes(files: Sequence[str]) -> int:
     return total
 
 
-def _graph_nodes(dataset) -> list:
-    """The nodes of the dataset's graph and of its functions (empty where TF cannot serialize it)."""
+def _graph(dataset):
+    """The dataset's GraphDef, its functions in `.library` (None where TF cannot serialize it)."""
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
@@ -179,8 +180,40 @@ def _graph_nodes(dataset) -> list:
         graph.ParseFromString(serialized.numpy())
     except (tf.errors.OpError, ValueError) as exc:
         logger.warning("could not read the dataset's graph: %s", exc)
+        return None
+    return graph
+
+
+def _graph_nodes(dataset) -> list:
+    """The nodes of the dataset's graph and of its functions (empty where TF cannot serialize it)."""
+    graph = _graph(dataset)
+    if graph is None:
         return []
     return list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+
+
+def read_map(dataset) -> ReadMap | None:
+    """The map whose function reads files (`tf.io.read_file`), as the storage what-if needs it: its
+    parallel calls (None: sequential; AUTOTUNE) and whether the same function decodes. None where no
+    map reads (a reader dataset, or data in memory)."""
+    graph = _graph(dataset)
+    if graph is None:
+        return None
+    functions = {f.signature.name: {n.op for n in f.node_def} for f in graph.library.function}
+    consts = {n.name: n for n in graph.node if n.op == "Const"}
+    for node in graph.node:
+        if node.op not in ("MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"):
+            continue
+        ops = functions.get(node.attr["f"].func.name, set())
+        if "ReadFile" not in ops:
+            continue
+        calls = None
+        if node.op != "MapDataset":
+            const = consts.get(node.input[-1].split(":")[0])
+            values = list(const.attr["value"].tensor.int64_val or const.attr["value"].tensor.int_val) if const else []
+            calls = AUTOTUNE if not values or values[0] < 0 else int(values[0])
+        return ReadMap(calls, any(op.startswith("Decode") for op in ops))
+    return None
 
 
 def graph_ops(dataset) -> set[str]:
@@ -204,7 +237,7 @@ def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Ad
     """Where the files are in gs:// and TF's own client reads them one by one (a `tf.io.read_file` in
     the graph): stallscope's reader in its place, with kept-alive connections. Shards read by
     TFRecordDataset get none: 64 MB blocks in a few parallel reads already hide the latency
-    (1,617-1,711 against 1,749-1,836 images/s through stallscope.read_records, benchmarks/own_pipeline.py)."""
+    (1,617-1,827 against 1,749-1,908 images/s through stallscope.read_records, benchmarks/own_pipeline.py)."""
     if not any(str(f).startswith("gs://") for f in files):
         return []
     advice = []
@@ -215,7 +248,7 @@ def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Ad
             "the tf.io.read_file map",
             "TF's gs:// opens a new TCP+TLS connection for every file, and its map keeps about one read per core in "
             "flight; stallscope's reader keeps its connections open and 64 requests in flight (on 2 cores at 10 ms "
-            "per request: 55 -> 1,454-1,472 images/s, benchmarks/own_pipeline.py)", evidence))
+            "per request: 55 -> 1,454-1,525 images/s, benchmarks/own_pipeline.py)", evidence))
     return advice
 
 

@@ -3,8 +3,8 @@ shards, from a local folder, `gs://` or `s3://`, with the same readers `stallsco
 
 Why: TF 2.21 cannot open `s3://` at all, and its `gs://` opens a new TCP+TLS connection for every
 request, so a script of your own that reads a bucket object by object waits on handshakes (on 2 cores
-through the emulated store at 10 ms, an AUTOTUNE map of `tf.io.read_file` read 55 JPEGs/s, 412-416
-with 16 reads in flight, `read_files` 1,454-1,472: `benchmarks/own_pipeline.py`). `read_files`
+through the emulated store at 10 ms, an AUTOTUNE map of `tf.io.read_file` read 55 JPEGs/s, 412-420
+with 16 reads in flight, `read_files` 1,454-1,525: `benchmarks/own_pipeline.py`). `read_files`
 fetches the objects in groups of requests over connections it keeps open; `read_records` streams
 shards in large blocks, checking every record's checksums. Both fall back to TensorFlow's own reader
 where it is the right one (local files; `gs://` where obstore, the storage extra, is not installed).
