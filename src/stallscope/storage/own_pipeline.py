@@ -13,7 +13,6 @@ where it is the right one (local files; `gs://` where obstore, the storage extra
 from __future__ import annotations
 
 import fnmatch
-import logging
 import os
 from pathlib import Path
 
@@ -25,8 +24,6 @@ from stallscope.errors import UsageError
 from stallscope.storage import gcs_objects, readers
 from stallscope.storage.location import RemotePath, S3Path, as_path, is_remote, read_many
 from stallscope.storage.s3_reading import GROUP_REQUESTS, READ_STAGE, groups_in_flight
-
-log = logging.getLogger(__name__)
 
 DEFAULT_IN_FLIGHT = 64  # requests at once: ~1,500 JPEGs/s at 10 ms per request keep ~20 busy
 
@@ -104,8 +101,7 @@ def read_files(dataset: tf.data.Dataset, in_flight: int = DEFAULT_IN_FLIGHT, *,
         return (data, *batch[1:]) if isinstance(spec, tuple) else data
 
     batched = dataset.batch(group)
-    fetched = batched.map(fetch_group if isinstance(spec, tuple) else (lambda paths: fetch_group(paths)),
-                          num_parallel_calls=groups if groups > 1 else None,
+    fetched = batched.map(fetch_group, num_parallel_calls=groups if groups > 1 else None,
                           deterministic=deterministic if groups > 1 else None, name=f"{READ_STAGE}{in_flight}")
     return _with_pool(fetched.unbatch(), groups if groups > 1 else 0)
 
