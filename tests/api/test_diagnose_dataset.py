@@ -208,6 +208,7 @@ def test_the_map_that_reads_is_found_with_its_parallel_calls():
     assert read_map(paths.map(lambda p, label: (tf.io.read_file(p), label))) == ReadMap(None, decodes=False)
     assert read_map(tf.data.Dataset.range(3)) is None
     config = PipelineConfig(preset="your dataset", map_parallelism=AUTOTUNE)
-    assert as_read(config, set(), "tf", 18, ReadMap(16, decodes=False)).read_parallelism == 16
-    assert as_read(config, set(), "tf", 18, ReadMap(16, decodes=False)).private_threadpool_size == 18
-    assert as_read(config, {"stallscope_read_64"}, "pooled", 6, None).read_parallelism == 64
+    assert as_read(config, "tf", 18, ReadMap(16, decodes=False)).read_parallelism == 16
+    assert as_read(config, "tf", 18, ReadMap(16, decodes=False)).private_threadpool_size == 18
+    by_stallscope = stallscope.read_files(paths, in_flight=64)
+    assert as_read(config, "pooled", 6, read_map(by_stallscope)).read_parallelism == 64

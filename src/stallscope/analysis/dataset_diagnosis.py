@@ -87,8 +87,9 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     started = time.perf_counter()
     notes: list[str] = []
     chain = _chain_as_run(dataset, notes)
-    ops = graph_ops(dataset)
-    files = list(options.files) if options.files is not None else dataset_files(dataset)
+    graph = _graph(dataset)  # serialized once: its files, ops and reading stage are read from it
+    ops = _ops_in(graph)
+    files = list(options.files) if options.files is not None else _files_in(graph)
     run_step, device_name = _device(model, options.accelerator)
 
     cold = None
@@ -132,7 +133,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                               warm=warm, parts=parts, phase=phase,
                                               scenarios=options.storage_scenarios, client=options.storage_client,
                                               private_pool=dataset.options().threading.private_threadpool_size,
-                                              reads=read_map(dataset))
+                                              reads=_read_map_in(graph))
         notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
@@ -153,7 +154,7 @@ def _data_bytes(files: Sequence[str]) -> int:
     their common prefix (not a request per object)."""
     remote = [f for f in files if is_remote(f)]
     if remote and listed_size(as_path(remote[0])) is None:
-        common = "/".join(os.path.commonprefix([f.split("/") for f in remote]))
+        common = _common_prefix(remote)
         if common.count("/") >= 2 and common != remote[0]:  # at least scheme://bucket, and a folder
             as_path(common).is_dir()  # one listing, kept for the process
     total = 0
@@ -166,6 +167,11 @@ def _data_bytes(files: Sequence[str]) -> int:
         except FileNotFoundError:
             logger.info("%s: not in its store's listing; its bytes are not counted", name)
     return total
+
+
+def _common_prefix(urls: Sequence[str]) -> str:
+    """The longest run of whole path segments the URLs share (`gs://b/x` of `gs://b/x/1`, `gs://b/x/2`)."""
+    return "/".join(os.path.commonprefix([u.split("/") for u in urls]))
 
 
 def _graph(dataset):
@@ -184,19 +190,33 @@ def _graph(dataset):
     return graph
 
 
-def _graph_nodes(dataset) -> list:
-    """The nodes of the dataset's graph and of its functions (empty where TF cannot serialize it)."""
-    graph = _graph(dataset)
+def _graph_nodes(graph) -> list:
+    """The nodes of the graph and of its functions (none without a graph)."""
     if graph is None:
         return []
     return list(graph.node) + [n for f in graph.library.function for n in f.node_def]
 
 
+def _stage_name(node) -> str:
+    """The name a dataset op was given (`name=`), from its metadata; "" where it has none."""
+    from tensorflow.core.framework import dataset_metadata_pb2
+
+    if not node.attr["metadata"].s:
+        return ""
+    metadata = dataset_metadata_pb2.Metadata()
+    metadata.ParseFromString(node.attr["metadata"].s)
+    return metadata.name.decode("utf-8", "replace")
+
+
 def read_map(dataset) -> ReadMap | None:
-    """The map whose function reads files (`tf.io.read_file`), as the storage what-if needs it: its
-    parallel calls (None: sequential; AUTOTUNE) and whether the same function decodes. None where no
-    map reads (a reader dataset, or data in memory)."""
-    graph = _graph(dataset)
+    """The stage that reads the dataset's files, as the storage what-if needs it (see `_read_map_in`)."""
+    return _read_map_in(_graph(dataset))
+
+
+def _read_map_in(graph) -> ReadMap | None:
+    """A `stallscope.read_files` stage (named with its requests in flight), else the map whose function
+    reads files (`tf.io.read_file`): its parallel calls (None: sequential; AUTOTUNE) and whether the same
+    function decodes. None where no stage reads (a reader dataset, or data in memory)."""
     if graph is None:
         return None
     functions = {f.signature.name: {n.op for n in f.node_def} for f in graph.library.function}
@@ -204,6 +224,9 @@ def read_map(dataset) -> ReadMap | None:
     for node in graph.node:
         if node.op not in ("MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"):
             continue
+        name = _stage_name(node)
+        if name.startswith(READ_STAGE) and name[len(READ_STAGE):].isdigit():
+            return ReadMap(int(name[len(READ_STAGE):]), decodes=False)
         ops = functions.get(node.attr["f"].func.name, set())
         if "ReadFile" not in ops:
             continue
@@ -217,20 +240,12 @@ def read_map(dataset) -> ReadMap | None:
 
 
 def graph_ops(dataset) -> set[str]:
-    """The op types in the dataset's graph and functions (`ReadFile`, `TFRecordDatasetV2`, ...), and
-    `stallscope_read_N` for a `stallscope.read_files` stage fetching N requests at once."""
-    from tensorflow.core.framework import dataset_metadata_pb2
+    """The op types in the dataset's graph and functions (`ReadFile`, `TFRecordDatasetV2`, ...)."""
+    return _ops_in(_graph(dataset))
 
-    ops = set()
-    for node in _graph_nodes(dataset):
-        ops.add(node.op)
-        if node.attr["metadata"].s:
-            metadata = dataset_metadata_pb2.Metadata()
-            metadata.ParseFromString(node.attr["metadata"].s)
-            name = metadata.name.decode("utf-8", "replace")
-            if name.startswith(READ_STAGE):
-                ops.add(name)
-    return ops
+
+def _ops_in(graph) -> set[str]:
+    return {node.op for node in _graph_nodes(graph)}
 
 
 def reader_advice(ops: set[str], files: Sequence[str], evidence: str) -> list[Advice]:
@@ -256,12 +271,16 @@ def dataset_files(dataset) -> list[str]:
     """The files the dataset reads, as far as its graph names them: string constants that are existing
     files, the files matching string constants that are glob patterns (`list_files`), and gs:// and
     s3:// objects (`stallscope.read_files` over a list of them; not asked of the store here)."""
+    return _files_in(_graph(dataset))
+
+
+def _files_in(graph) -> list[str]:
     import numpy as np
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
     found: dict[str, None] = {}
-    for node in _graph_nodes(dataset):
+    for node in _graph_nodes(graph):
         if node.op != "Const" or node.attr["dtype"].type != types_pb2.DT_STRING:
             continue
         try:  # string tensors may be packed in tensor_content, which make_ndarray cannot read
@@ -360,7 +379,7 @@ def _files_text(files: list[str]) -> str:
     if len(files) == 1:
         parent = files[0]
     elif any(is_remote(f) for f in files):  # commonpath would fold gs:// into gs:/
-        parent = "/".join(os.path.commonprefix([f.split("/") for f in files]))
+        parent = _common_prefix(files)
     else:
         parent = os.path.commonpath(files)
     return f"{parent} ({len(files)} file(s))"

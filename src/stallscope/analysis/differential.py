@@ -24,7 +24,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from stallscope.analysis.storage_counters import (
     storage_figures,
 )
 from stallscope.analysis.storage_whatif import (
+    IoPattern,
     StorageScenario,
     StorageWhatIf,
     Workload,
@@ -600,17 +601,25 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
         notes.append(f"the store's counters ({options.storage_counters}) did not move during the pipeline probe: "
                      "the data was not read through it, so requests are modelled")
     pattern = measured_pattern(pattern, served, warm.images)
+    worst = max(phases, key=lambda p: p.input_share)
+    figures, what = storage_model(pattern, client, config, warm, parts, worst, examples=source.num_examples,
+                                  scenarios=options.storage_scenarios)
+    return figures, what, tuple(notes)
+
+
+def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm: PipelineProbe,
+                  parts: PipelineBreakdown, phase: PhaseDiagnosis, *, examples: int,
+                  scenarios: Sequence[StorageScenario] = ()) -> tuple[StorageFigures, StorageWhatIf]:
+    """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
+    the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`)."""
     io = warm.io_per_image
     figures = storage_figures(pattern, client_named(client),
                               wait_ms_per_image=(parts.waiting_ms + parts.storage_ms) / config.batch_size,
                               read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None)
-    worst = max(phases, key=lambda p: p.input_share)
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
-                        compute_ms=worst.compute_ms, batch_size=config.batch_size, overlapped=worst.overlapped,
-                        examples=source.num_examples, machine_cores=warm.cores,
-                        chain_ms_per_image=warm.steady_ms_per_image)
-    what = storage_whatif(pattern, config, workload, scenarios=options.storage_scenarios, object_client=client)
-    return figures, what, tuple(notes)
+                        compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
+                        examples=examples, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
+    return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client)
 
 
 class _ProbeRunDirs:
