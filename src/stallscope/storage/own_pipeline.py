@@ -22,7 +22,7 @@ import tensorflow as tf
 from stallscope.config import usable_cores
 from stallscope.errors import UsageError
 from stallscope.storage import gcs_objects, readers
-from stallscope.storage.location import RemotePath, S3Path, as_path, is_remote, read_many
+from stallscope.storage.location import RemotePath, as_path, read_many
 from stallscope.storage.s3_reading import GROUP_REQUESTS, READ_STAGE, groups_in_flight
 
 DEFAULT_IN_FLIGHT = 64  # requests at once: ~1,500 JPEGs/s at 10 ms per request keep ~20 busy
@@ -108,8 +108,7 @@ def read_files(dataset: tf.data.Dataset, in_flight: int = DEFAULT_IN_FLIGHT, *,
 
 def _own_reader(shard: str) -> bool:
     """Shards streamed by stallscope's reader: s3:// always, gs:// where obstore is installed."""
-    path = as_path(shard)
-    return isinstance(path, S3Path) or (is_remote(path) and gcs_objects.available())
+    return readers.needs_own_reader([as_path(shard)], "pooled" if gcs_objects.available() else "tf")
 
 
 def read_records(filenames, num_parallel_reads: int | None = None, *,
