@@ -4,7 +4,8 @@ s3:// reader (`s3_objects`) and the pooled gs:// reader (`gcs_objects`) share.
 
 Each GET runs on a pool thread that waits outside the GIL while obstore's own runtime does the
 request over kept-alive connections; a store is made once per bucket and process (again after a
-fork: its connections and runtime belong to the process that made them).
+fork: its connections and runtime belong to the process that made them). Every request is counted
+with its bytes and time (`request_tally`): what `diagnose` measures of a real bucket.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from stallscope.storage import request_tally
 from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer
 
 REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
@@ -77,7 +79,8 @@ class ObstoreReader(abc.ABC):
     def size(self, path: RemotePath) -> int:
         import obstore
 
-        return int(obstore.head(self.store(path.bucket), path.key)["size"])
+        store = self.store(path.bucket)
+        return int(request_tally.timed(lambda: obstore.head(store, path.key), lambda _: 0)["size"])
 
     def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
         """Bytes [start, end) of an object, fetched on a request thread; the future holds them as
@@ -86,7 +89,7 @@ class ObstoreReader(abc.ABC):
         import obstore
 
         store = self.store(path.bucket)
-        return self._pool.submit(lambda: obstore.get_range(store, path.key, start=start, end=end))
+        return self._pool.submit(request_tally.timed, lambda: obstore.get_range(store, path.key, start=start, end=end))
 
     def read_many(self, paths: list[RemotePath], in_flight: int,
                   error: Callable[[RemotePath, BaseException], StorageError]) -> list[bytes]:
@@ -104,7 +107,7 @@ class ObstoreReader(abc.ABC):
         out: list[bytes] = []
         step = max(1, in_flight)
         for start in range(0, len(paths), step):
-            pending = [pool.submit(lambda s, k: bytes(obstore.get(s, k).bytes()), store, path.key)
+            pending = [pool.submit(request_tally.timed, lambda s=store, k=path.key: bytes(obstore.get(s, k).bytes()))
                        for store, path in zip(stores[start:start + step], paths[start:start + step])]
             for path, future in zip(paths[start:start + step], pending):
                 try:
