@@ -14,12 +14,14 @@ from stallscope.analysis.storage_counters import (
     StorageCounters,
     load_storage_counters,
     measured_pattern,
+    reader_pattern,
     storage_figures,
 )
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.presets import PRESETS
+from stallscope.storage.request_tally import RequestTally
 
 # A client whose figures make the arithmetic easy to follow: s = 2 ms (0.5 of it CPU), no transfer CPU.
 PLAIN = sw.StorageClient(name="plain", block_bytes=sw.MIB, requests_per_open=0, request_overhead_ms=2.0,
@@ -291,6 +293,51 @@ def test_counters_file_loads_and_its_difference_is_per_probe(tmp_path):
     assert measured_pattern(JPEG, StorageCounters(0, 0, 0), images=100) is JPEG  # nothing served: modelled
     with pytest.raises(UsageError, match="went down"):
         before - load_storage_counters(path)
+
+
+def _read(times_ms, size=75_000, ahead=0):
+    """A tally of requests of `size` bytes taking `times_ms`, and `ahead` more bytes of blocks asked
+    for ahead when the probe stopped."""
+    samples = tuple((ms / 1000, size) for ms in times_ms)
+    return RequestTally(len(samples), len(samples) * size + ahead, sum(t for t, _ in samples), samples)
+
+
+def test_requests_counted_by_stallscopes_reader_are_taken_per_byte_received():
+    reads = _read([10.0 + i / 10 for i in range(100)], ahead=50 * 75_000)  # 50 images' blocks read ahead
+    pattern = reader_pattern(JPEG, reads, images=80)
+    # 100 requests over 150 images' bytes: 0.67 per 100 KB image, whatever the probe had taken
+    assert pattern.measured and pattern.requests(PLAIN) == pytest.approx(100 * 100_000 / (150 * 75_000))
+    assert pattern.bytes_per_image == JPEG.bytes_per_image and pattern.connections_per_image is None
+    figures = storage_figures(JPEG, sw.obstore_client(), wait_ms_per_image=0.5, requests=reads, images=80)
+    assert figures.basis == "reader" and figures.connections == 0.0  # kept alive: modelled
+    assert figures.request_ms_median == pytest.approx(14.95) and figures.request_ms_p90 == pytest.approx(18.91, abs=0.01)
+    by_store = measured_pattern(JPEG, StorageCounters(100, 4, 10_000_000), images=100)
+    assert storage_figures(by_store, PLAIN, wait_ms_per_image=0.0, requests=reads, images=80).basis == "measured"
+    assert reader_pattern(by_store, reads, images=80) is by_store  # the store's own counts come first
+    assert reader_pattern(JPEG, RequestTally(), images=80) is JPEG
+    assert storage_figures(JPEG, PLAIN, wait_ms_per_image=0.0, requests=RequestTally(), images=80).basis == "modelled"
+    heads = RequestTally(40, 0, 0.4, tuple((0.01, 0) for _ in range(40)))
+    assert reader_pattern(JPEG, heads, images=20).requests(PLAIN) == 2.0
+
+
+def test_the_store_as_read_takes_its_latency_from_the_fastest_small_requests():
+    client = sw.obstore_client()
+    # most requests waited for a core as well (20-28 ms); the fastest tenth took 11 ms
+    reads = _read([11.0] * 15 + [20.0 + i / 10 for i in range(85)])
+    scenario = sw.as_read_scenario(reads, client)
+    assert scenario.name == "as read" and scenario.kind == "object" and math.isinf(scenario.bandwidth_bytes_per_s)
+    assert scenario.latency_ms == pytest.approx(round(11.0 - client.request_overhead_ms, 1))
+    assert "100 requests took 11.0 ms" in scenario.meaning and "bandwidth not measured" in scenario.meaning
+    assert sw.as_read_scenario(_read([11.0] * 19), client) is None  # too few to tell
+    assert sw.as_read_scenario(_read([40.0] * 50, size=16 << 20), client) is None  # a shard's blocks: transfer
+    assert sw.as_read_scenario(None, client) is None
+    what = sw.storage_whatif(JPEG, SEED, WORKLOAD, object_client="obstore", as_read=scenario)
+    assert [r.scenario.name for r in what.scenarios] == ["as read", *sw.PRESETS]
+    assert [r.named for r in what.scenarios] == [True] + [False] * len(sw.PRESETS)  # advice looks at it
+    advice = storage_advice(what, SEED, data_bytes=10**8, memory_bytes=10**10, local_images_per_second=600)
+    assert advice and "at as read (10.8ms,unlimited)" in advice[0].evidence
+    named = sw.storage_whatif(JPEG, SEED, WORKLOAD, scenarios=sw.parse_scenarios("30ms,1Gbit"), as_read=scenario)
+    assert [(r.scenario.name, r.named) for r in named.scenarios] == [("as read", True), ("30ms,1Gbit", True)]
 
 
 @pytest.mark.parametrize("content, message", [

@@ -396,6 +396,32 @@ def test_bad_input_is_one_line_with_exit_2(served, tmp_path, capsys, args, needl
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.skipif(importlib.util.find_spec("obstore") is None, reason="obstore (the storage extra) not installed")
+def test_diagnose_on_a_bucket_without_counters_measures_what_its_reader_asked_for(served):
+    """A real bucket keeps no counters file: stallscope's reader counts its own requests, their bytes and
+    times, and the what-if gains the store as read (its latency from the fastest requests), on which
+    the storage advice is given without a store named. The page cache has nothing of a store's data,
+    so no cold probe runs, and no local I/O figure is shown as the store's."""
+    with emulate(served, kind="s3", latency_s=0.01, max_duration_s=LIMIT_S * 2) as store:
+        done = subprocess.run(
+            [sys.executable, "-m", "stallscope", "diagnose", "--dataset_path", f"{store.url}/tree", "--pipeline", "seed",
+             "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--probe-steps", "4",
+             "--pipeline-budget", "2", "--json"],
+            capture_output=True, text=True, timeout=LIMIT_S * 2, env=child_environment(store.env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    storage = report["storage"]
+    assert storage["basis"] == "reader" and storage["client"] == "obstore"
+    assert storage["requests"] == pytest.approx(1.0, rel=0.05)  # one GET per JPEG, read one at a time
+    assert storage["read_calls"] is None and report["probes"]["cold"] is None
+    assert 10.0 <= storage["request_ms_median"] <= storage["request_ms_p90"]
+    assert any(note.startswith("cold page cache not probed: the data is in a store") for note in report["notes"])
+    as_read = report["storage_what_if"]["scenarios"][0]
+    assert as_read["scenario"]["name"] == "as read" and as_read["named"]
+    assert 8.0 <= as_read["scenario"]["latency_ms"] <= 15.0  # the emulator holds each request 10 ms
+    assert {"convert_records", "reads_in_flight"} <= {a["key"] for a in report["advice"]}
+
+
 def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, tmp_path):
     """End to end: TF's gs:// reads the JPEG tree through the emulator at 10 ms, and diagnose takes
     the requests per image from the store's own counters file, not from its model."""

@@ -97,3 +97,23 @@ def test_wrong_inputs_are_one_line_each(tmp_path):
         stallscope.read_records([])
     with pytest.raises(UsageError, match="expected shards in one kind of place"):
         stallscope.read_records(["s3://data/records/a", str(tmp_path / "b")])
+
+
+def test_diagnosing_your_own_dataset_measures_the_requests_read_files_made(store):
+    """The requests, bytes and times stallscope.read_files asked the store for during the probe: the
+    storage figures of a bucket that keeps no counters, and the store as read in the what-if."""
+    files = stallscope.list_files(f"{store.url}/tree", "*.jpg")
+    labels = [int(f.split("/")[-2].split("_")[-1]) for f in files]
+
+    def decode(jpeg, label):
+        return tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), (32, 32)), label
+
+    dataset = stallscope.read_files(tf.data.Dataset.from_tensor_slices((files, labels)).repeat(), in_flight=4)
+    diagnosis = stallscope.diagnose(dataset.map(decode).batch(4), steps=8, files=files)
+    figures = diagnosis.storage
+    assert figures is not None and figures.basis == "reader" and figures.read_calls is None
+    assert figures.requests == pytest.approx(1.0, rel=0.05)  # one GET per JPEG: per byte received
+    assert 2.0 <= figures.request_ms_median <= figures.request_ms_p90  # the store holds each request 2 ms
+    as_read = diagnosis.storage_whatif.scenarios[0]
+    assert as_read.scenario.name == "as read" and as_read.named and as_read.scenario.latency_ms < 20.0
+    assert "a request took" in diagnosis.text() and "as read (" in diagnosis.text()

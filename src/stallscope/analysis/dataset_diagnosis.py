@@ -27,6 +27,7 @@ from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
@@ -105,8 +106,10 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         notes.append("cold page cache not probed: the dataset's graph names no files (a dataset built from "
                      "memory, or files= not given), so nothing could be evicted")
     say("probe: pipeline alone, warm page cache")
+    read_before = request_tally.snapshot()
     warm = probe_dataset(dataset, cache_state="warm", files=files, max_batches=options.steps,
                          budget_s=options.pipeline_budget_s)
+    requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
@@ -128,12 +131,12 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
     figures = what = None
-    if options.storage_scenarios or options.storage_client or in_store:
+    if options.storage_scenarios or options.storage_client or in_store or requests.requests:
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
                                               warm=warm, parts=parts, phase=phase,
                                               scenarios=options.storage_scenarios, client=options.storage_client,
                                               private_pool=dataset.options().threading.private_threadpool_size,
-                                              reads=_read_map_in(graph))
+                                              reads=_read_map_in(graph), requests=requests)
         notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",

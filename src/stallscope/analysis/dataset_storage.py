@@ -12,6 +12,7 @@ from stallscope.analysis.storage_counters import StorageFigures
 from stallscope.analysis.storage_whatif import StorageScenario, StorageWhatIf, client_for_path, pattern_for
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage.location import is_remote
+from stallscope.storage.request_tally import RequestTally
 
 RECORD_OPS = {"TFRecordDataset", "TFRecordDatasetV2"}
 
@@ -37,10 +38,12 @@ def source_format(ops: set[str], files: Sequence[str]) -> str:
 
 def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, examples: int | None,
                     config: PipelineConfig, warm, parts, phase, scenarios: Sequence[StorageScenario] = (),
-                    client: str | None = None, private_pool: int | None = None, reads: ReadMap | None = None
+                    client: str | None = None, private_pool: int | None = None, reads: ReadMap | None = None,
+                    requests: RequestTally | None = None
                     ) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
     """(figures, what-if, notes). Where the dataset's images cannot be counted (records of a repeated
-    dataset), nothing is predicted and a note says why."""
+    dataset), nothing is predicted and a note says why. `requests`: what stallscope's reader asked the
+    store for during the warm probe (measured requests, bytes and request times)."""
     kind = source_format(ops, files)
     images = len(files) if kind == "files" else examples
     if not files or not images or data_bytes <= 0:
@@ -52,7 +55,8 @@ def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, exa
     client = client or client_for_path(first, gcs_reader)
     pattern = pattern_for(kind, examples=images, total_bytes=data_bytes, files=len(files))
     figures, what = storage_model(pattern, client, as_read(config, gcs_reader, private_pool, reads), warm, parts,
-                                  phase, examples=images, scenarios=scenarios)
+                                  phase, examples=images, scenarios=scenarios, requests=requests,
+                                  in_store=is_remote(first))
     return figures, what, []
 
 

@@ -38,6 +38,7 @@ from stallscope.analysis.storage_counters import (
     StorageFigures,
     load_storage_counters,
     measured_pattern,
+    reader_pattern,
     storage_figures,
 )
 from stallscope.analysis.storage_whatif import (
@@ -45,6 +46,7 @@ from stallscope.analysis.storage_whatif import (
     StorageScenario,
     StorageWhatIf,
     Workload,
+    as_read_scenario,
     client_for_path,
     client_named,
     pattern_for,
@@ -53,6 +55,9 @@ from stallscope.analysis.storage_whatif import (
 from stallscope.config import AUTOTUNE, json_ready, require_choice
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage import request_tally
+from stallscope.storage.location import is_remote
+from stallscope.storage.request_tally import RequestTally
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
 from stallscope.workload.train import TrainOptions
@@ -258,7 +263,6 @@ class Diagnosis:
         from stallscope.cli.diagnose import report_lines
 
         lines = report_lines(self)
-        lines += [f"note: {note}" for note in self.notes]
         if self.analysis is not None:
             from stallscope.report.text import render_text
 
@@ -524,7 +528,14 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         config = tuned_for_source(options.pipeline, source)  # as `train` would read this source
         max_images = source.num_examples
         cold = None
-        if options.cold_cache:
+        probe_notes = []
+        in_store = is_remote(str(source.path))
+        if options.cold_cache and in_store:
+            # Both probes would read the same objects from the store, and their difference is noise.
+            probe_notes.append(f"cold page cache not probed: the data is in a store ({source.path}), which every "
+                               "epoch reads again, so the pipeline-alone probe measures reads from it; the local "
+                               "I/O counters do not see those reads (storage per image has them)")
+        elif options.cold_cache:
             say("probe: pipeline alone, cold page cache")
             cold = probe_pipeline(config, source, cache_state="cold", max_images=max_images,
                                   budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
@@ -532,12 +543,14 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         repeats = cold is None or cold.images >= source.num_examples  # every element is cached: passes may repeat
         say("probe: pipeline alone, warm page cache")
         counted_before = _read_counters(options)
+        read_before = request_tally.snapshot()
         warm = probe_pipeline(config, source, cache_state="warm", max_images=max_images,
                               min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
+        requests = request_tally.snapshot().since(read_before)
         served = _read_counters(options) - counted_before if counted_before is not None else None
         parts = breakdown(warm, cold, config)
-        steady = steady_cache_state(options, source.total_bytes)
+        steady = "warm" if cold is None else steady_cache_state(options, source.total_bytes)
         phases = []
         for phase in options.phases:
             say(f"probe: compute alone ({phase})")
@@ -551,10 +564,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     from stallscope.storage.readers import describe_reader
 
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
-    figures, what, notes = storage_section(options, source, config, warm, parts, phases, served)
+    figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests)
     advice = merge_advice(advice, storage_advice(
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
-        local_images_per_second=warm.images_per_second, dataset_path=str(source.path)))
+        local_images_per_second=_cached_rate(warm, parts, in_store), dataset_path=str(source.path)))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
@@ -563,9 +576,17 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                           private_pool=config.private_threadpool_size,
                                           gcs_reader=config.gcs_reader)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
-        phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=notes,
+        phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=(*probe_notes, *notes),
         storage=figures, storage_whatif=what,
     )
+
+
+def _cached_rate(warm: PipelineProbe, parts: PipelineBreakdown, in_store: bool) -> float:
+    """images/s of epochs read from a cache: the warm probe's for local data (its page cache); for data
+    in a store, which the warm probe read from, what the free cores decode at its CPU per image."""
+    if not in_store or parts.cpu_ms_per_image <= 0:
+        return warm.images_per_second
+    return 1000.0 * max(1.0, warm.cores - warm.other_cores_busy) / parts.cpu_ms_per_image
 
 
 COUNTERS_SETTLE_S = 0.1   # a store rewrites its counters file a little after serving (ours: within 20 ms)
@@ -590,9 +611,11 @@ def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
 
 def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,
                     parts: PipelineBreakdown, phases: tuple[PhaseDiagnosis, ...],
-                    served: StorageCounters | None) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
-    """Storage per image (measured by the store where its counters moved, else modelled) and the
-    storage what-if, from the probes' figures: nothing here is measured twice."""
+                    served: StorageCounters | None, requests: RequestTally | None = None
+                    ) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
+    """Storage per image (measured by the store where its counters moved, else by stallscope's reader
+    where it read, else modelled) and the storage what-if, from the probes' figures: nothing here is
+    measured twice."""
     notes = []
     client = options.storage_client or client_for_path(str(source.path), config.gcs_reader)
     pattern = pattern_for(source.kind, examples=source.num_examples, total_bytes=source.total_bytes,
@@ -603,23 +626,31 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
     pattern = measured_pattern(pattern, served, warm.images)
     worst = max(phases, key=lambda p: p.input_share)
     figures, what = storage_model(pattern, client, config, warm, parts, worst, examples=source.num_examples,
-                                  scenarios=options.storage_scenarios)
+                                  scenarios=options.storage_scenarios, requests=requests,
+                                  in_store=is_remote(str(source.path)))
     return figures, what, tuple(notes)
 
 
 def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm: PipelineProbe,
                   parts: PipelineBreakdown, phase: PhaseDiagnosis, *, examples: int,
-                  scenarios: Sequence[StorageScenario] = ()) -> tuple[StorageFigures, StorageWhatIf]:
+                  scenarios: Sequence[StorageScenario] = (),
+                  requests: RequestTally | None = None, in_store: bool = False) -> tuple[StorageFigures, StorageWhatIf]:
     """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
-    the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`)."""
-    io = warm.io_per_image
+    the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`);
+    `requests`: the requests stallscope's reader made during the warm probe, measured figures for a
+    store that counts nothing itself. in_store: the data is read from a store, so the local read
+    calls (evidence that they do not carry over to requests) say nothing and are left out."""
+    io = None if in_store else warm.io_per_image
     figures = storage_figures(pattern, client_named(client),
                               wait_ms_per_image=(parts.waiting_ms + parts.storage_ms) / config.batch_size,
-                              read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None)
+                              read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None,
+                              requests=requests, images=warm.images)
+    pattern = reader_pattern(pattern, requests, warm.images)
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=examples, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
-    return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client)
+    return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client,
+                                   as_read=as_read_scenario(requests, client_named(client)))
 
 
 class _ProbeRunDirs:

@@ -4,9 +4,12 @@ Where a real store (or `stallscope storage serve`) counted what it served, those
 figures ("measured"): it writes a JSON file `{"requests": N, "connections": N, "bytes": N}`,
 cumulative since it started, rewritten atomically as they change; `diagnose --storage-counters
 FILE` reads it before and after the pipeline probe and divides the difference by the images the
-probe produced. Otherwise requests and connections are modelled for the client named
-(`storage_whatif.StorageClient`) from files opened and bytes ("modelled"); the local read calls stay
-beside them as evidence, since they do not carry over to remote requests.
+probe produced. Where stallscope's own object reader did the reading (obstore, on any bucket), the
+requests and bytes it counted in this process are the figures ("reader"), with the requests' times as
+it saw them; connections stay modelled (it keeps them alive and is not told when one opens).
+Otherwise requests and connections are modelled for the client named (`storage_whatif.StorageClient`)
+from files opened and bytes ("modelled"); the local read calls stay beside them as evidence, since
+they do not carry over to remote requests.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from stallscope.analysis import storage_whatif
 from stallscope.errors import UsageError
+from stallscope.storage.request_tally import RequestTally
 
 COUNTER_FIELDS = ("requests", "connections", "bytes")
 
@@ -76,10 +80,13 @@ def load_storage_counters(path: Path | str, *, flag: str = "--storage-counters")
 class StorageFigures:
     """Per image: what the store is asked for and how long the pipeline waits for it.
 
-    basis: "measured" (requests, connections, bytes counted by the store) or "modelled" (for
-        `client`, from files opened and bytes). wait_ms: time per image no core works for the
-        pipeline (warm probe) plus what a cold page cache adds, both measured.
+    basis: "measured" (requests, connections, bytes counted by the store), "reader" (requests and
+        bytes counted by stallscope's reader, connections modelled) or "modelled" (for `client`, from
+        files opened and bytes). wait_ms: time per image no core works for the pipeline (warm probe)
+        plus what a cold page cache adds, both measured.
     read_calls / files_opened: the local figures (read syscalls, files opened), as evidence.
+    request_ms_median / request_ms_p90: a request's time from asking to its last byte, as
+        stallscope's reader saw it (None where another client read).
     """
 
     basis: str
@@ -90,6 +97,8 @@ class StorageFigures:
     wait_ms: float
     read_calls: float | None
     files_opened: float | None
+    request_ms_median: float | None = None
+    request_ms_p90: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,13 +114,36 @@ def measured_pattern(pattern: storage_whatif.IoPattern, delta: StorageCounters |
                                bytes_per_image=delta.bytes / images if delta.bytes else pattern.bytes_per_image)
 
 
+def reader_pattern(pattern: storage_whatif.IoPattern, requests: RequestTally | None,
+                   images: int) -> storage_whatif.IoPattern:
+    """The pattern with the requests stallscope's reader made during the probe, where the store counted
+    nothing itself and the reader made any (connections stay modelled). Requests are taken per byte
+    received, times the data's bytes per image: what the reader had asked for ahead when the probe
+    stopped (a shard's next 16 MB blocks, a group of JPEGs) would otherwise count against the images
+    the probe took (2x the bytes per image of a 1,280-image pass of four shards)."""
+    if pattern.measured or requests is None or images <= 0 or requests.requests == 0:
+        return pattern
+    if requests.bytes > 0 and pattern.bytes_per_image > 0:
+        per_image = requests.requests * pattern.bytes_per_image / requests.bytes
+    else:  # only requests without a body (HEADs)
+        per_image = requests.requests / images
+    return dataclasses.replace(pattern, requests_per_image=per_image)
+
+
 def storage_figures(pattern: storage_whatif.IoPattern, client: storage_whatif.StorageClient, *,
                     wait_ms_per_image: float, read_calls: float | None = None,
-                    files_opened: float | None = None) -> StorageFigures:
-    """The per-image figures: the pattern's measured requests if it has them, else the client's model."""
+                    files_opened: float | None = None, requests: RequestTally | None = None,
+                    images: int = 0) -> StorageFigures:
+    """The per-image figures: the store's counts where it kept them (`pattern` measured), else those
+    of stallscope's reader (`requests` over `images`), else the client's model."""
     if not (wait_ms_per_image >= 0 and math.isfinite(wait_ms_per_image)):
         raise UsageError(f"wait_ms_per_image: expected a finite number >= 0, got {wait_ms_per_image!r}")
+    read = requests if requests is not None and requests.requests > 0 else None
+    basis = "measured" if pattern.measured else "reader" if read and images > 0 else "modelled"
+    pattern = reader_pattern(pattern, read, images)
     return StorageFigures(
-        basis="measured" if pattern.measured else "modelled", client=client.name,
+        basis=basis, client=client.name,
         requests=pattern.requests(client), connections=pattern.connections(client),
-        bytes=pattern.bytes_per_image, wait_ms=wait_ms_per_image, read_calls=read_calls, files_opened=files_opened)
+        bytes=pattern.bytes_per_image, wait_ms=wait_ms_per_image, read_calls=read_calls, files_opened=files_opened,
+        request_ms_median=read.percentile_ms(0.5) if read else None,
+        request_ms_p90=read.percentile_ms(0.9) if read else None)

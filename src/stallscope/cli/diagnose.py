@@ -219,7 +219,22 @@ def _rate(value: float) -> str:
     return "unbounded" if math.isinf(value) else f"{value:,.0f} images/s"
 
 
+def _in_store(diagnosis) -> bool:
+    from stallscope.storage.location import is_remote
+
+    return is_remote(str(diagnosis.source.get("path", "")))
+
+
+def _warm_label(diagnosis) -> str:
+    """What the pipeline-alone probe read from: the page cache, or the store every epoch reads again."""
+    return "from the store" if _in_store(diagnosis) else "warm cache"
+
+
 def _io_rows(diagnosis) -> list[tuple[str, str, str]]:
+    """The local I/O per image of each probe (none for data in a store: the reads go over the network,
+    where these counters do not see them)."""
+    if _in_store(diagnosis):
+        return []
     rows = []
     for probe in (diagnosis.cold, diagnosis.warm):
         if probe is None or probe.io_per_image is None:
@@ -242,7 +257,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
         f"probes took {diagnosis.seconds:.1f} s",
         "",
         "pipeline alone (per batch of %d)" % diagnosis.pipeline.batch_size,
-        f"  warm cache      {_ms(parts.warm_ms)}  ({_rate(diagnosis.warm.images_per_second)}; "
+        f"  {_warm_label(diagnosis):<16}{_ms(parts.warm_ms)}  ({_rate(diagnosis.warm.images_per_second)}; "
         f"{_ms(parts.cpu_ms)} CPU work on {parts.threads:g} core(s), {_ms(parts.waiting_ms)} waiting)",
     ]
     if diagnosis.cold is not None:
@@ -256,15 +271,15 @@ def report_lines(diagnosis, result=None) -> list[str]:
         lines += [
             "",
             f"phase {phase.phase}: {phase.verdict} input-bound ({_pct(phase.input_share)} of the step waits for input, "
-            f"{phase.steady_cache} page cache"
+            + ("reading from the store" if _in_store(diagnosis) else f"{phase.steady_cache} page cache")
             + (f"; {_pct(phase.cold_input_share)} with a cold cache" if diagnosis.cold is not None else "")
             + f"), cause: {phase.cause}",
             f"  step            {_ms(phase.step_ms)}  ({_rate(phase.end_to_end.images_per_second)}, "
             f"{'overlapped' if phase.overlapped else 'serial'} input and compute)",
             f"  compute         {_ms(phase.compute_ms)}  (batches from memory)",
             f"  preprocessing   {_ms(phase.preprocessing_stall_ms)}  stall per step (CPU)",
-            f"  fetch           {_ms(phase.fetch_stall_ms)}  stall per step (storage, latency; "
-            f"{_ms(phase.cold_fetch_stall_ms)} with a cold cache)",
+            f"  fetch           {_ms(phase.fetch_stall_ms)}  stall per step (storage, latency"
+            + (f"; {_ms(phase.cold_fetch_stall_ms)} with a cold cache)" if diagnosis.cold is not None else ")"),
             f"  knee            input limits any device above {_rate(phase.knee_images_per_second)}; "
             f"highly input-bound above {_rate(phase.highly_bound_above)}",
             "  what if the device ran at:   "
@@ -286,6 +301,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
     for number, advice in enumerate(diagnosis.advice, 1):
         knobs = fmt_knobs(advice.knobs) or advice.command
         lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f": {advice.reason}")
+    lines += [f"note: {note}" for note in diagnosis.notes]
     if result is not None:
         lines += ["", *fix_lines(result)]
     return lines
@@ -342,7 +358,7 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
         lines.append(f"| {p.phase} | {_ms(p.step_ms)} | {_ms(p.compute_ms)} | {_ms(p.preprocessing_stall_ms)} | "
                      f"{_ms(p.fetch_stall_ms)} | {_pct(p.input_share)} | {p.verdict} | {p.cause} |")
     lines += ["", "## Pipeline alone", "",
-              f"- warm cache: {_ms(parts.warm_ms)} per batch ({_ms(parts.cpu_ms)} CPU work on {parts.threads:g} "
+              f"- {_warm_label(diagnosis)}: {_ms(parts.warm_ms)} per batch ({_ms(parts.cpu_ms)} CPU work on {parts.threads:g} "
               f"core(s), {_ms(parts.waiting_ms)} waiting)"]
     if parts.cold_ms is not None:
         lines.append(f"- cold cache: {_ms(parts.cold_ms)} per batch (storage adds {_ms(parts.storage_ms)})")
@@ -360,6 +376,8 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
     lines += ["", "## Advice", ""]
     lines += [f"{n}. **{a.title}**{_md_knobs(a)}: {a.reason}"
               for n, a in enumerate(diagnosis.advice, 1)] or ["None: the pipeline keeps up."]
+    if diagnosis.notes:
+        lines += ["", *[f"> note: {note}" for note in diagnosis.notes]]
     if result is not None:
         lines += ["", "## Fix", "", "```", *fix_lines(result), "```"]
     return lines

@@ -199,15 +199,27 @@ def _cell(cell) -> str:
             f"(C={cell.in_flight:.3g}, {cell.bound})")
 
 
+STORAGE_BASES = {
+    "measured": "measured by the store",
+    "reader": "requests and bytes counted by stallscope's reader, connections modelled for {client}",
+    "modelled": "modelled for {client}",
+}
+
+
 def storage_figure_line(figures) -> str:
-    """Per image: requests, connections, bytes, waiting; measured by the store or modelled."""
+    """Per image: requests, connections, bytes, waiting; measured by the store, counted by stallscope's
+    reader, or modelled; and a request's time as the reader saw it."""
     local = ""
     if figures.read_calls is not None:
         local = f"; locally {figures.read_calls:.2f} read calls, {figures.files_opened:.3g} files opened"
-    what = "measured by the store" if figures.basis == "measured" else f"modelled for {figures.client}"
+    timed = ""
+    if figures.request_ms_median is not None:
+        timed = (f"; a request took {figures.request_ms_median:.1f} ms (median), {figures.request_ms_p90:.1f} ms "
+                 "(90th percentile) from asking to its last byte")
+    what = STORAGE_BASES[figures.basis].format(client=figures.client)
     return (f"storage per image ({what}): requests {figures.requests:.3g}, connections opened "
             f"{figures.connections:.3g}, {figures.bytes / 1024:.1f} KiB, {figures.wait_ms:.2f} ms waiting for "
-            f"storage{local}")
+            f"storage{timed}{local}")
 
 
 def storage_rows(what) -> list[list[str]]:

@@ -1,0 +1,118 @@
+"""Benchmark: what `diagnose` measures of a bucket that keeps no counters, against the store's known
+latency, in one run.
+
+A synthetic data set (`stallscope prepare synthetic`, ImageNet-like JPEGs of ~75 KB) is served by
+`stallscope storage serve` (`--store s3`, or gcs) at each of `--latencies`, with no counters file given
+to `diagnose`: what it reports of the store comes from the requests stallscope's reader counted. For the
+`seed` pipeline (one read at a time) and `tuned` (many in flight), one `stallscope diagnose --json` run
+per latency prints:
+  as read      the store's latency the what-if takes (the fastest tenth of the small requests, less the
+               client's own overhead per request), beside the latency the emulator holds each request
+  median, p90  a request's time from asking to its last byte, as the reader saw it (it waited for a
+               busy core too: why the latency is not the median)
+  req/image    requests per image, counted per byte received
+  probe        images/s of the pipeline alone, measured from the store (the warm probe)
+  predicted    images/s the what-if gives the pipeline as configured at the store as read: the model
+               fed with its own measured latency should give back the rate just measured
+Every figure comes from the same run; the store runs on the same cores as the reader, which a real
+store does not (its CPU per request is not in the model).
+
+  python benchmarks/store_as_read.py [--store s3|gcs --latencies 0,3,10,30 --images-per-class 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from stallscope.analysis.storage_whatif import as_configured_mode  # noqa: E402
+from stallscope.pipeline.config import PipelineConfig  # noqa: E402
+from stallscope.storage.emulator import emulate  # noqa: E402
+
+PIPELINES = ("seed", "tuned")
+COMMON = ["--batch-size", "16", "--image-size", "96", "--model", "mobilenet", "--weights", "none",
+          "--accelerator", "emulated:20000", "--probe-steps", "6"]
+
+
+def stallscope(args: list[str], env: dict[str, str] | None = None) -> str:
+    result = subprocess.run([sys.executable, "-m", "stallscope", *args], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+    if result.returncode != 0:
+        raise SystemExit(f"stallscope {args[0]} failed ({result.returncode}): {result.stderr[-800:]}")
+    return result.stdout
+
+
+def row(report: dict) -> dict:
+    """The figures of one diagnosis: the store as read, the request times, and measured vs predicted."""
+    storage = report["storage"]
+    as_read = next((s for s in report["storage_what_if"]["scenarios"] if s["scenario"]["name"] == "as read"), None)
+    predicted = None
+    if as_read is not None:
+        config = PipelineConfig.from_dict(report["pipeline"])
+        source = report["source"]["kind"]
+        cell = next(f for f in as_read["formats"] if f["format"] == source)
+        predicted = cell[as_configured_mode(config, source)]["images_per_second"]
+    return {"as_read_ms": as_read["scenario"]["latency_ms"] if as_read else None,
+            "median_ms": storage.get("request_ms_median"), "p90_ms": storage.get("request_ms_p90"),
+            "requests": storage["requests"], "basis": storage["basis"],
+            "probe": report["probes"]["warm"]["images_per_second"], "predicted": predicted}
+
+
+def cell(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", choices=("s3", "gcs"), default="s3")
+    parser.add_argument("--latencies", default="0,3,10,30", help="per-request latencies in ms")
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--images-per-class", type=int, default=100, help="over both splits; 80%% train")
+    parser.add_argument("--pipeline-budget", type=float, default=6.0, help="seconds of each pipeline-alone probe")
+    args = parser.parse_args()
+    latencies = [float(x) for x in args.latencies.split(",")]
+    started = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="stallscope-bench-as-read-") as scratch_name:
+        scratch = Path(scratch_name)
+        stallscope(["prepare", "synthetic", "--output", str(scratch / "files"), "--classes", str(args.classes),
+                    "--images-per-class", str(args.images_per_class), "--long-side", "400-600", "--workers", "2"])
+        for ms in latencies:
+            with emulate(scratch, kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
+                for pipeline in PIPELINES:
+                    reader = ["--gcs-reader", "pooled"] if args.store == "gcs" else []
+                    report = json.loads(stallscope(
+                        ["diagnose", "--source", "files", "--dataset_path", f"{store.url}/files", "--pipeline", pipeline,
+                         "--pipeline-budget", str(args.pipeline_budget), "--json", *reader, *COMMON], env=store.env))
+                    rows.append((ms, pipeline, row(report)))
+                    print(f"  {ms:g} ms {pipeline}: {rows[-1][2]}", file=sys.stderr, flush=True)
+    print(f"store: {args.store} (stallscope's reader, no counters file), {args.classes * args.images_per_class} "
+          f"images of ~75 KB, pipeline-alone probes of {args.pipeline_budget:g} s, 2 cores shared with the store")
+    print(f"{'latency':>8} {'pipeline':<8} {'as read':>8} {'median':>8} {'p90':>8} {'req/image':>10} "
+          f"{'probe':>8} {'predicted':>10} {'pred/meas':>10}")
+    worst_latency = worst_rate = 1.0
+    for ms, pipeline, r in rows:
+        ratio = r["predicted"] / r["probe"] if r["predicted"] and r["probe"] else None
+        print(f"{ms:>6g}ms {pipeline:<8} {cell(r['as_read_ms'], '7.1f')}  {cell(r['median_ms'], '7.1f')}  "
+              f"{cell(r['p90_ms'], '7.1f')}  {r['requests']:>9.3g} {r['probe']:>8.0f} {cell(r['predicted'], '10.0f')} "
+              f"{cell(ratio, '9.2f')}x")
+        if ratio:
+            worst_rate = max(worst_rate, ratio, 1 / ratio)
+        if r["as_read_ms"] is not None and ms > 0:
+            worst_latency = max(worst_latency, r["as_read_ms"] / ms, ms / max(r["as_read_ms"], 1e-9))
+    print(f"worst as-read latency / emulated latency (above 0 ms): {worst_latency:.2f}x; "
+          f"worst predicted / probe at the store as read: {worst_rate:.2f}x")
+    print(f"took {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
