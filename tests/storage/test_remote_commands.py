@@ -36,6 +36,14 @@ def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, monkeypatch, source
     assert summary["last_step"] == 6 and summary["source"]["examples"] == 24
     assert summary["source"]["reader"] == reader and f"reader          {reader}" in out
     assert summary["dataset_path"] == f"s3://{BUCKET}/{prefix}"
+    made = summary["store_requests"]  # what stallscope's reader asked the store for; s3fs counts nothing
+    if reader.startswith("s3fs"):
+        assert made is None and "store requests" not in out
+    else:
+        assert made["requests"] >= 2 and made["bytes"] > 0 and 0 < made["median_ms"] <= made["p90_ms"]
+        if source == "files":
+            assert made["requests_per_image"] == pytest.approx(1.0, rel=0.1)  # one GET per JPEG
+        assert f"store requests  {made['requests']:,}" in out
 
 
 def test_diagnose_reads_from_a_bucket(s3_env, capsys):

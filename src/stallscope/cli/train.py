@@ -315,6 +315,11 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
                      f"{summary['cpu']['cores']} cores (process {summary['cpu']['process_mean_percent']:.0f}%)")
     if summary.get("minor_faults_per_image") is not None:
         lines.append(f"page faults     {summary['minor_faults_per_image']:.0f} minor per image")
+    made = summary.get("store_requests")
+    if made:
+        per_image = f" ({made['requests_per_image']:.3g} per image)" if made.get("requests_per_image") else ""
+        lines.append(f"store requests  {made['requests']:,}{per_image}, {made['bytes'] / 1e6:,.1f} MB; "
+                     f"{made['median_ms']:.1f} ms median, {made['p90_ms']:.1f} ms p90 from asking to the last byte")
     if summary.get("final_loss") is not None:
         lines.append(f"loss            {summary['final_loss']:.4f}")
     if summary.get("train_top1_last_10") is not None:

@@ -34,7 +34,9 @@ from stallscope.config import json_ready, require_choice, require_non_negative, 
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.sources import SOURCE_KINDS
+from stallscope.storage import request_tally
 from stallscope.storage.location import as_path
+from stallscope.storage.request_tally import RequestTally
 from stallscope.workload import rundir
 from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
@@ -437,6 +439,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
         log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
     monitor = ResourceMonitor()
+    read_before = request_tally.snapshot()
     with monitor, writer.as_default():
         try:
             for iterator, count in iterators():
@@ -515,6 +518,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     stats = summarize_steps(steps)
     summary = _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at,
                        start_step, epochs_started, profiler, store, validation, spec, model)
+    summary["store_requests"] = store_requests(request_tally.snapshot().since(read_before), source)
     summary["batchnorm"] = batchnorm.summary()
     summary["train_top1_last_10"] = sum(accuracies[-10:]) / len(accuracies[-10:]) if accuracies else None
     summary["interrupted"] = interrupted
@@ -573,6 +577,18 @@ def _resume_position(options: TrainOptions, plan: _Plan, start_step: int, *, giv
     log.info("resuming at step %d: the data of epoch %d starts again from its beginning, because %s",
              start_step, epoch, why)
     return _Resume(epoch, 0, False)
+
+
+def store_requests(made: RequestTally, source) -> dict[str, Any] | None:
+    """What stallscope's reader asked the store for during the run (training and validation): requests,
+    bytes, requests per image (per byte received, times the data's bytes per image), and a request's
+    median and 90th-percentile time; None where it made none (local data, TF's own gs:// client)."""
+    if made.requests == 0:
+        return None
+    per_image_bytes = source.total_bytes / source.num_examples if source.num_examples else 0
+    return {**made.to_dict(),
+            "requests_per_image": made.requests * per_image_bytes / made.bytes if made.bytes and per_image_bytes
+            else None}
 
 
 def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at, start_step,
