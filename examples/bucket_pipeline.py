@@ -37,3 +37,9 @@ model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=
 diagnosis = stallscope.diagnose(dataset, model=model, steps=10, files=files)
 print(diagnosis.text())
 print("verdict:", diagnosis.verdict, "input share:", round(diagnosis.input_share, 3), "cause:", diagnosis.cause)
+
+before = stallscope.store_requests()                # what the readers asked the store for, so far
+model.fit(dataset, steps_per_epoch=5, epochs=1, verbose=0)
+made = stallscope.store_requests().since(before)
+print(f"fit: {made.requests} requests, {made.bytes / 1e6:.1f} MB, "
+      f"{made.percentile_ms(0.5):.1f} ms median from asking to the last byte")

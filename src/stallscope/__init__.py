@@ -67,3 +67,12 @@ def read_records(filenames, num_parallel_reads=None, *, deterministic=None):
     from stallscope.storage.own_pipeline import read_records as _read_records
 
     return _read_records(filenames, num_parallel_reads, deterministic=deterministic)
+
+
+def store_requests():
+    """What stallscope's readers (read_files, read_records, the s3:// and pooled gs:// pipelines) have
+    asked stores for in this process so far: a RequestTally of requests, bytes and request times.
+    `later.since(earlier)` is what was asked between two calls; `percentile_ms(0.5)` its median."""
+    from stallscope.storage.request_tally import snapshot
+
+    return snapshot()

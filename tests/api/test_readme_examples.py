@@ -53,3 +53,5 @@ def test_the_bucket_example_reads_and_diagnoses_a_pipeline_over_the_emulated_sto
     assert re.search(r"^verdict: \w+ input share: ", done.stdout, re.M), done.stdout[-2000:]
     assert "the files are in a store (s3://data/" in done.stdout
     assert "24 file(s)" in done.stdout
+    fit = re.search(r"^fit: (\d+) requests, [\d.]+ MB, ([\d.]+) ms median", done.stdout, re.M)
+    assert fit and int(fit[1]) >= 5 * 8 and float(fit[2]) >= 2.0  # 5 steps of 8 images, each held 2 ms
