@@ -100,6 +100,32 @@ def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
     expected = sum(s.images for s in steps) / (sum(s.step_ms for s in steps) / 1000.0)
     assert figures.images_per_second == pytest.approx(expected)
     assert float(row["images_per_second"]) == pytest.approx(expected)
+    assert figures.request_ms_median is None and row["request_ms_median"] == ""  # TF's gs:// counts nothing
+
+
+def test_a_runs_request_times_come_from_what_stallscopes_reader_counted(swept, tmp_path):
+    """A run read by stallscope's reader has store_requests in its summary: the cell's request times are
+    the medians over its repeats, and the tables show them."""
+    from stallscope.sweep.grid import Axes, Grid
+    from stallscope.sweep.results import cell_result, load_grid_dict, run_figures
+    from stallscope.sweep.table import markdown_cells
+
+    row = csv_rows(swept)[0]
+    run_dir = tmp_path / "run"
+    shutil.copytree(swept / row["run_dirs"], run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary["store_requests"] = {"requests": 96, "bytes": 7_200_000, "median_ms": 10.6, "p90_ms": 12.4}
+    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    figures = run_figures(run_dir, {"steps": STEPS, "profile_last": 2})
+    assert (figures.request_ms_median, figures.request_ms_p90) == (10.6, 12.4)
+    saved = load_grid_dict(swept)
+    grid = Grid(axes=Axes(**saved["axes"]), repeats=saved["repeats"], shared=saved["shared"])
+    cell = next(c for c in grid.cells() if c.name == row["cell"])
+    out = tmp_path / "out"
+    (out / row["run_dirs"]).parent.mkdir(parents=True)
+    shutil.copytree(run_dir, out / row["run_dirs"])
+    result = cell_result(out, grid, cell)
+    assert result.request_ms_median == 10.6 and "10.6" in markdown_cells(result)
 
 
 def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, capsys):

@@ -39,6 +39,8 @@ class RunFigures:
     final_loss: float | None
     requests_per_image: float | None     # an emulated store's requests over the whole run / images trained
     bytes_per_image: float | None        # the same for the bytes it served (listings and read-ahead included)
+    request_ms_median: float | None = None  # a request's time from asking to its last byte, as stallscope's
+    request_ms_p90: float | None = None     # reader saw it (None where TF's gs:// client read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,8 @@ class CellResult:
     requests_per_image: float | None     # emulated stores only: median over repeats
     bytes_per_image: float | None
     run_dirs: tuple[str, ...]
+    request_ms_median: float | None = None  # stallscope's reader: medians over repeats of each run's own
+    request_ms_p90: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -86,11 +90,13 @@ def run_figures(run_dir: Path, shared: dict[str, Any]) -> RunFigures:
     stats = summarize_steps(kept)
     summary = rundir.read_json(run_dir, rundir.SUMMARY_NAME)
     requests, served_bytes = _served_per_image(run_dir, int(summary["batch_size"]) * int(summary["last_step"]))
+    made = summary.get("store_requests") or {}
     return RunFigures(images_per_second=stats.images_per_second, step_time_ms=stats.step_time_ms,
                       input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms, input_share=stats.input_share,
                       measured_steps=stats.steps - stats.warmup_steps, batch_size=int(summary["batch_size"]),
                       bottleneck=_bottleneck(run_dir) if window else None, final_loss=summary.get("final_loss"),
-                      requests_per_image=requests, bytes_per_image=served_bytes)
+                      requests_per_image=requests, bytes_per_image=served_bytes,
+                      request_ms_median=made.get("median_ms"), request_ms_p90=made.get("p90_ms"))
 
 
 def _served_per_image(run_dir: Path, images: int) -> tuple[float | None, float | None]:
@@ -147,6 +153,8 @@ def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
         requests_per_image=_median([f.requests_per_image for f in figures]),
         bytes_per_image=_median([f.bytes_per_image for f in figures]),
         run_dirs=tuple(str(r.relative_to(out)) for r in complete),
+        request_ms_median=_median([f.request_ms_median for f in figures]),
+        request_ms_p90=_median([f.request_ms_p90 for f in figures]),
     )
 
 

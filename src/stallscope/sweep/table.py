@@ -14,10 +14,11 @@ MARKDOWN_NAME = "results.md"
 CSV_FIELDS = ("cell", "format", "latency", "pipeline", "accelerator", "learning_rate", "repeats", "repeats_asked",
               "complete", "images_per_second", "images_per_second_min", "images_per_second_max", "spread",
               "step_time_ms", "input_wait_ms", "compute_ms", "input_share", "verdict", "bottleneck",
-              "device_images_per_second", "final_loss", "requests_per_image", "bytes_per_image", "run_dirs")
+              "device_images_per_second", "final_loss", "requests_per_image", "bytes_per_image", "request_ms_median",
+              "request_ms_p90", "run_dirs")
 
 MARKDOWN_HEADER = ("format", "latency", "pipeline", "accelerator", "lr", "images/s", "step ms", "input share",
-                   "verdict", "bottleneck", "requests/image", "spread", "repeats")
+                   "verdict", "bottleneck", "requests/image", "request ms", "spread", "repeats")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -34,7 +35,8 @@ def markdown_cells(result: CellResult) -> list[str]:
     spread = "-" if result.spread is None else f"{result.spread * 100:.0f}%"
     return [cell.format, cell.latency, cell.pipeline, cell.accelerator, f"{cell.learning_rate:g}",
             _num(result.images_per_second), _num(result.step_time_ms), _share(result.input_share),
-            result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2), spread, f"{result.repeats}/{result.repeats_asked}"]
+            result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2),
+            _num(result.request_ms_median), spread, f"{result.repeats}/{result.repeats_asked}"]
 
 
 def _atomic_write(path: Path, text: str) -> None:
