@@ -3,17 +3,18 @@ latency, in one run.
 
 A synthetic data set (`stallscope prepare synthetic`, ImageNet-like JPEGs of ~75 KB) is served by
 `stallscope storage serve` (`--store s3`, or gcs) at each of `--latencies`, with no counters file given
-to `diagnose`: what it reports of the store comes from the requests stallscope's reader counted. For the
-`seed` pipeline (one read at a time) and `tuned` (many in flight), one `stallscope diagnose --json` run
-per latency prints:
-  as read      the store's latency the what-if takes (the fastest tenth of the small requests, less the
-               client's own overhead per request), beside the latency the emulator holds each request
-  median, p90  a request's time from asking to its last byte, as the reader saw it (it waited for a
-               busy core too: why the latency is not the median)
-  req/image    requests per image, counted per byte received
+to `diagnose`. For the `seed` pipeline (one read at a time) and `tuned` (many in flight), one
+`stallscope diagnose --json` run per latency prints:
+  as read      the store's latency the what-if takes (the fastest tenth of 24 one-byte GETs asked one at
+               a time after the probes, less the client's own overhead per request), beside the latency
+               the emulator holds each request
+  median, p90  the pipeline's own requests' times from asking to the last byte, as stallscope's reader
+               counted them (they waited for busy cores too: why the latency is not taken from them);
+               "-" where TF's own gs:// client read (`--store gcs`, `seed`), which counts nothing
+  req/image    requests per image: counted by stallscope's reader (per byte received), else modelled
   probe        images/s of the pipeline alone, measured from the store (the warm probe)
   predicted    images/s the what-if gives the pipeline as configured at the store as read: the model
-               fed with its own measured latency should give back the rate just measured
+               fed with the measured latency should give back the rate just measured
 Every figure comes from the same run; the store runs on the same cores as the reader, which a real
 store does not (its CPU per request is not in the model).
 
@@ -67,7 +68,8 @@ def row(report: dict) -> dict:
 
 
 def cell(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    """`value` as `spec` ("7.1f") formats it, or a dash as wide."""
+    return f"{'-':>{spec.split('.')[0]}}" if value is None else format(value, spec)
 
 
 def main() -> int:
@@ -88,22 +90,21 @@ def main() -> int:
         for ms in latencies:
             with emulate(scratch, kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
                 for pipeline in PIPELINES:
-                    reader = ["--gcs-reader", "pooled"] if args.store == "gcs" else []
                     report = json.loads(stallscope(
                         ["diagnose", "--source", "files", "--dataset_path", f"{store.url}/files", "--pipeline", pipeline,
-                         "--pipeline-budget", str(args.pipeline_budget), "--json", *reader, *COMMON], env=store.env))
+                         "--pipeline-budget", str(args.pipeline_budget), "--json", *COMMON], env=store.env))
                     rows.append((ms, pipeline, row(report)))
                     print(f"  {ms:g} ms {pipeline}: {rows[-1][2]}", file=sys.stderr, flush=True)
-    print(f"store: {args.store} (stallscope's reader, no counters file), {args.classes * args.images_per_class} "
+    print(f"store: {args.store} (no counters file), {args.classes * args.images_per_class} "
           f"images of ~75 KB, pipeline-alone probes of {args.pipeline_budget:g} s, 2 cores shared with the store")
     print(f"{'latency':>8} {'pipeline':<8} {'as read':>8} {'median':>8} {'p90':>8} {'req/image':>10} "
-          f"{'probe':>8} {'predicted':>10} {'pred/meas':>10}")
+          f"{'basis':<9}{'probe':>8} {'predicted':>10} {'pred/meas':>10}")
     worst_latency = worst_rate = 1.0
     for ms, pipeline, r in rows:
         ratio = r["predicted"] / r["probe"] if r["predicted"] and r["probe"] else None
         print(f"{ms:>6g}ms {pipeline:<8} {cell(r['as_read_ms'], '7.1f')}  {cell(r['median_ms'], '7.1f')}  "
-              f"{cell(r['p90_ms'], '7.1f')}  {r['requests']:>9.3g} {r['probe']:>8.0f} {cell(r['predicted'], '10.0f')} "
-              f"{cell(ratio, '9.2f')}x")
+              f"{cell(r['p90_ms'], '7.1f')}  {r['requests']:>9.3g} {r['basis']:<9}{r['probe']:>8.0f} "
+              f"{cell(r['predicted'], '10.0f')} {cell(ratio, '9.2f')}x")
         if ratio:
             worst_rate = max(worst_rate, ratio, 1 / ratio)
         if r["as_read_ms"] is not None and ms > 0:

@@ -117,3 +117,16 @@ def test_diagnosing_your_own_dataset_measures_the_requests_read_files_made(store
     as_read = diagnosis.storage_whatif.scenarios[0]
     assert as_read.scenario.name == "as read" and as_read.named and as_read.scenario.latency_ms < 20.0
     assert "a request took" in diagnosis.text() and "as read (" in diagnosis.text()
+
+
+def test_the_stores_round_trip_is_timed_with_one_byte_gets_one_at_a_time(served, store):
+    """diagnose takes the store's latency from GETs of one byte asked one at a time after the probe (the
+    pipeline's own requests wait for busy cores too; TF's client counts none), cycling over the objects."""
+    from stallscope.storage.round_trips import time_round_trips
+
+    shards = stallscope.list_files(f"{store.url}/records", "train-*")
+    before = store.counters().requests
+    timed = time_round_trips(shards, count=10)
+    assert timed.requests == 10 and timed.bytes == 10 and store.counters().requests - before == 10
+    assert 2.0 <= timed.percentile_ms(0.1) <= timed.percentile_ms(0.5)  # the store holds each request 2 ms
+    assert time_round_trips([str(served / "tree")]).requests == 0  # nothing in a store: nothing asked

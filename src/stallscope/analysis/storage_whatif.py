@@ -330,29 +330,29 @@ def parse_scenarios(text: str) -> tuple[StorageScenario, ...]:
 
 
 # The "as read" scenario: requests this small take about the store's latency (75 KB at 1 Gbit/s: 0.6 ms
-# of transfer); the fastest tenth of them, since the rest also waited for a busy core; at least this many.
+# of transfer); the fastest tenth of them; at least this many.
 AS_READ_MOST_BYTES = 256 * 1024
 AS_READ_SHARE = 0.1
 AS_READ_MIN_REQUESTS = 20
 
 
-def as_read_scenario(requests: RequestTally | None, client: StorageClient) -> StorageScenario | None:
-    """The store the data is in, as stallscope's reader saw it during the probe: its latency per
-    request is the fastest tenth of the small requests' times less the client's own overhead per
-    request. The median is no estimate: on the emulator at 10 ms, with 16 or 64 reads in flight beside
-    a decode on 2 cores, the median request took 13-14 ms (19-22 ms in `diagnose`'s probe) and the
-    fastest tenth 11.2-11.7 ms. Bandwidth is not measured (unlimited). None with too few small requests
-    (a pipeline of shards reads 4-16 MB blocks, whose time is mostly transfer)."""
-    if requests is None:
+def as_read_scenario(round_trips: RequestTally | None, client: StorageClient) -> StorageScenario | None:
+    """The store the data is in, as read: its latency per request is the fastest tenth of the times of
+    small requests asked one at a time (`round_trips.time_round_trips`), less the client's own overhead
+    per request. Not the pipeline's own requests: on the emulator with 64 in flight beside a decode on
+    2 cores, even their fastest tenth took 6.3 ms at 3 ms and 13.2 at 10 (median 11.0 and 18.8), where
+    one-byte GETs one at a time after the probe gave 3.3 and 10.2. Bandwidth is not measured
+    (unlimited). None with too few small requests."""
+    if round_trips is None:
         return None
-    small = sum(1 for _, size in requests.samples if size <= AS_READ_MOST_BYTES)
-    fastest = requests.percentile_ms(AS_READ_SHARE, most_bytes=AS_READ_MOST_BYTES)
+    small = sum(1 for _, size in round_trips.samples if size <= AS_READ_MOST_BYTES)
+    fastest = round_trips.percentile_ms(AS_READ_SHARE, most_bytes=AS_READ_MOST_BYTES)
     if fastest is None or small < AS_READ_MIN_REQUESTS:
         return None
     latency = round(max(0.0, fastest - client.request_overhead_ms), 1)
     return StorageScenario(
         "as read", latency, math.inf, "object",
-        f"the store the data is in, as stallscope's reader saw it: the fastest tenth of {small} requests took "
+        f"the store the data is in, as read: the fastest tenth of {small} small GETs, one at a time, took "
         f"{fastest:.1f} ms, less {client.request_overhead_ms:g} ms of the client's own per request; "
         "bandwidth not measured")
 
