@@ -8,6 +8,8 @@ or as a FUSE mount, with a latency per request and a shared bandwidth cap.
 
 It prints the environment (export lines) or the path readers use, then serves in the foreground until
 Ctrl-C, SIGTERM or --for; scripts start it in the background and read --ready-file.
+
+  stallscope storage probe s3://my-bucket/images      # a real (or emulated) bucket's round trip and transfer
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ import threading
 import time
 from pathlib import Path
 
-from stallscope.cli.flags import add_common_flags, add_flag, creatable_dir, creatable_file, duration, non_negative_int
+from stallscope.cli.flags import (
+    add_common_flags,
+    add_flag,
+    add_storage_flag,
+    creatable_dir,
+    creatable_file,
+    duration,
+    non_negative_int,
+    positive_int,
+)
 
 # How often the counters file is brought up to date (rewritten only when a counter moved): often
 # enough that `diagnose --storage-counters`, reading it right after its probe, misses little.
@@ -93,6 +104,64 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(serve, "parent_pid", type=non_negative_int, default=0, help=argparse.SUPPRESS)
     serve.set_defaults(kind=None)
 
+    probe = actions.add_parser("probe", help="measure a bucket: its round trip and transfer, as a what-if spec",
+                               description=PROBE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_flags(probe)
+    probe.add_argument("url", metavar="URL", help="gs://bucket/prefix or s3://bucket/prefix")
+    add_flag(probe, "round_trips", type=positive_int, default=24, metavar="N",
+             help="one-byte GETs timed one at a time (default: 24)")
+    add_flag(probe, "in_flight", type=positive_int, default=16, metavar="N",
+             help="whole-object GETs at once while reading the largest objects (default: 16)")
+    add_flag(probe, "seconds", type=duration, default=5.0, metavar="DURATION",
+             help="how long to read objects, e.g. 5s (default: 5s; at most 1 GB is read)")
+    add_flag(probe, "json", action="store_true", help="print the figures as JSON")
+    add_storage_flag(probe)
+
+
+PROBE_DOC = """Measure what a bucket gives this machine, with no pipeline around it: its round trip (one-byte
+GETs, one at a time), then whole-object GETs of its largest objects, many in flight. Ends with the
+--what-if-storage spec of the store, for a diagnosis of data still on local disk.
+
+  stallscope storage probe s3://my-bucket/images
+  stallscope storage probe gs://my-bucket/tfrecords --in-flight 32 --seconds 10 --json
+"""
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    from stallscope.storage.store_probe import ProbeOptions, probe_store
+
+    result = probe_store(ProbeOptions(url=args.url, round_trips=args.round_trips, in_flight=args.in_flight,
+                                      seconds=args.seconds))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print("\n".join(probe_lines(result)))
+    return 0
+
+
+def probe_lines(result) -> list[str]:
+    """The probe's report: the store's objects, round trip, transfer and what-if spec."""
+    trip = result.round_trip_ms
+    mean = result.bytes_read / result.objects_read if result.objects_read else 0
+    lines = [f"store        {result.url}: {result.objects:,} objects, {result.total_bytes / 1e6:,.1f} MB, "
+             f"listed in {result.listing_s:.2f} s"]
+    if trip["p10"] is None:
+        lines.append("round trip   not measured (no object answered a one-byte GET)")
+    else:
+        lines.append(f"round trip   {result.round_trips} one-byte GETs, one at a time: fastest tenth {trip['p10']:.1f} ms, "
+                     f"median {trip['p50']:.1f}, p90 {trip['p90']:.1f}")
+    get = f"; a GET took {result.get_ms_median:.1f} ms (median)" if result.get_ms_median is not None else ""
+    lines.append(f"transfer     {result.in_flight} in flight, {result.objects_read:,} objects (largest first, "
+                 f"{mean / 1e3:,.1f} KB mean): {result.bytes_read / 1e6:,.1f} MB in {result.transfer_s:.2f} s, "
+                 f"{result.bytes_per_s / 1e6:,.1f} MB/s{get}")
+    if result.bandwidth_bytes_per_s is None:
+        lines.append("             bound by requests, not bandwidth: the objects are under 4 MiB (bandwidth is "
+                     "measured on larger ones)")
+    if result.what_if_spec:
+        lines.append(f"what-if      --what-if-storage {result.what_if_spec}   (round trip less {result.client}'s "
+                     "own overhead per request)")
+    return lines
+
 
 def _options(args: argparse.Namespace):
     from stallscope.storage.serving import StoreOptions
@@ -131,6 +200,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "probe":
+        return run_probe(args)
     from stallscope.storage.serving import RunningStore, check_surroundings
 
     options = _options(args)
