@@ -7,6 +7,10 @@ a warm one, and end to end. The report gives per step the compute, the preproces
 fetch stall, I/O per image (bytes read, read calls, files opened), and what-if figures: devices of
 other speeds (where the knee is), more CPU cores, the data cached in memory.
 
+Data in gs:// or s3://: no cold-cache probe (the page cache holds nothing of it); the requests,
+bytes and request times stallscope's reader made are the storage figures, and the store as read
+(its latency from one-byte GETs timed one at a time) leads the storage what-if and its advice.
+
 --fix applies the advice as a new pipeline config, runs again, prints before / predicted / after
 side by side, and saves the config for `stallscope train --pipeline-config FILE`.
 
@@ -101,7 +105,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         "reader, obstore where installed; else the pipeline's --gcs-reader)")
     flags.add_flag(storage, "storage_counters", type=flags.existing_file, default=None, metavar="FILE",
                    help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
-                        "`stallscope storage serve`): requests per image are then measured, not modelled")
+                        "`stallscope storage serve`): requests and connections per image are then measured by "
+                        "the store (data read by stallscope's own reader has its requests counted without one)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
     out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
