@@ -61,3 +61,24 @@ def test_a_users_own_malloc_setting_is_left_alone():
     said, faults = churn(MALLOC_TRIM_THRESHOLD_="131072")
     assert said == "malloc as configured (MALLOC_TRIM_THRESHOLD_)"
     assert faults > 20 * 1000
+
+
+@pytest.mark.parametrize("argv, padded", [
+    (["--source", "records", "--dataset_path", "s3://b/records"], True),
+    (["--source", "records", "--dataset_path", "gs://b/records", "--pipeline", "tuned"], True),  # the pooled reader
+    (["--source", "records", "--dataset_path", "gs://b/records", "--pipeline", "seed"], False),  # TF's own client
+    (["--source", "records", "--dataset_path", "gs://b/records", "--pipeline", "seed", "--gcs-reader", "pooled"], True),
+    (["--source", "files", "--dataset_path", "s3://b/tree"], False),  # whole JPEGs: no stream of blocks
+])
+def test_the_cli_pads_the_heaps_wherever_stallscopes_reader_streams_records(argv, padded):
+    """Before TensorFlow loads (padding set later, where the pipeline is built, has about half the
+    effect): s3:// records, and gs:// records the pooled reader streams."""
+    import importlib.util
+
+    from stallscope.cli.flags import _records_streamed_by_stallscope
+    from stallscope.cli.main import build_parser
+
+    if "gs://" in argv[3] and importlib.util.find_spec("obstore") is None:
+        padded = False  # no pooled reader: TF's client reads gs://
+    args = build_parser().parse_args(["train", *argv])
+    assert _records_streamed_by_stallscope(args) is padded
