@@ -329,6 +329,9 @@ def test_the_store_as_read_takes_its_latency_from_the_fastest_small_requests():
     assert scenario.latency_ms == pytest.approx(round(11.0 - client.request_overhead_ms, 1))
     assert "100 small GETs, one at a time, took 11.0 ms" in scenario.meaning
     assert "bandwidth not measured" in scenario.meaning
+    shards = sw.as_read_scenario(reads, client, bandwidth_bytes_per_s=24_831_000.0)  # measured on shards' blocks
+    assert shards.bandwidth_bytes_per_s == 24_800_000.0 and "moved 199 Mbit/s" in shards.meaning
+    assert shards.label == f"as read ({scenario.latency_ms:g}ms,198.4Mbit)"
     assert sw.as_read_scenario(_read([11.0] * 19), client) is None  # too few to tell
     assert sw.as_read_scenario(_read([40.0] * 50, size=16 << 20), client) is None  # a shard's blocks: transfer
     assert sw.as_read_scenario(None, client) is None

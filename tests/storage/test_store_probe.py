@@ -94,3 +94,35 @@ def test_wrong_urls_and_dead_stores_are_one_line(tmp_path, monkeypatch, capsys):
         location.set_timeout(location.DEFAULT_TIMEOUT_S)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "did not answer" in err and time.monotonic() - started < 30
+
+
+def test_diagnose_times_the_bandwidth_of_large_objects_in_blocks(large_objects, monkeypatch):
+    """For shards, diagnose's store as read has a bandwidth: ranged GETs of 4 MiB blocks, several at
+    once, with each wave's round trip taken out; for small objects, none."""
+    from stallscope.storage.round_trips import time_store
+
+    with emulate(large_objects, kind="s3", latency_s=0.005, bandwidth_bps=200e6, max_duration_s=LIMIT_S) as store:
+        _pointed_at(store, monkeypatch)
+        try:
+            shards = [str(p) for p in location.as_path(f"{store.url}/shards").walk_files()]
+            before = store.counters().bytes
+            trips, bandwidth = time_store(shards)
+            sent = store.counters().bytes - before
+        finally:
+            location.forget_listings()
+            location.set_timeout(location.DEFAULT_TIMEOUT_S)
+    assert trips.requests == 24 and bandwidth == pytest.approx(25e6, rel=0.35)  # 200 Mbit/s
+    assert sent <= 4 * (4 << 20) + (64 << 10)  # the four blocks (and the round trips' bytes), nothing more
+
+
+def test_small_objects_get_no_bandwidth(served, monkeypatch):
+    from stallscope.storage.round_trips import time_store
+
+    with emulate(served, kind="s3", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        _pointed_at(store, monkeypatch)
+        try:
+            trips, bandwidth = time_store([str(p) for p in location.as_path(f"{store.url}/tree").walk_files()])
+        finally:
+            location.forget_listings()
+            location.set_timeout(location.DEFAULT_TIMEOUT_S)
+    assert trips.requests == 24 and bandwidth is None

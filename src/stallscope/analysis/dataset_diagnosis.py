@@ -29,7 +29,7 @@ from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
-from stallscope.storage.round_trips import time_round_trips
+from stallscope.storage.round_trips import time_store
 from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
@@ -111,10 +111,10 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     warm = probe_dataset(dataset, cache_state="warm", files=files, max_batches=options.steps,
                          budget_s=options.pipeline_budget_s)
     requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
-    round_trips = None
+    round_trips = bandwidth = None
     if in_store:
-        say("probe: the store's round trip (one-byte GETs, one at a time)")
-        round_trips = time_round_trips(in_store)
+        say("probe: the store's round trip and bandwidth (one-byte GETs one at a time; 4 MiB blocks of shards)")
+        round_trips, bandwidth = time_store(in_store)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
@@ -142,7 +142,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                               scenarios=options.storage_scenarios, client=options.storage_client,
                                               private_pool=dataset.options().threading.private_threadpool_size,
                                               reads=_read_map_in(graph), requests=requests,
-                                              round_trips=round_trips)
+                                              round_trips=round_trips, bandwidth=bandwidth)
         notes += more
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",

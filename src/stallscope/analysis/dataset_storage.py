@@ -39,12 +39,12 @@ def source_format(ops: set[str], files: Sequence[str]) -> str:
 def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, examples: int | None,
                     config: PipelineConfig, warm, parts, phase, scenarios: Sequence[StorageScenario] = (),
                     client: str | None = None, private_pool: int | None = None, reads: ReadMap | None = None,
-                    requests: RequestTally | None = None, round_trips: RequestTally | None = None
-                    ) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
+                    requests: RequestTally | None = None, round_trips: RequestTally | None = None,
+                    bandwidth: float | None = None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
     """(figures, what-if, notes). Where the dataset's images cannot be counted (records of a repeated
     dataset), nothing is predicted and a note says why. `requests`: what stallscope's reader asked the
-    store for during the warm probe (measured requests, bytes and request times); `round_trips`: one-byte
-    GETs timed one at a time, the store as read."""
+    store for during the warm probe (measured requests, bytes and request times); `round_trips`, `bandwidth`:
+    one-byte GETs timed one at a time and the bytes/s of ranged GETs of shards, the store as read."""
     kind = source_format(ops, files)
     images = len(files) if kind == "files" else examples
     if not files or not images or data_bytes <= 0:
@@ -57,7 +57,7 @@ def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, exa
     pattern = pattern_for(kind, examples=images, total_bytes=data_bytes, files=len(files))
     figures, what = storage_model(pattern, client, as_read(config, gcs_reader, private_pool, reads), warm, parts,
                                   phase, examples=images, scenarios=scenarios, requests=requests,
-                                  in_store=is_remote(first), round_trips=round_trips)
+                                  in_store=is_remote(first), round_trips=round_trips, bandwidth=bandwidth)
     return figures, what, []
 
 

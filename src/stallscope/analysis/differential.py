@@ -58,7 +58,7 @@ from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
 from stallscope.storage.location import is_remote
 from stallscope.storage.request_tally import RequestTally
-from stallscope.storage.round_trips import time_round_trips
+from stallscope.storage.round_trips import time_store
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
 from stallscope.workload.train import TrainOptions
@@ -550,10 +550,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
         served = _read_counters(options) - counted_before if counted_before is not None else None
-        round_trips = None
+        round_trips = bandwidth = None
         if in_store:
-            say("probe: the store's round trip (one-byte GETs, one at a time)")
-            round_trips = time_round_trips([str(f) for f in source.files])
+            say("probe: the store's round trip and bandwidth (one-byte GETs one at a time; 4 MiB blocks of shards)")
+            round_trips, bandwidth = time_store([str(f) for f in source.files])
         parts = breakdown(warm, cold, config)
         steady = "warm" if cold is None else steady_cache_state(options, source.total_bytes)
         phases = []
@@ -570,7 +570,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
 
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
-                                           round_trips)
+                                           round_trips, bandwidth)
     advice = merge_advice(advice, storage_advice(
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
         local_images_per_second=_cached_rate(warm, parts, in_store), dataset_path=str(source.path)))
@@ -618,7 +618,8 @@ def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
 def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,
                     parts: PipelineBreakdown, phases: tuple[PhaseDiagnosis, ...],
                     served: StorageCounters | None, requests: RequestTally | None = None,
-                    round_trips: RequestTally | None = None) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
+                    round_trips: RequestTally | None = None, bandwidth: float | None = None
+                    ) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
     """Storage per image (measured by the store where its counters moved, else by stallscope's reader
     where it read, else modelled) and the storage what-if, from the probes' figures: nothing here is
     measured twice."""
@@ -633,7 +634,8 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
     worst = max(phases, key=lambda p: p.input_share)
     figures, what = storage_model(pattern, client, config, warm, parts, worst, examples=source.num_examples,
                                   scenarios=options.storage_scenarios, requests=requests,
-                                  in_store=is_remote(str(source.path)), round_trips=round_trips)
+                                  in_store=is_remote(str(source.path)), round_trips=round_trips,
+                                  bandwidth=bandwidth)
     return figures, what, tuple(notes)
 
 
@@ -641,13 +643,15 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                   parts: PipelineBreakdown, phase: PhaseDiagnosis, *, examples: int,
                   scenarios: Sequence[StorageScenario] = (),
                   requests: RequestTally | None = None, in_store: bool = False,
-                  round_trips: RequestTally | None = None) -> tuple[StorageFigures, StorageWhatIf]:
+                  round_trips: RequestTally | None = None,
+                  bandwidth: float | None = None) -> tuple[StorageFigures, StorageWhatIf]:
     """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
     the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`);
     `requests`: the requests stallscope's reader made during the warm probe, measured figures for a
     store that counts nothing itself. in_store: the data is read from a store, so the local read
     calls (evidence that they do not carry over to requests) say nothing and are left out.
-    round_trips: one-byte GETs timed one at a time (`round_trips.time_round_trips`): the store as read."""
+    round_trips, bandwidth: one-byte GETs timed one at a time and the bytes/s of ranged GETs of shards
+    (`round_trips.time_store`): the store as read."""
     io = None if in_store else warm.io_per_image
     figures = storage_figures(pattern, client_named(client),
                               wait_ms_per_image=(parts.waiting_ms + parts.storage_ms) / config.batch_size,
@@ -659,7 +663,7 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                         examples=examples, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
     timed_by = client_named("obstore-gcs" if client_named(client).scheme == "gs" else "obstore")
     return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client,
-                                   as_read=as_read_scenario(round_trips, timed_by))
+                                   as_read=as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth))
 
 
 class _ProbeRunDirs:

@@ -336,13 +336,15 @@ AS_READ_SHARE = 0.1
 AS_READ_MIN_REQUESTS = 20
 
 
-def as_read_scenario(round_trips: RequestTally | None, client: StorageClient) -> StorageScenario | None:
+def as_read_scenario(round_trips: RequestTally | None, client: StorageClient, *,
+                     bandwidth_bytes_per_s: float | None = None) -> StorageScenario | None:
     """The store the data is in, as read: its latency per request is the fastest tenth of the times of
     small requests asked one at a time (`round_trips.time_round_trips`), less the client's own overhead
     per request. Not the pipeline's own requests: on the emulator with 64 in flight beside a decode on
     2 cores, even their fastest tenth took 6.3 ms at 3 ms and 13.2 at 10 (median 11.0 and 18.8), where
-    one-byte GETs one at a time after the probe gave 3.3 and 10.2. Bandwidth is not measured
-    (unlimited). None with too few small requests."""
+    one-byte GETs one at a time after the probe gave 3.3 and 10.2. `bandwidth_bytes_per_s`: measured
+    on shards' blocks (`round_trips.time_transfer`); None leaves it unlimited (a JPEG tree's objects
+    are too small to measure it). None with too few small requests."""
     if round_trips is None:
         return None
     small = sum(1 for _, size in round_trips.samples if size <= AS_READ_MOST_BYTES)
@@ -350,11 +352,13 @@ def as_read_scenario(round_trips: RequestTally | None, client: StorageClient) ->
     if fastest is None or small < AS_READ_MIN_REQUESTS:
         return None
     latency = round(max(0.0, fastest - client.request_overhead_ms), 1)
+    measured = bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s > 0
     return StorageScenario(
-        "as read", latency, math.inf, "object",
+        "as read", latency, float(f"{bandwidth_bytes_per_s:.3g}") if measured else math.inf, "object",
         f"the store the data is in, as read: the fastest tenth of {small} small GETs, one at a time, took "
         f"{fastest:.1f} ms, less {client.request_overhead_ms:g} ms of the client's own per request; "
-        "bandwidth not measured")
+        + (f"ranged GETs of 4 MiB blocks, 8 at once, moved {bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
+           if measured else "bandwidth not measured (objects too small)"))
 
 
 def format_latency(ms: float) -> str:

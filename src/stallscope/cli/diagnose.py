@@ -9,7 +9,8 @@ other speeds (where the knee is), more CPU cores, the data cached in memory.
 
 Data in gs:// or s3://: no cold-cache probe (the page cache holds nothing of it); the requests,
 bytes and request times stallscope's reader made are the storage figures, and the store as read
-(its latency from one-byte GETs timed one at a time) leads the storage what-if and its advice.
+(its latency from one-byte GETs timed one at a time; for shards, its bandwidth from 4 MiB ranged
+GETs, at most 64 MiB) leads the storage what-if and its advice.
 
 --fix applies the advice as a new pipeline config, runs again, prints before / predicted / after
 side by side, and saves the config for `stallscope train --pipeline-config FILE`.
