@@ -65,6 +65,8 @@ bench: venv
 	$(BIN)/python benchmarks/storage.py
 	$(BIN)/python benchmarks/s3_reader.py
 	$(BIN)/python benchmarks/storage_emulator.py
+	$(BIN)/python benchmarks/own_pipeline.py
+	$(BIN)/python benchmarks/store_as_read.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output
