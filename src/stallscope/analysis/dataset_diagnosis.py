@@ -29,7 +29,7 @@ from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
-from stallscope.storage.round_trips import time_store
+from stallscope.storage.round_trips import TIMING_STEP, time_store
 from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
@@ -113,7 +113,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
     round_trips = bandwidth = None
     if in_store:
-        say("probe: the store's round trip and bandwidth (one-byte GETs one at a time; 4 MiB blocks of shards)")
+        say(TIMING_STEP)
         round_trips, bandwidth = time_store(in_store)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
     parts = differential.breakdown(warm, cold, config)

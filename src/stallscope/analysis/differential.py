@@ -49,6 +49,7 @@ from stallscope.analysis.storage_whatif import (
     as_read_scenario,
     client_for_path,
     client_named,
+    obstore_client_for,
     pattern_for,
     storage_whatif,
 )
@@ -58,7 +59,7 @@ from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
 from stallscope.storage.location import is_remote
 from stallscope.storage.request_tally import RequestTally
-from stallscope.storage.round_trips import time_store
+from stallscope.storage.round_trips import TIMING_STEP, time_store
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
 from stallscope.workload.train import TrainOptions
@@ -552,7 +553,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         served = _read_counters(options) - counted_before if counted_before is not None else None
         round_trips = bandwidth = None
         if in_store:
-            say("probe: the store's round trip and bandwidth (one-byte GETs one at a time; 4 MiB blocks of shards)")
+            say(TIMING_STEP)
             round_trips, bandwidth = time_store([str(f) for f in source.files])
         parts = breakdown(warm, cold, config)
         steady = "warm" if cold is None else steady_cache_state(options, source.total_bytes)
@@ -661,7 +662,7 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=examples, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
-    timed_by = client_named("obstore-gcs" if client_named(client).scheme == "gs" else "obstore")
+    timed_by = obstore_client_for(client_named(client).scheme)
     return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client,
                                    as_read=as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth))
 

@@ -123,9 +123,8 @@ def reader_pattern(pattern: storage_whatif.IoPattern, requests: RequestTally | N
     the probe took (2x the bytes per image of a 1,280-image pass of four shards)."""
     if pattern.measured or requests is None or images <= 0 or requests.requests == 0:
         return pattern
-    if requests.bytes > 0 and pattern.bytes_per_image > 0:
-        per_image = requests.requests * pattern.bytes_per_image / requests.bytes
-    else:  # only requests without a body (HEADs)
+    per_image = requests.requests_per_image(pattern.bytes_per_image)
+    if per_image is None:  # only requests without a body (HEADs)
         per_image = requests.requests / images
     return dataclasses.replace(pattern, requests_per_image=per_image)
 

@@ -207,6 +207,12 @@ CLIENTS = {"tf-gcs": tf_gcs_client, "obstore-gcs": obstore_gcs_client, "s3fs": s
            "posix": posix_client}
 
 
+def obstore_client_for(scheme: str) -> StorageClient:
+    """The obstore client of a store's scheme ("gs" or "s3"): the one that makes and times stallscope's
+    own requests (round trips, `storage probe`), whichever client the pipeline reads with."""
+    return obstore_gcs_client() if scheme == "gs" else obstore_client()
+
+
 def client_named(name: str) -> StorageClient:
     if name not in CLIENTS:
         raise UsageError(f"--storage-client: expected one of {', '.join(CLIENTS)}, got {name!r}")

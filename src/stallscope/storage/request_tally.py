@@ -47,6 +47,12 @@ class RequestTally:
         return RequestTally(made, self.bytes - earlier.bytes, self.seconds - earlier.seconds,
                             self.samples[len(self.samples) - kept:] if kept else ())
 
+    def requests_per_image(self, image_bytes: float) -> float | None:
+        """Requests per image of `image_bytes`, taken per byte received: blocks a reader had asked for
+        ahead when the counting stopped do not count against the images taken meanwhile. None
+        without bytes (only requests with no body)."""
+        return self.requests * image_bytes / self.bytes if self.bytes > 0 and image_bytes > 0 else None
+
     def percentile_ms(self, share: float, *, most_bytes: int | None = None) -> float | None:
         """The request time (ms) below which `share` of the kept requests fall (of those that received
         at most `most_bytes`, where given); None without such requests."""

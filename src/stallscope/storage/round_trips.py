@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 
 GETS = 24             # enough for the fastest tenth to mean something
 BUDGET_S = 3.0        # at most this long, however slow the store (24 x 100 ms fits)
+TIMING_STEP = "probe: the store's round trip and bandwidth (one-byte GETs one at a time; 4 MiB blocks of shards)"
+
+
+def _in_store(paths: Sequence[str]) -> list[RemotePath]:
+    return [p for p in (as_path(str(p)) for p in paths) if isinstance(p, RemotePath)]
 
 
 def time_round_trips(paths: Sequence[str], *, count: int = GETS, budget_s: float = BUDGET_S) -> RequestTally:
@@ -31,8 +36,7 @@ def time_round_trips(paths: Sequence[str], *, count: int = GETS, budget_s: float
     there are fewer: a few shards; empty objects left out), one at a time, for at most `budget_s`: an
     empty tally where obstore is not installed or nothing is in a store. A failed request ends the
     timing early: the pipeline's own reads already said whether the store answers."""
-    remote = [p for p in (as_path(str(p)) for p in paths[:count])
-              if isinstance(p, RemotePath) and listed_size(p) != 0]
+    remote = [p for p in _in_store(paths[:count]) if listed_size(p) != 0]
     if not remote or not obstore_reading.installed():
         return RequestTally()
     before = request_tally.snapshot()
@@ -60,17 +64,13 @@ def time_transfer(paths: Sequence[str], *, latency_ms: float = 0.0, max_bytes: i
     large), BLOCKS_IN_FLIGHT at once, in waves, for at most `max_bytes` and `budget_s`; each wave's
     round trip (`latency_ms`) is taken out of the time. None where no object is that large, obstore is
     not installed, or a request fails."""
-    remote = [p for p in (as_path(str(p)) for p in paths) if isinstance(p, RemotePath)]
-    sized = sorted(((listed_size(p) or 0, p) for p in remote), key=lambda item: -item[0])
-    blocks = [(path, start) for size, path in sized if size >= BLOCK_BYTES
-              for start in range(0, size - BLOCK_BYTES + 1, BLOCK_BYTES)]
-    if not blocks or not obstore_reading.installed():
+    sized = sorted(((listed_size(p) or 0, p) for p in _in_store(paths)), key=lambda item: -item[0])
+    per_object = [[(path, start) for start in range(0, size - BLOCK_BYTES + 1, BLOCK_BYTES)]
+                  for size, path in sized if size >= BLOCK_BYTES]
+    if not per_object or not obstore_reading.installed():
         return None
     # Blocks taken from every object in turn, so a wave reads from several objects at once, as shards are read.
-    by_object: dict[str, list[tuple[RemotePath, int]]] = {}
-    for path, start in blocks:
-        by_object.setdefault(str(path), []).append((path, start))
-    ordered = [block for group in itertools.zip_longest(*by_object.values()) for block in group if block]
+    ordered = [block for turn in itertools.zip_longest(*per_object) for block in turn if block]
     got, waves, started = 0, 0, time.monotonic()
     for first in range(0, min(len(ordered), max_bytes // BLOCK_BYTES), BLOCKS_IN_FLIGHT):
         wave = ordered[first:first + BLOCKS_IN_FLIGHT]
@@ -92,8 +92,7 @@ def time_store(paths: Sequence[str]) -> tuple[RequestTally, float | None]:
     `time_transfer` where the objects average BLOCK_BYTES or more (shards; None for a JPEG tree, whose
     objects are too small for a GET's time to be its transfer)."""
     trips = time_round_trips(paths)
-    remote = [p for p in (as_path(str(p)) for p in paths) if isinstance(p, RemotePath)]
-    sizes = [listed_size(p) or 0 for p in remote]
+    sizes = [listed_size(p) or 0 for p in _in_store(paths)]
     if not sizes or sum(sizes) / len(sizes) < BLOCK_BYTES:
         return trips, None
     return trips, time_transfer(paths, latency_ms=trips.percentile_ms(0.1) or 0.0)

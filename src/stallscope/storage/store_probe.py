@@ -85,7 +85,7 @@ class StoreProbe:
 
 def probe_store(options: ProbeOptions) -> StoreProbe:
     """Lists `options.url` once, times its round trip, then reads its largest objects whole."""
-    from stallscope.analysis.storage_whatif import client_named
+    from stallscope.analysis.storage_whatif import obstore_client_for
 
     if not obstore_reading.installed():
         raise UsageError("storage probe: expected the obstore package (pip install 'stallscope[storage]'), "
@@ -96,9 +96,9 @@ def probe_store(options: ProbeOptions) -> StoreProbe:
     if not files:
         raise UsageError(f"{options.url}: expected objects below this prefix, found none")
     sizes = {str(f): listed_size(f) or 0 for f in files}
-    trips = time_round_trips([str(f) for f in files if sizes[str(f)] > 0], count=options.round_trips,
+    trips = time_round_trips([str(f) for f in files], count=options.round_trips,
                              budget_s=max(3.0, options.round_trips * 1.0))
-    client = client_named("obstore-gcs" if files[0].scheme == "gs" else "obstore")
+    client = obstore_client_for(files[0].scheme)
     fastest = trips.percentile_ms(0.1)
     read, got, seconds, gets = _transfer(sorted(files, key=lambda f: -sizes[str(f)]), sizes, options)
     large = read and got / read >= BANDWIDTH_OBJECT_BYTES

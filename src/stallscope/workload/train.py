@@ -585,10 +585,8 @@ def store_requests(made: RequestTally, source) -> dict[str, Any] | None:
     median and 90th-percentile time; None where it made none (local data, TF's own gs:// client)."""
     if made.requests == 0:
         return None
-    per_image_bytes = source.total_bytes / source.num_examples if source.num_examples else 0
-    return {**made.to_dict(),
-            "requests_per_image": made.requests * per_image_bytes / made.bytes if made.bytes and per_image_bytes
-            else None}
+    image_bytes = source.total_bytes / source.num_examples if source.num_examples else 0
+    return {**made.to_dict(), "requests_per_image": made.requests_per_image(image_bytes)}
 
 
 def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at, start_step,
