@@ -7,7 +7,6 @@ tensorflow/datasets word their errors, so a bad option never reaches TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,11 +16,12 @@ AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, kept here so options import with
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, where the OS has one, e.g. under taskset or a
-    container's cpuset): what a `workers=None` option means by "every core"."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """Cores this process may keep busy: its CPU affinity (taskset, a container's cpuset) under its
+    cgroup's CPU quota (a container's or pod's CPU limit), rounded up; what a `workers=None` option
+    means by "every core"."""
+    from stallscope.cpu_limits import current
+
+    return current().whole_cores
 
 
 def require_positive(name: str, value: Any, *, allow_none: bool = False, allow_autotune: bool = False) -> None:

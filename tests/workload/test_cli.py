@@ -1,6 +1,7 @@
 """`stallscope train` and `stallscope evaluate` from the command line: output, flags, one-line errors."""
 
 import json
+import os
 import re
 import shlex
 
@@ -26,6 +27,23 @@ def test_train_prints_step_lines_and_the_verdict(tiny_tree, tmp_path, capsys):
     assert summary["pipeline"]["preset"] == "seed" and summary["pipeline"]["requested"]["batch_size"] == 4
     assert summary["pipeline"]["overrides"]["image_size"] == 32
     assert "pixels " not in out  # seed scales to [-1, 1] in the pipeline
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin the run to one")
+def test_a_run_pinned_to_one_cpu_says_so(tiny_tree, tmp_path, capsys):
+    """Under taskset (or a container's cpuset) the run's CPU figures are of the CPUs it may use."""
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})
+    try:
+        code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:5ms", "--steps", "6",
+                     "--log_path", str(tmp_path / "run"), "--pipeline", "seed", *TINY])
+    finally:
+        os.sched_setaffinity(0, saved)
+    out = capsys.readouterr().out
+    assert code == 0
+    cpu = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu"]
+    assert cpu["cores"] == 1 and cpu["cpus"] == 1 and cpu["quota_cores"] is None
+    assert re.search(r"^CPU +\d+% of 1 core \(process", out, re.MULTILINE), out
 
 
 def test_tuned_says_where_pixels_are_scaled(tiny_tree, tmp_path, capsys):

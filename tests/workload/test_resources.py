@@ -74,3 +74,32 @@ def test_system_cpu_of_a_short_busy_run_covers_the_process_share():
     assert first["system_percent"] * cores >= 0.8 * first["process_percent"]
     cpu = report["cpu"]
     assert cpu["system_mean_percent"] * cores >= 0.8 * cpu["process_mean_percent"]
+
+
+IDLE_RUN = """
+import json, time
+from stallscope.workload.resources import ResourceMonitor
+with ResourceMonitor(interval_s=0.1) as monitor:
+    time.sleep(1.0)
+print(json.dumps(monitor.report.summary()))
+"""
+BURN = "import hashlib, time\nend = time.monotonic() + 20\nwhile time.monotonic() < end: hashlib.sha256(bytes(1 << 20)).digest()"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin a process and a load apart")
+def test_a_pinned_process_counts_only_its_own_cpus():
+    """Under taskset (or a container's cpuset) the monitor's cores are the CPUs the process may use,
+    and the load on other CPUs is not its business: an idle run on CPU A beside a busy one on CPU B
+    reads 1 core, nearly idle (the machine-wide figure read it 50% busy, 'other cores' 1 busy)."""
+    mine, other = sorted(os.sched_getaffinity(0))[:2]
+    burner = subprocess.Popen([sys.executable, "-c", BURN], preexec_fn=lambda: os.sched_setaffinity(0, {other}))
+    try:
+        time.sleep(0.3)
+        done = subprocess.run([sys.executable, "-c", IDLE_RUN], capture_output=True, text=True, timeout=60, check=True,
+                              preexec_fn=lambda: os.sched_setaffinity(0, {mine}))
+    finally:
+        burner.kill()
+        burner.wait(10)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["cores"] == 1 and summary["cpus"] == 1
+    assert summary["system_mean_percent"] < 30

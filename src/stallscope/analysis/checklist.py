@@ -7,6 +7,7 @@ from typing import Any
 
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
+from stallscope.cpu_limits import cpu_named
 from stallscope.verdict import MODERATELY_INPUT_BOUND
 
 SLOW_GET_NEXT_US = 50.0        # seed-004: IteratorGetNext returning within 50 us means data was ready
@@ -83,9 +84,8 @@ def _cpu(resources: dict[str, Any] | None) -> CheckItem:
         return CheckItem("cpu_saturated", question, "unknown", reason, needs_action=False)
     mean = float(cpu["system_mean_percent"])
     peak = float(cpu.get("system_max_percent", mean))
-    cores = cpu.get("cores", "?")
     saturated = mean >= CPU_SATURATED_PERCENT
-    evidence = (f"all {cores} cores were {mean:.0f}% busy on average (peak {peak:.0f}%) over "
+    evidence = (f"the {cpu_named(cpu)} were {mean:.0f}% busy on average (peak {peak:.0f}%) over "
                 f"{_samples(cpu.get('samples'))}; saturated at {CPU_SATURATED_PERCENT:.0f}%")
     return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=saturated)
 

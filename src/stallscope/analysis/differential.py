@@ -661,7 +661,7 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
     pattern = reader_pattern(pattern, requests, warm.images)
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
-                        examples=examples, machine_cores=warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
+                        examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
     timed_by = obstore_client_for(client_named(client).scheme)
     return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client,
                                    as_read=as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth))

@@ -45,7 +45,9 @@ class PipelineProbe:
         None where it cannot be measured.
     cpu_seconds: this process's CPU time during the probe (all threads).
     run_queue_seconds: time its threads were runnable but had no core (contention); None: unknown.
-    other_cores_busy: mean cores that other processes kept busy meanwhile (contention).
+    cores: the CPU the process may use, in cores (its affinity under its cgroup's quota; cpu_limits).
+    other_cores_busy: mean cores of that which other processes kept busy meanwhile (contention).
+    cpus: the CPUs it may be scheduled on, which size tf.data's shared pool (None: `cores`).
     """
 
     cache_state: str
@@ -54,7 +56,7 @@ class PipelineProbe:
     seconds: float
     cpu_seconds: float
     run_queue_seconds: float | None
-    cores: int
+    cores: float
     other_cores_busy: float
     cached_before: float | None
     io: dict[str, int] | None
@@ -64,6 +66,7 @@ class PipelineProbe:
     # buffers (a short probe's start can be a third of its time). None with fewer than two batches.
     steady_seconds: float | None = None
     steady_images: int | None = None
+    cpus: int | None = None
 
     @property
     def ms_per_image(self) -> float:
@@ -263,6 +266,7 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
     probe = PipelineProbe(
         cache_state=cache_state, batches=batches, images=images, seconds=seconds,
         cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,
+        cpus=len(report.limits.cpus) if report.limits else None,
         cached_before=cached, io=report.io,
         io_per_image=iostats.per_image(report.io, images, source_kind=source_kind,
                                        files_in_source=len(files), examples=examples),

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Any
 
 from stallscope.config import AUTOTUNE
@@ -113,7 +112,7 @@ def tuned_for_store(config: PipelineConfig, kind: str, scheme: str) -> PipelineC
     images/s, against 2 groups on the shared pool, which left the decode waiting for threads). Left
     as it is where the user chose a private pool or a read parallelism, and for records (a request
     per large block)."""
-    from stallscope.config import AUTOTUNE
+    from stallscope.config import AUTOTUNE, usable_cores
     from stallscope.storage import gcs_objects
     from stallscope.storage.s3_reading import groups_in_flight
 
@@ -124,7 +123,7 @@ def tuned_for_store(config: PipelineConfig, kind: str, scheme: str) -> PipelineC
     if kind != "files" or scheme not in ("gs", "s3") or config.private_threadpool_size \
             or config.read_parallelism != AUTOTUNE:
         return config
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if scheme == "s3" or config.gcs_reader == "pooled":
         return config.replace(read_parallelism=POOLED_READS_IN_FLIGHT,
                               private_threadpool_size=groups_in_flight(POOLED_READS_IN_FLIGHT) + cores)

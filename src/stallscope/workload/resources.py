@@ -20,7 +20,9 @@ from typing import Any
 
 import psutil
 
+from stallscope import cpu_limits
 from stallscope.config import require_positive
+from stallscope.cpu_limits import CpuLimits
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,8 @@ def io_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dic
 class CpuSample:
     elapsed_s: float
     process_percent: float  # this process, 100 = one core busy
-    system_percent: float   # all cores, 100 = every core busy
-    per_cpu_percent: tuple[float, ...]
+    system_percent: float   # the CPU this process may use (cpu_limits), 100 = all of it busy, by anyone
+    per_cpu_percent: tuple[float, ...]  # every CPU of the machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +75,19 @@ class ResourceReport:
 
     interval_s: float
     duration_s: float
-    cores: int
+    cores: float  # the CPU this process may use, in cores (its affinity, under its cgroup's quota)
     samples: tuple[CpuSample, ...]
     io: dict[str, int] | None
     process_cpu_seconds: float
+    limits: CpuLimits | None = None
 
     def summary(self) -> dict[str, Any]:
         process = [s.process_percent for s in self.samples]
         system = [s.system_percent for s in self.samples]
         return {
             "cores": self.cores,
+            "cpus": len(self.limits.cpus) if self.limits else None,
+            "quota_cores": self.limits.quota_cores if self.limits else None,
             "samples": len(self.samples),
             "process_mean_percent": _mean(process),
             "process_max_percent": max(process, default=0.0),
@@ -108,6 +113,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def share_busy(limits: CpuLimits, per_cpu_percent: tuple[float, ...], process_percent: float) -> float:
+    """How busy the CPU this process may use was, 100 = all of it: this process's own use plus what
+    other processes took of it (on its CPUs; under a quota, only once they left it fewer idle CPUs than
+    the quota). Taskset or a container's cpuset leaves the other CPUs' load out; the machine-wide mean
+    would read a container pinned to 2 busy cores of 64 idle ones as 3% busy."""
+    busy = sum(per_cpu_percent[cpu] for cpu in limits.cpus if cpu < len(per_cpu_percent)) / 100.0
+    own = process_percent / 100.0
+    taken = min(limits.capacity, own + limits.busy_by_others(busy, own))
+    return 100.0 * taken / limits.capacity if limits.capacity else 0.0
+
+
 class ResourceMonitor:
     """Context manager: samples CPU every `interval_s` on a daemon thread; `report` after exit."""
 
@@ -117,6 +133,7 @@ class ResourceMonitor:
         self.interval_s = interval_s
         self.report: ResourceReport | None = None
         self._process = psutil.Process(os.getpid())
+        self._limits = cpu_limits.current()
         self._samples: list[CpuSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,10 +161,11 @@ class ResourceMonitor:
         self.report = ResourceReport(
             interval_s=self.interval_s,
             duration_s=time.perf_counter() - self._started,
-            cores=psutil.cpu_count() or 1,
+            cores=self._limits.capacity,
             samples=tuple(self._samples),
             io=io_delta(self._io_before, read_proc_io()),
             process_cpu_seconds=self._cpu_seconds() - self._cpu_before,
+            limits=self._limits,
         )
 
     def _cpu_seconds(self) -> float:
@@ -163,10 +181,11 @@ class ResourceMonitor:
             per_cpu_now = psutil.cpu_times(percpu=True)
             per_cpu = tuple(busy_percent(before, after) for before, after in zip(self._per_cpu_before, per_cpu_now))
             self._per_cpu_before = per_cpu_now
+            process = self._process.cpu_percent(None)
             self._samples.append(CpuSample(
                 elapsed_s=round(time.perf_counter() - self._started, 4),
-                process_percent=self._process.cpu_percent(None),
-                system_percent=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,
+                process_percent=process,
+                system_percent=share_busy(self._limits, per_cpu, process),
                 per_cpu_percent=per_cpu,
             ))
         except psutil.Error as exc:  # a sample lost is not worth failing a training run over

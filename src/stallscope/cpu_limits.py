@@ -1,0 +1,182 @@
+"""The CPU this process may really use: its affinity (taskset, a container's cpuset) and its cgroup's
+CPU quota (a container's `--cpus`, a Kubernetes pod's CPU limit). `os.cpu_count()` and
+`psutil.cpu_count()` see neither: on a 64-core node with a 2-CPU limit, a pool sized to the machine
+runs 64 workers on 2 CPUs' time, and a what-if counting 64 free cores predicts 32 times too high.
+
+The quota is read from the cgroup file system as the kernel exposes it (v2 `cpu.max`, v1
+`cpu.cfs_quota_us` / `cpu.cfs_period_us`), at the process's own cgroup and every level above it up to
+the mount's root, the least one winning: a parent's limit holds for its children.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuLimits:
+    """cpus: the CPU numbers the scheduler may run this process on. quota_cores: the cgroup's CPU time
+    per wall second (1.5 = one and a half CPUs' worth), None where no quota applies."""
+
+    cpus: tuple[int, ...]
+    quota_cores: float | None = None
+
+    @property
+    def capacity(self) -> float:
+        """CPUs' worth of time this process can get per second."""
+        return min(float(len(self.cpus)), self.quota_cores) if self.quota_cores else float(len(self.cpus))
+
+    @property
+    def whole_cores(self) -> int:
+        """Workers or threads to size a CPU-bound pool with: the capacity rounded up (a quota of 1.5 CPUs
+        keeps two workers busy in turn), at least one."""
+        return max(1, min(len(self.cpus), math.ceil(self.capacity - 1e-9)))
+
+    def busy_by_others(self, busy_on_cpus: float, own_busy: float) -> float:
+        """CPUs' worth of this process's capacity that other processes take, from how busy its CPUs were
+        (in CPUs' worth, all processes) and how busy it kept them itself. Under a quota the others only
+        get in the way once they leave fewer idle CPUs than the quota: the quota, not the spare CPUs,
+        is then the limit."""
+        others = max(0.0, busy_on_cpus - own_busy)
+        spare = len(self.cpus) - self.capacity
+        return min(self.capacity, max(0.0, others - spare))
+
+    def describe(self) -> str:
+        text = f"{len(self.cpus)} CPU(s)"
+        if self.quota_cores is not None and self.quota_cores < len(self.cpus):
+            text += f", a CPU quota of {self.quota_cores:g}"
+        return text
+
+
+def current(root: str | os.PathLike = "/") -> CpuLimits:
+    """This process's limits now (the affinity can change under it: asked afresh each time). `root` is
+    the file system root the cgroup files are read under."""
+    if hasattr(os, "sched_getaffinity"):
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
+    else:
+        cpus = tuple(range(os.cpu_count() or 1))
+    return CpuLimits(cpus=cpus, quota_cores=cgroup_quota_cores(Path(root)))
+
+
+def cgroup_quota_cores(root: Path = Path("/")) -> float | None:
+    """The least CPU quota, in CPUs, on this process's cgroup path (v2 first, then v1's cpu
+    controller); None where none is set or the files cannot be read (not Linux, no cgroup mounted)."""
+    try:
+        memberships = (root / "proc/self/cgroup").read_text().splitlines()
+        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for version, path in _cpu_cgroups(memberships):
+        for mount_root, mount_point in _cgroup_mounts(mounts, version):
+            folder = _folder_of(root, mount_root, mount_point, path)
+            if folder is not None:
+                quotas.extend(_quotas_up_to(folder, root / mount_point.lstrip("/"), version))
+                break
+    return min(quotas) if quotas else None
+
+
+def _cpu_cgroups(memberships: list[str]) -> list[tuple[int, str]]:
+    """(1 or 2, the cgroup path) of the hierarchies that hold the CPU controller, v2 first."""
+    found = []
+    for line in memberships:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        number, controllers, path = parts
+        if number == "0" and controllers == "":
+            found.append((2, path))
+        elif "cpu" in controllers.split(","):
+            found.append((1, path))
+    return sorted(found, key=lambda item: -item[0])
+
+
+def _cgroup_mounts(mounts: list[str], version: int) -> list[tuple[str, str]]:
+    """(the cgroup path at the mount's root, the mount point) of each cgroup2 mount, or each v1 mount
+    of the cpu controller, from /proc/self/mountinfo."""
+    found = []
+    for line in mounts:
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        fstype, options = tail[0], tail[2].split(",")
+        if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "cpu" in options):
+            found.append((_unescape(fields[3]), _unescape(fields[4])))
+    return found
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes a space, tab, newline or backslash in a path as an octal escape."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _folder_of(root: Path, mount_root: str, mount_point: str, path: str) -> Path | None:
+    """Where the cgroup `path` is under a mount of its hierarchy; None where the mount does not show it.
+    In a container without its own cgroup namespace the path names the host's hierarchy while the
+    mount shows only the container's part: its root then stands for the path."""
+    base = root / mount_point.lstrip("/")
+    mount_root = mount_root.rstrip("/")
+    if mount_root and mount_root != "/" and path.startswith(mount_root + "/"):
+        relative = path[len(mount_root):]
+    elif mount_root in ("", "/"):
+        relative = path
+    elif path == mount_root:
+        relative = "/"
+    else:
+        return None
+    folder = base / relative.lstrip("/")
+    if folder.is_dir():
+        return folder
+    return base if base.is_dir() else None
+
+
+def _quotas_up_to(folder: Path, top: Path, version: int) -> list[float]:
+    """The quotas set on `folder` and each parent up to `top`, in CPUs."""
+    found = []
+    while True:
+        quota = _quota_in(folder, version)
+        if quota is not None:
+            found.append(quota)
+        if folder == top or top not in folder.parents:
+            return found
+        folder = folder.parent
+
+
+def _quota_in(folder: Path, version: int) -> float | None:
+    try:
+        if version == 2:
+            limit, _, period = (folder / "cpu.max").read_text().strip().partition(" ")
+        else:
+            limit = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+    except OSError:
+        return None
+    if limit in ("max", "-1") or not period:
+        return None
+    try:
+        quota, span = int(limit), int(period)
+    except ValueError:
+        log.debug("unreadable CPU quota in %s: %r / %r", folder, limit, period)
+        return None
+    return quota / span if quota > 0 and span > 0 else None
+
+
+def cpu_named(cpu: dict) -> str:
+    """'2 cores', or '1.5 cores (a quota, on 8 CPUs)', from a run's CPU summary (resources.json's "cpu");
+    older runs, without "cpus", name the machine's cores they counted."""
+    cores, cpus, quota = cpu.get("cores"), cpu.get("cpus"), cpu.get("quota_cores")
+    if not isinstance(cores, (int, float)):
+        return "cores (how many unknown)"
+    text = f"{cores:g} core" + ("" if cores == 1 else "s")
+    if quota is not None and cpus and quota < cpus:
+        text += f" (a CPU quota, on {cpus} CPUs)"
+    return text
