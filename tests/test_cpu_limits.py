@@ -1,5 +1,6 @@
 """The CPU a process may use: affinity and the cgroup's quota, read as the kernel exposes them."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from stallscope import cpu_limits
 from stallscope.config import usable_cores
-from stallscope.cpu_limits import CpuLimits, cgroup_quota_cores
+from stallscope.cpu_limits import CpuLimits, Throttling, cgroup_quota_cores, quota_throttled, throttling
 from stallscope.workload.resources import share_busy
 
 
@@ -52,6 +53,22 @@ def test_cgroup_v1_container_whose_mount_shows_only_its_own_part(tmp_path):
         "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
     })
     assert cgroup_quota_cores(root) == 2.0
+
+
+def test_throttling_counters_of_the_quota_s_own_cgroup(tmp_path):
+    """The counters come from the cgroup whose quota is the least (v2 in microseconds, v1 in ns)."""
+    root = _tree(tmp_path / "v2", "0::/pod/ctr\n", V2_MOUNT, {
+        "sys/fs/cgroup/pod/ctr/cpu.max": "max 100000\n", "sys/fs/cgroup/pod/cpu.max": "50000 100000\n",
+        "sys/fs/cgroup/pod/cpu.stat": "usage_usec 9\nnr_periods 40\nnr_throttled 10\nthrottled_usec 1500000\n"})
+    limits = cpu_limits.current(root)
+    assert limits.quota_cores == 0.5 and limits.quota_stat.endswith("pod/cpu.stat")
+    assert throttling(limits) == Throttling(40, 10, 1.5)
+    root = _tree(tmp_path / "v1", "4:cpu:/job\n", "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n", {
+        "sys/fs/cgroup/cpu/job/cpu.cfs_quota_us": "150000\n", "sys/fs/cgroup/cpu/job/cpu.cfs_period_us": "100000\n",
+        "sys/fs/cgroup/cpu/job/cpu.stat": "nr_periods 8\nnr_throttled 2\nthrottled_time 250000000\n"})
+    counted = throttling(cpu_limits.current(root))
+    assert counted == Throttling(8, 2, 0.25) and counted.since(Throttling(4, 2, 0.25)).throttled_share == 0.0
+    assert throttling(CpuLimits(cpus=(0,))) is None  # no quota, nothing to count
 
 
 def test_unreadable_or_absent_cgroups_mean_no_quota(tmp_path):
@@ -131,3 +148,36 @@ def test_a_real_cgroup_quota_limits_usable_cores():
         assert done.stdout.split() == ["0.5", "0.5", "1"]
     finally:
         folder.rmdir()  # the child has exited: the cgroup is empty
+
+
+BUSY_UNDER_QUOTA = """
+import hashlib, json, sys, time
+open(sys.argv[1], "w").write(__import__("os").getpid().__str__())
+from stallscope.workload.resources import ResourceMonitor
+with ResourceMonitor(interval_s=0.1) as monitor:
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        hashlib.sha256(bytes(1 << 16)).digest()
+print(json.dumps(monitor.report.summary()))
+"""
+
+
+@pytest.mark.skipif(WRITABLE is None, reason="no cgroup CPU hierarchy this process may create a child in (needs root)")
+def test_a_busy_run_under_a_small_quota_is_reported_throttled():
+    """A process that wants a whole CPU under a fifth of one waits in most periods: the run's CPU summary
+    says so, and the quota, not the CPUs, is named as the limit."""
+    parent, version = WRITABLE
+    folder = parent / f"stallscope-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    try:
+        (folder / ("cpu.max" if version == 2 else "cpu.cfs_quota_us")).write_text(
+            "20000 100000" if version == 2 else "20000")
+        done = subprocess.run([sys.executable, "-c", BUSY_UNDER_QUOTA, str(folder / "cgroup.procs")],
+                              capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        folder.rmdir()
+    cpu = json.loads(done.stdout.strip().splitlines()[-1])
+    assert cpu["quota_cores"] == 0.2 and cpu["cores"] == 0.2
+    assert cpu["throttled_share"] > 0.5 and cpu["throttled_s"] > 0.5
+    assert cpu["system_mean_percent"] > 80  # the quota's worth of CPU was all in use
+    assert "the quota of 0.2 CPUs, not the CPUs, limited it" in quota_throttled(cpu)

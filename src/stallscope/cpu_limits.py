@@ -26,6 +26,7 @@ class CpuLimits:
 
     cpus: tuple[int, ...]
     quota_cores: float | None = None
+    quota_stat: str | None = None  # the cpu.stat of the cgroup whose quota that is: its throttling counts
 
     @property
     def capacity(self) -> float:
@@ -61,25 +62,35 @@ def current(root: str | os.PathLike = "/") -> CpuLimits:
         cpus = tuple(sorted(os.sched_getaffinity(0)))
     else:
         cpus = tuple(range(os.cpu_count() or 1))
-    return CpuLimits(cpus=cpus, quota_cores=cgroup_quota_cores(Path(root)))
+    quota = least_cgroup_quota(Path(root))
+    if quota is None:
+        return CpuLimits(cpus=cpus)
+    return CpuLimits(cpus=cpus, quota_cores=quota[0], quota_stat=str(quota[1] / "cpu.stat"))
 
 
 def cgroup_quota_cores(root: Path = Path("/")) -> float | None:
-    """The least CPU quota, in CPUs, on this process's cgroup path (v2 first, then v1's cpu
-    controller); None where none is set or the files cannot be read (not Linux, no cgroup mounted)."""
+    """The least CPU quota, in CPUs, on this process's cgroup path; None where none is set."""
+    quota = least_cgroup_quota(root)
+    return quota[0] if quota else None
+
+
+def least_cgroup_quota(root: Path = Path("/")) -> tuple[float, Path] | None:
+    """(the least CPU quota in CPUs on this process's cgroup path, the cgroup folder that sets it), v2
+    first, then v1's cpu controller; None where none is set or the files cannot be read (not Linux, no
+    cgroup mounted)."""
     try:
         memberships = (root / "proc/self/cgroup").read_text().splitlines()
         mounts = (root / "proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return None
-    quotas = []
+    quotas: list[tuple[float, Path]] = []
     for version, path in _cpu_cgroups(memberships):
         for mount_root, mount_point in _cgroup_mounts(mounts, version):
             folder = _folder_of(root, mount_root, mount_point, path)
             if folder is not None:
                 quotas.extend(_quotas_up_to(folder, root / mount_point.lstrip("/"), version))
                 break
-    return min(quotas) if quotas else None
+    return min(quotas, key=lambda quota: quota[0]) if quotas else None
 
 
 def _cpu_cgroups(memberships: list[str]) -> list[tuple[int, str]]:
@@ -139,13 +150,13 @@ def _folder_of(root: Path, mount_root: str, mount_point: str, path: str) -> Path
     return base if base.is_dir() else None
 
 
-def _quotas_up_to(folder: Path, top: Path, version: int) -> list[float]:
-    """The quotas set on `folder` and each parent up to `top`, in CPUs."""
+def _quotas_up_to(folder: Path, top: Path, version: int) -> list[tuple[float, Path]]:
+    """The quotas set on `folder` and each parent up to `top`, in CPUs, each with its folder."""
     found = []
     while True:
         quota = _quota_in(folder, version)
         if quota is not None:
-            found.append(quota)
+            found.append((quota, folder))
         if folder == top or top not in folder.parents:
             return found
         folder = folder.parent
@@ -170,6 +181,39 @@ def _quota_in(folder: Path, version: int) -> float | None:
     return quota / span if quota > 0 and span > 0 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Throttling:
+    """The CFS bandwidth counters of a cgroup (cpu.stat): enforcement periods (100 ms by default),
+    those in which the cgroup ran out of quota and waited, and the time its threads waited so."""
+
+    periods: int
+    throttled_periods: int
+    throttled_s: float
+
+    def since(self, earlier: "Throttling") -> "Throttling":
+        return Throttling(self.periods - earlier.periods, self.throttled_periods - earlier.throttled_periods,
+                          self.throttled_s - earlier.throttled_s)
+
+    @property
+    def throttled_share(self) -> float:
+        """Share of the periods in which the quota ran out."""
+        return self.throttled_periods / self.periods if self.periods else 0.0
+
+
+def throttling(limits: CpuLimits) -> Throttling | None:
+    """The quota's cgroup's counters now; None without a quota or where cpu.stat cannot be read. v2
+    counts the wait in throttled_usec, v1 in throttled_time (ns)."""
+    if not limits.quota_stat:
+        return None
+    try:
+        fields = dict(line.split() for line in Path(limits.quota_stat).read_text().splitlines() if len(line.split()) == 2)
+        waited = int(fields["throttled_usec"]) / 1e6 if "throttled_usec" in fields else int(fields["throttled_time"]) / 1e9
+        return Throttling(int(fields["nr_periods"]), int(fields["nr_throttled"]), waited)
+    except (OSError, KeyError, ValueError) as exc:
+        log.debug("no CPU throttling counters in %s: %s", limits.quota_stat, exc)
+        return None
+
+
 def cpu_named(cpu: dict) -> str:
     """'2 cores', or '1.5 cores (a quota, on 8 CPUs)', from a run's CPU summary (resources.json's "cpu");
     older runs, without "cpus", name the machine's cores they counted."""
@@ -180,3 +224,16 @@ def cpu_named(cpu: dict) -> str:
     if quota is not None and cpus and quota < cpus:
         text += f" (a CPU quota, on {cpus} CPUs)"
     return text
+
+
+def quota_throttled(cpu: dict) -> str | None:
+    """What the cgroup's CPU quota cost a run, from its CPU summary: a stall no profile shows (the
+    process's threads just wait for the next period); None where it was never throttled."""
+    waited, share, quota = cpu.get("throttled_s"), cpu.get("throttled_share"), cpu.get("quota_cores")
+    if not waited or not isinstance(quota, (int, float)):
+        return None
+    duration = cpu.get("duration_s")
+    of_run = f" over a {duration:.1f} s run" if isinstance(duration, (int, float)) and duration > 0 else ""
+    cpus = f"{quota:g} CPU" + ("" if quota == 1 else "s")
+    return (f"throttled in {share:.0%} of its periods, {waited:.2f} s held back{of_run}: "
+            f"the quota of {cpus}, not the CPUs, limited it")

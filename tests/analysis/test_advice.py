@@ -91,3 +91,18 @@ def test_config_rewrites_when_no_written_chain_was_recorded():
     changes = config_rewrites(seed, ["Prefetch", "Batch", "ParallelMap", "Range"])
     assert {c.option for c in changes} == {"map_parallelization", "inject_prefetch"}
     assert config_rewrites(seed.replace(map_parallelism=2, prefetch=2), ["Prefetch", "Batch", "ParallelMap"]) == ()
+
+
+def test_a_run_throttled_by_its_cpu_quota_is_cpu_saturated():
+    """Under a container's CPU limit the CPUs can look half idle while the quota runs out every period:
+    the checklist takes the throttling as saturation and names the quota."""
+    from stallscope.analysis.checklist import _cpu
+
+    cpu = {"cores": 1.0, "cpus": 4, "quota_cores": 1.0, "samples": 20, "system_mean_percent": 60.0,
+           "system_max_percent": 70.0, "throttled_s": 3.1, "throttled_share": 0.55, "duration_s": 5.0}
+    item = _cpu({"cpu": cpu})
+    assert item.answer == "yes" and item.needs_action
+    assert "1 core (a CPU quota, on 4 CPUs)" in item.evidence
+    assert "throttled in 55% of its periods, 3.10 s held back over a 5.0 s run" in item.evidence
+    calm = _cpu({"cpu": {**cpu, "throttled_s": 0.01, "throttled_share": 0.02}})
+    assert calm.answer == "no" and "throttled" not in calm.evidence

@@ -7,11 +7,12 @@ from typing import Any
 
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
-from stallscope.cpu_limits import cpu_named
+from stallscope.cpu_limits import cpu_named, quota_throttled
 from stallscope.verdict import MODERATELY_INPUT_BOUND
 
 SLOW_GET_NEXT_US = 50.0        # seed-004: IteratorGetNext returning within 50 us means data was ready
 CPU_SATURATED_PERCENT = 90.0   # all cores this busy on average leaves the pipeline no room to grow
+QUOTA_SATURATED_SHARE = 0.2    # the cgroup's CPU quota ran out in this share of its periods or more
 ANSWERS = ("yes", "no", "unknown")
 
 
@@ -87,6 +88,10 @@ def _cpu(resources: dict[str, Any] | None) -> CheckItem:
     saturated = mean >= CPU_SATURATED_PERCENT
     evidence = (f"the {cpu_named(cpu)} were {mean:.0f}% busy on average (peak {peak:.0f}%) over "
                 f"{_samples(cpu.get('samples'))}; saturated at {CPU_SATURATED_PERCENT:.0f}%")
+    share = cpu.get("throttled_share")
+    if isinstance(share, (int, float)) and share >= QUOTA_SATURATED_SHARE:
+        saturated = True  # the quota ran out in many periods: saturated whatever the mean says
+        evidence += f"; {quota_throttled(cpu)}"
     return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=saturated)
 
 

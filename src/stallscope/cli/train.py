@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.cli import flags
-from stallscope.cpu_limits import cpu_named
+from stallscope.cpu_limits import cpu_named, quota_throttled
 from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig, describe_knob, knob_docs
@@ -314,6 +314,8 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     if summary.get("cpu"):
         lines.append(f"CPU             {summary['cpu']['system_mean_percent']:.0f}% of "
                      f"{cpu_named(summary['cpu'])} (process {summary['cpu']['process_mean_percent']:.0f}%)")
+        if throttled := quota_throttled(summary["cpu"]):
+            lines.append(f"CPU quota       {throttled}")
     if summary.get("minor_faults_per_image") is not None:
         lines.append(f"page faults     {summary['minor_faults_per_image']:.0f} minor per image")
     made = summary.get("store_requests")

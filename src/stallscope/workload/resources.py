@@ -22,7 +22,7 @@ import psutil
 
 from stallscope import cpu_limits
 from stallscope.config import require_positive
-from stallscope.cpu_limits import CpuLimits
+from stallscope.cpu_limits import CpuLimits, Throttling
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class ResourceReport:
     io: dict[str, int] | None
     process_cpu_seconds: float
     limits: CpuLimits | None = None
+    throttling: Throttling | None = None  # the quota's counters over the run; None without a quota
 
     def summary(self) -> dict[str, Any]:
         process = [s.process_percent for s in self.samples]
@@ -88,6 +89,8 @@ class ResourceReport:
             "cores": self.cores,
             "cpus": len(self.limits.cpus) if self.limits else None,
             "quota_cores": self.limits.quota_cores if self.limits else None,
+            "throttled_s": self.throttling.throttled_s if self.throttling else None,
+            "throttled_share": self.throttling.throttled_share if self.throttling else None,
             "samples": len(self.samples),
             "process_mean_percent": _mean(process),
             "process_max_percent": max(process, default=0.0),
@@ -142,6 +145,7 @@ class ResourceMonitor:
         self._started = time.perf_counter()
         self._io_before = read_proc_io()
         self._cpu_before = self._cpu_seconds()
+        self._throttling_before = cpu_limits.throttling(self._limits)
         # The first call only sets the reference point; later ones measure since the previous. System
         # CPU is computed from our own cpu_times deltas: psutil.cpu_percent keeps one reference point
         # per thread, so priming it here left the sampling thread's first sample at 0.0.
@@ -166,7 +170,12 @@ class ResourceMonitor:
             io=io_delta(self._io_before, read_proc_io()),
             process_cpu_seconds=self._cpu_seconds() - self._cpu_before,
             limits=self._limits,
+            throttling=self._throttling_since_start(),
         )
+
+    def _throttling_since_start(self) -> Throttling | None:
+        now = cpu_limits.throttling(self._limits)
+        return now.since(self._throttling_before) if now and self._throttling_before else None
 
     def _cpu_seconds(self) -> float:
         times = self._process.cpu_times()
