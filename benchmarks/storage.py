@@ -105,6 +105,24 @@ def run_steps(predicted_images_per_s: float, examples: int, args: argparse.Names
     return per_pass * (passes + 1), per_pass
 
 
+def split_cores(store_cores: int) -> set[int]:
+    """The cores the store gets when it has `store_cores` of its own (the last ones); this process, and
+    so every run it starts, keeps the others. Empty where the store shares every core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not store_cores:
+        return set()
+    if store_cores >= len(cores):
+        raise SystemExit(f"--store-cores: expected fewer than the {len(cores)} core(s) this process may use, got {store_cores}")
+    os.sched_setaffinity(0, cores[:-store_cores])
+    return set(cores[-store_cores:])
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` onto `cores` (threads it starts later inherit them)."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(thread), cores)
+
+
 def server_cpu_ms(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return (times.user + times.system) * 1000.0
@@ -170,12 +188,16 @@ def main() -> int:
                         "JPEGs); 200-300 makes ~20 KB ones")
     parser.add_argument("--repeats", type=int, default=1, help="runs per cell, local disk and remote taken in "
                         "turn; medians are reported")
+    parser.add_argument("--store-cores", type=int, default=0, help="give the store this many cores of its own (the "
+                        "last ones) and every training run, local disk included, the others: a store that does "
+                        "not share the reader's cores, as a real one does not (0: all share every core)")
     parser.add_argument("--quick", action="store_true", help="only 10 ms, tuned (about two minutes)")
     args = parser.parse_args()
     latencies = [10.0] if args.quick else [float(x) for x in args.latencies.split(",")]
     presets = ["tuned"] if args.quick else args.presets.split(",")
     formats = args.formats.split(",")
     client = CLIENT[args.store]
+    store_cores = split_cores(args.store_cores)
     started = time.perf_counter()
     rows = []
     clients: dict[tuple[str, str], str] = {}
@@ -203,6 +225,8 @@ def main() -> int:
                                                  scratch / f"run-{fmt}-{preset}-local-{repeat}"))
                     for ms in latencies:
                         with emulate(data[fmt], kind=args.store, latency_s=ms / 1000.0, max_duration_s=900) as store:
+                            if store_cores:
+                                pin(store.pid, store_cores)
                             idle = server_cpu_ms(store.pid)
                             measured = train_rate(fmt, store.url, preset_args, steps[ms],
                                                   scratch / f"run-{fmt}-{preset}-{ms:g}-{repeat}", env=store.env)
@@ -215,12 +239,16 @@ def main() -> int:
                 for ms in latencies:
                     measured = statistics.median(m for m, _ in runs[ms])
                     per_request = statistics.median(c for _, c in runs[ms])
-                    served = with_server_cpu(diagnosis, fmt, ms, read_by, per_request)
+                    # A store on cores of its own takes none of the reader's: no "+server" model then.
+                    served = None if store_cores else with_server_cpu(diagnosis, fmt, ms, read_by, per_request)
                     rows.append((fmt, preset, f"{ms:g} ms", measured, predicted[ms], served))
     read_by = ", ".join(f"{fmt} {preset}: {name}" for (fmt, preset), name in clients.items())
     print(f"store: {args.store} ({read_by}), {args.classes * args.images_per_class} images, a pass of warm-up, then "
           f"whole passes of {BATCH}-image steps for {args.steps}-{args.max_steps} steps or ~{args.seconds:g} s at the "
           f"predicted pace, accelerator {ACCELERATOR}, median of {args.repeats} run(s) per cell")
+    if store_cores:
+        print(f"cores: the store on {sorted(store_cores)}, every training run (local disk too) on "
+              f"{sorted(os.sched_getaffinity(0))}")
     print(f"{'format':8} {'pipeline':8} {'storage':8} {'measured':>9} {'predicted':>10} {'pred/meas':>10} "
           f"{'+server':>8} {'pred/meas':>10} {'vs local':>9}")
     rate_of = {(f, p, where): m for f, p, where, m, _, _ in rows}
@@ -248,10 +276,10 @@ def main() -> int:
         at10, at0 = (rate_of.get((fmt, "tuned", where)) for where in ("10 ms", "0 ms"))
         if at10 is not None and local_rate.get((fmt, "tuned")):
             share = at10 / local_rate[(fmt, "tuned")]
-            print(f"tuned {fmt} at 10 ms: {share:.2f}x its local-disk images/s (target >= {floor}x: "
+            print(f"tuned {fmt} at 10 ms: {share:.3f}x its local-disk images/s (target >= {floor}x: "
                   f"{'met' if share >= floor else 'NOT met'})")
             if at0:  # the same store and its CPU, without the latency: how much of the 10 ms is hidden
-                print(f"  and {at10 / at0:.2f}x its images/s through the same store at 0 ms")
+                print(f"  and {at10 / at0:.3f}x its images/s through the same store at 0 ms")
     print(f"took {time.perf_counter() - started:.0f} s")
     return 0
 
