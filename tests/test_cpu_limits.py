@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -115,39 +114,15 @@ def test_affinity_sets_usable_cores():
     assert usable_cores() == len(os.sched_getaffinity(0))
 
 
-def _writable_cpu_cgroup() -> tuple[Path, int] | None:
-    """A folder to make a child cgroup in, with its version, where this process may (root, cgroup v2 with
-    the cpu controller, or v1's cpu hierarchy); None elsewhere."""
-    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
-    if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
-        return (v2, 2) if os.access(v2, os.W_OK) else None
-    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
-        return v1, 1
-    return None
-
-
-WRITABLE = _writable_cpu_cgroup()
-
-
-@pytest.mark.skipif(WRITABLE is None, reason="no cgroup CPU hierarchy this process may create a child in (needs root)")
-def test_a_real_cgroup_quota_limits_usable_cores():
+def test_a_real_cgroup_quota_limits_usable_cores(cpu_cgroup):
     """A child process moved into a fresh cgroup with half a CPU's quota sees it: one worker, 0.5 capacity."""
-    parent, version = WRITABLE
-    folder = parent / f"stallscope-test-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    try:
-        if version == 2:
-            (folder / "cpu.max").write_text("50000 100000")
-        else:
-            (folder / "cpu.cfs_quota_us").write_text("50000")
-        code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()));"
-                "from stallscope import cpu_limits; limits = cpu_limits.current();"
-                "print(limits.quota_cores, limits.capacity, limits.whole_cores)")
-        done = subprocess.run([sys.executable, "-c", code, str(folder / "cgroup.procs")], capture_output=True,
-                              text=True, timeout=60, check=True)
-        assert done.stdout.split() == ["0.5", "0.5", "1"]
-    finally:
-        folder.rmdir()  # the child has exited: the cgroup is empty
+    cpu_cgroup.limit(0.5)
+    code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()));"
+            "from stallscope import cpu_limits; limits = cpu_limits.current();"
+            "print(limits.quota_cores, limits.capacity, limits.whole_cores)")
+    done = subprocess.run([sys.executable, "-c", code, str(cpu_cgroup.procs)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["0.5", "0.5", "1"]
 
 
 BUSY_UNDER_QUOTA = """
@@ -162,20 +137,12 @@ print(json.dumps(monitor.report.summary()))
 """
 
 
-@pytest.mark.skipif(WRITABLE is None, reason="no cgroup CPU hierarchy this process may create a child in (needs root)")
-def test_a_busy_run_under_a_small_quota_is_reported_throttled():
+def test_a_busy_run_under_a_small_quota_is_reported_throttled(cpu_cgroup):
     """A process that wants a whole CPU under a fifth of one waits in most periods: the run's CPU summary
     says so, and the quota, not the CPUs, is named as the limit."""
-    parent, version = WRITABLE
-    folder = parent / f"stallscope-test-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    try:
-        (folder / ("cpu.max" if version == 2 else "cpu.cfs_quota_us")).write_text(
-            "20000 100000" if version == 2 else "20000")
-        done = subprocess.run([sys.executable, "-c", BUSY_UNDER_QUOTA, str(folder / "cgroup.procs")],
-                              capture_output=True, text=True, timeout=120, check=True)
-    finally:
-        folder.rmdir()
+    cpu_cgroup.limit(0.2)
+    done = subprocess.run([sys.executable, "-c", BUSY_UNDER_QUOTA, str(cpu_cgroup.procs)],
+                          capture_output=True, text=True, timeout=120, check=True)
     cpu = json.loads(done.stdout.strip().splitlines()[-1])
     assert cpu["quota_cores"] == 0.2 and cpu["cores"] == 0.2
     assert cpu["throttled_share"] > 0.5 and cpu["throttled_s"] > 0.5

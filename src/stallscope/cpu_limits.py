@@ -18,6 +18,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+QUOTA_SATURATED_SHARE = 0.2  # a quota that ran out in this share of its periods or more limits the run
+
 
 @dataclasses.dataclass(frozen=True)
 class CpuLimits:

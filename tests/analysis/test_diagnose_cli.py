@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -102,3 +103,23 @@ def test_missing_dataset_is_one_line(tmp_path, capsys):
     code = main(["diagnose", "--dataset-path", str(tmp_path / "nope"), "--accelerator", "emulated:1000"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "nope" in err
+
+
+def test_diagnose_under_a_cpu_quota_counts_the_quota_and_says_it_ran_out(tmp_path, capsys, cpu_cgroup):
+    """A diagnosis inside a container limited to a quarter of a CPU: its cores are the quota, not the
+    machine's CPUs, and it says the quota ran out during the pipeline probe. The test process itself
+    moves into a fresh cgroup for the run and back out before it is removed."""
+    data = _tree(tmp_path / "data")
+    cpu_cgroup.limit(0.25)
+    cpu_cgroup.procs.write_text(str(os.getpid()))
+    try:
+        code = main(["diagnose", "--dataset_path", str(data), "--pipeline", "tuned", "--batch-size", "4",
+                     "--image-size", "32", "--accelerator", "emulated:1ms", "--probe-steps", "6", "--json"])
+    finally:
+        cpu_cgroup.home.write_text(str(os.getpid()))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    warm = report["probes"]["warm"]
+    assert warm["cores"] == 0.25 and warm["throttled_share"] >= 0.2
+    assert any("CPU quota (0.25 CPUs' worth) ran out in" in note for note in report["notes"]), report["notes"]

@@ -239,3 +239,10 @@ def test_advice_is_spelled_as_the_flags_a_user_types():
                                                                       "deterministic": False}, "", "", "")
     assert fmt_knobs(advice.knobs) == "--read-parallelism autotune, --deterministic false"
     assert fmt_knobs({"cache": "memory", "max_intra_op_parallelism": 1}) == "--cache memory, --max-intra-op-parallelism 1"
+
+
+def test_free_cores_under_a_quota_below_one_cpu():
+    """A quarter-CPU quota gives the pipeline a quarter of a core, not the one core the floor used to give."""
+    assert differential.free_cores(_warm_probe(cores=0.25, other_cores_busy=0.0)) == 0.25
+    assert differential.free_cores(_warm_probe(cores=2.0, other_cores_busy=1.5)) == 1.0  # others busy: one core left
+    assert differential.free_cores(_warm_probe(cores=2.0, other_cores_busy=0.5)) == 1.5

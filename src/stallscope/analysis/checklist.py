@@ -7,12 +7,11 @@ from typing import Any
 
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
-from stallscope.cpu_limits import cpu_named, quota_throttled
+from stallscope.cpu_limits import QUOTA_SATURATED_SHARE, cpu_named, quota_throttled
 from stallscope.verdict import MODERATELY_INPUT_BOUND
 
 SLOW_GET_NEXT_US = 50.0        # seed-004: IteratorGetNext returning within 50 us means data was ready
 CPU_SATURATED_PERCENT = 90.0   # all cores this busy on average leaves the pipeline no room to grow
-QUOTA_SATURATED_SHARE = 0.2    # the cgroup's CPU quota ran out in this share of its periods or more
 ANSWERS = ("yes", "no", "unknown")
 
 

@@ -54,6 +54,7 @@ from stallscope.analysis.storage_whatif import (
     storage_whatif,
 )
 from stallscope.config import AUTOTUNE, json_ready, require_choice
+from stallscope.cpu_limits import QUOTA_SATURATED_SHARE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
@@ -300,10 +301,11 @@ def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
 
 
 def free_cores(probe: PipelineProbe) -> float:
-    """The cores the pipeline can have here: the machine's, less what other processes kept busy
-    during the probe (never below one). The more-cores what-if starts from these, and so does the
-    fix's prediction, so its '+0' row and the predicted column are one figure."""
-    return max(1.0, probe.cores - probe.other_cores_busy)
+    """The cores the pipeline can have here: the CPU the process may use, less what other processes
+    kept busy of it during the probe (never below one core, or the quota where that is less). The
+    more-cores what-if starts from these, and so does the fix's prediction, so its '+0' row and the
+    predicted column are one figure."""
+    return max(min(1.0, probe.cores), probe.cores - probe.other_cores_busy)
 
 
 def thread_ms_per_image(parts: PipelineBreakdown, batch_size: int) -> float:
@@ -550,6 +552,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                               min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
+        if warm.throttled_share is not None and warm.throttled_share >= QUOTA_SATURATED_SHARE:
+            probe_notes.append(f"the cgroup's CPU quota ({warm.cores:g} CPUs' worth) ran out in "
+                               f"{warm.throttled_share:.0%} of its periods during the pipeline probe: the quota, "
+                               "not the CPUs, limits the pipeline here, and more cores means a larger quota")
         served = _read_counters(options) - counted_before if counted_before is not None else None
         round_trips = bandwidth = None
         if in_store:
@@ -593,7 +599,7 @@ def _cached_rate(warm: PipelineProbe, parts: PipelineBreakdown, in_store: bool) 
     in a store, which the warm probe read from, what the free cores decode at its CPU per image."""
     if not in_store or parts.cpu_ms_per_image <= 0:
         return warm.images_per_second
-    return 1000.0 * max(1.0, warm.cores - warm.other_cores_busy) / parts.cpu_ms_per_image
+    return 1000.0 * free_cores(warm) / parts.cpu_ms_per_image
 
 
 COUNTERS_SETTLE_S = 0.1   # a store rewrites its counters file a little after serving (ours: within 20 ms)
@@ -659,7 +665,7 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                               read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None,
                               requests=requests, images=warm.images)
     pattern = reader_pattern(pattern, requests, warm.images)
-    workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=max(1.0, warm.cores - warm.other_cores_busy),
+    workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=free_cores(warm),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
     timed_by = obstore_client_for(client_named(client).scheme)

@@ -67,6 +67,7 @@ class PipelineProbe:
     steady_seconds: float | None = None
     steady_images: int | None = None
     cpus: int | None = None
+    throttled_share: float | None = None  # periods in which the cgroup's CPU quota ran out; None: no quota
 
     @property
     def ms_per_image(self) -> float:
@@ -267,6 +268,7 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
         cache_state=cache_state, batches=batches, images=images, seconds=seconds,
         cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,
         cpus=len(report.limits.cpus) if report.limits else None,
+        throttled_share=report.throttling.throttled_share if report.throttling else None,
         cached_before=cached, io=report.io,
         io_per_image=iostats.per_image(report.io, images, source_kind=source_kind,
                                        files_in_source=len(files), examples=examples),
