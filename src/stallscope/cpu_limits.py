@@ -50,12 +50,6 @@ class CpuLimits:
         spare = len(self.cpus) - self.capacity
         return min(self.capacity, max(0.0, others - spare))
 
-    def describe(self) -> str:
-        text = f"{len(self.cpus)} CPU(s)"
-        if self.quota_cores is not None and self.quota_cores < len(self.cpus):
-            text += f", a CPU quota of {self.quota_cores:g}"
-        return text
-
 
 def current(root: str | os.PathLike = "/") -> CpuLimits:
     """This process's limits now (the affinity can change under it: asked afresh each time). `root` is
@@ -68,12 +62,6 @@ def current(root: str | os.PathLike = "/") -> CpuLimits:
     if quota is None:
         return CpuLimits(cpus=cpus)
     return CpuLimits(cpus=cpus, quota_cores=quota[0], quota_stat=str(quota[1] / "cpu.stat"))
-
-
-def cgroup_quota_cores(root: Path = Path("/")) -> float | None:
-    """The least CPU quota, in CPUs, on this process's cgroup path; None where none is set."""
-    quota = least_cgroup_quota(root)
-    return quota[0] if quota else None
 
 
 def least_cgroup_quota(root: Path = Path("/")) -> tuple[float, Path] | None:
