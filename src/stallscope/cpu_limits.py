@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 QUOTA_SATURATED_SHARE = 0.2  # a quota that ran out in this share of its periods or more limits the run
 
 
+def quota_limited(throttled_share: float | None) -> bool:
+    """Whether a run's CPU quota, having run out in this share of its periods, was its limit (None: no quota)."""
+    return isinstance(throttled_share, (int, float)) and throttled_share >= QUOTA_SATURATED_SHARE
+
+
 @dataclasses.dataclass(frozen=True)
 class CpuLimits:
     """cpus: the CPU numbers the scheduler may run this process on. quota_cores: the cgroup's CPU time
@@ -218,7 +223,7 @@ def cpu_named(cpu: dict) -> str:
 
 def quota_throttled(cpu: dict) -> str | None:
     """What the cgroup's CPU quota cost a run, from its CPU summary: a stall no profile shows (the
-    process's threads just wait for the next period); None where it was never throttled."""
+    cgroup's threads just wait for the next period); None where it was never throttled."""
     waited, share, quota = cpu.get("throttled_s"), cpu.get("throttled_share"), cpu.get("quota_cores")
     if not waited or not isinstance(quota, (int, float)):
         return None

@@ -7,7 +7,7 @@ from typing import Any
 
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
-from stallscope.cpu_limits import QUOTA_SATURATED_SHARE, cpu_named, quota_throttled
+from stallscope.cpu_limits import cpu_named, quota_limited, quota_throttled
 from stallscope.verdict import MODERATELY_INPUT_BOUND
 
 SLOW_GET_NEXT_US = 50.0        # seed-004: IteratorGetNext returning within 50 us means data was ready
@@ -87,8 +87,7 @@ def _cpu(resources: dict[str, Any] | None) -> CheckItem:
     saturated = mean >= CPU_SATURATED_PERCENT
     evidence = (f"the {cpu_named(cpu)} were {mean:.0f}% busy on average (peak {peak:.0f}%) over "
                 f"{_samples(cpu.get('samples'))}; saturated at {CPU_SATURATED_PERCENT:.0f}%")
-    share = cpu.get("throttled_share")
-    if isinstance(share, (int, float)) and share >= QUOTA_SATURATED_SHARE:
+    if quota_limited(cpu.get("throttled_share")):
         saturated = True  # the quota ran out in many periods: saturated whatever the mean says
         evidence += f"; {quota_throttled(cpu)}"
     return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=saturated)

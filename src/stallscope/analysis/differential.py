@@ -54,7 +54,7 @@ from stallscope.analysis.storage_whatif import (
     storage_whatif,
 )
 from stallscope.config import AUTOTUNE, json_ready, require_choice
-from stallscope.cpu_limits import QUOTA_SATURATED_SHARE
+from stallscope.cpu_limits import quota_limited
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
@@ -552,7 +552,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                               min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
-        if warm.throttled_share is not None and warm.throttled_share >= QUOTA_SATURATED_SHARE:
+        if quota_limited(warm.throttled_share):
             probe_notes.append(f"the cgroup's CPU quota ({warm.cores:g} CPUs' worth) ran out in "
                                f"{warm.throttled_share:.0%} of its periods during the pipeline probe: the quota, "
                                "not the CPUs, limits the pipeline here, and more cores means a larger quota")

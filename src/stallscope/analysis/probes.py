@@ -267,7 +267,7 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
     probe = PipelineProbe(
         cache_state=cache_state, batches=batches, images=images, seconds=seconds,
         cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,
-        cpus=len(report.limits.cpus) if report.limits else None,
+        cpus=len(report.limits.cpus),
         throttled_share=report.throttling.throttled_share if report.throttling else None,
         cached_before=cached, io=report.io,
         io_per_image=iostats.per_image(report.io, images, source_kind=source_kind,

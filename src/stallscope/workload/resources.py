@@ -75,20 +75,24 @@ class ResourceReport:
 
     interval_s: float
     duration_s: float
-    cores: float  # the CPU this process may use, in cores (its affinity, under its cgroup's quota)
     samples: tuple[CpuSample, ...]
     io: dict[str, int] | None
     process_cpu_seconds: float
-    limits: CpuLimits | None = None
+    limits: CpuLimits
     throttling: Throttling | None = None  # the quota's counters over the run; None without a quota
+
+    @property
+    def cores(self) -> float:
+        """The CPU this process may use, in cores (its affinity, under its cgroup's quota)."""
+        return self.limits.capacity
 
     def summary(self) -> dict[str, Any]:
         process = [s.process_percent for s in self.samples]
         system = [s.system_percent for s in self.samples]
         return {
             "cores": self.cores,
-            "cpus": len(self.limits.cpus) if self.limits else None,
-            "quota_cores": self.limits.quota_cores if self.limits else None,
+            "cpus": len(self.limits.cpus),
+            "quota_cores": self.limits.quota_cores,
             "throttled_s": self.throttling.throttled_s if self.throttling else None,
             "throttled_share": self.throttling.throttled_share if self.throttling else None,
             "samples": len(self.samples),
@@ -165,7 +169,6 @@ class ResourceMonitor:
         self.report = ResourceReport(
             interval_s=self.interval_s,
             duration_s=time.perf_counter() - self._started,
-            cores=self._limits.capacity,
             samples=tuple(self._samples),
             io=io_delta(self._io_before, read_proc_io()),
             process_cpu_seconds=self._cpu_seconds() - self._cpu_before,
