@@ -147,6 +147,35 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served,
         blocks.close()
 
 
+@pytest.mark.parametrize("reader", READERS)
+def test_a_shards_first_block_is_asked_for_alone(served, s3_emulated, monkeypatch, reader):
+    """Asked for beside the next block, the first would share the link with bytes nobody waits for yet."""
+    from stallscope.storage import readers
+
+    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    shard = sorted((served / "records").glob("*.tfrecord"))[0]
+    path = location.as_path(f"{s3_emulated.url}/records/{shard.name}")
+    store = readers.backend(path)
+    asked: list[tuple[int, bool]] = []  # (start, whether every earlier request had its bytes)
+    futures = []
+    real_request = store.request_range
+
+    def request_range(where, start, end):
+        asked.append((start, all(f.done() for f in futures)))
+        futures.append(real_request(where, start, end))
+        return futures[-1]
+
+    monkeypatch.setattr(store, "request_range", request_range)
+    blocks = readers._blocks(path, store)
+    try:
+        assert b"".join(blocks) == shard.read_bytes()
+    finally:
+        blocks.close()
+    assert [start for start, _ in asked][:3] == [0, 333, 666]
+    assert asked[1][1], "the second block was asked for before the first had arrived"
+
+
 def test_a_shard_is_read_in_a_small_first_block_then_full_ones(monkeypatch):
     from stallscope.storage import readers
 
