@@ -126,14 +126,21 @@ def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monk
         assert remote == local and len(local) == 12
 
 
-@pytest.mark.parametrize("reader", READERS)
-def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served, s3_emulated, monkeypatch, reader):
+@pytest.fixture(params=READERS)
+def shard_in_small_blocks(request, served, s3_emulated, monkeypatch):
+    """(the first local shard, its s3:// path), read by each s3:// reader in blocks of 333 bytes."""
     from stallscope.storage import readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setenv(s3_reading.READER_ENV, request.param)
     monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
-    path = location.as_path(f"{s3_emulated.url}/records/{shard.name}")
+    return shard, location.as_path(f"{s3_emulated.url}/records/{shard.name}")
+
+
+def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(shard_in_small_blocks, s3_emulated):
+    from stallscope.storage import readers
+
+    shard, path = shard_in_small_blocks
     before = s3_emulated.counters().requests
     blocks = readers._blocks(path, readers.backend(path))
     try:
@@ -147,15 +154,11 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(served,
         blocks.close()
 
 
-@pytest.mark.parametrize("reader", READERS)
-def test_a_shards_first_block_is_asked_for_alone(served, s3_emulated, monkeypatch, reader):
+def test_a_shards_first_block_is_asked_for_alone(shard_in_small_blocks, monkeypatch):
     """Asked for beside the next block, the first would share the link with bytes nobody waits for yet."""
     from stallscope.storage import readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
-    shard = sorted((served / "records").glob("*.tfrecord"))[0]
-    path = location.as_path(f"{s3_emulated.url}/records/{shard.name}")
+    shard, path = shard_in_small_blocks
     store = readers.backend(path)
     asked: list[tuple[int, bool]] = []  # (start, whether every earlier request had its bytes)
     futures = []
