@@ -7,6 +7,7 @@ import json
 import pytest
 
 from stallscope.config import AUTOTUNE
+from stallscope.cpu_limits import CpuLimits
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
 from stallscope.pipeline.presets import OFF, PRESETS, get_preset, overridden_fields, resolve_pipeline
@@ -85,19 +86,28 @@ def test_loading_a_config_with_an_unknown_key_names_it(tmp_path):
         PipelineConfig.load(path)
 
 
+def _source(kind, first):
+    from stallscope.pipeline.sources import DataSource
+
+    return DataSource(kind=kind, path=first.parent, split="train", labels=("a",), files=(first,),
+                      file_labels=(0,) if kind == "files" else (), schema="", num_examples=1, total_bytes=1)
+
+
+NO_QUOTA = CpuLimits(cpus=(0, 1))
+
+
 def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store(monkeypatch):
+    from functools import partial
     from pathlib import Path
 
-    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, POOLED_READS_IN_FLIGHT, tuned_for_source
+    from stallscope.pipeline import presets
+    from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, POOLED_READS_IN_FLIGHT
     from stallscope.storage import gcs_objects
     from stallscope.storage.s3_reading import groups_in_flight
-    from stallscope.pipeline.sources import DataSource
     from stallscope.storage.location import as_path
 
-    def source(kind, first):
-        return DataSource(kind=kind, path=first.parent, split="train", labels=("a",), files=(first,),
-                          file_labels=(0,) if kind == "files" else (), schema="", num_examples=1, total_bytes=1)
-
+    source = _source
+    tuned_for_source = partial(presets.tuned_for_source, limits=NO_QUOTA)  # the same on any machine
     tuned = PRESETS["tuned"]
     assert tuned.gcs_reader == "pooled" and PRESETS["seed"].gcs_reader == "tf"
     monkeypatch.setattr(gcs_objects, "available", lambda: True)
@@ -125,3 +135,30 @@ def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store(monkeypatch):
     fallback = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
     assert fallback.gcs_reader == "tf" and fallback.read_parallelism == REMOTE_READS_IN_FLIGHT
     assert tuned_for_source(tuned, source("records", as_path("gs://b/r/0.tfrecord"))).gcs_reader == "tf"
+
+
+def test_tuned_under_a_cpu_quota_gets_a_pool_of_the_quotas_cores():
+    """TF sizes its shared pool by the CPUs; under a smaller quota that many threads spend most of
+    each period held back."""
+    from pathlib import Path
+
+    from stallscope.pipeline.presets import tuned_for_source
+    from stallscope.storage.location import as_path
+    from stallscope.storage.s3_reading import groups_in_flight
+
+    tuned = PRESETS["tuned"]
+    local = _source("files", Path("/data/train/a/1.jpg"))
+    pod = CpuLimits(cpus=tuple(range(64)), quota_cores=1.5)  # a 1.5-CPU limit on a 64-core node
+    assert tuned_for_source(tuned, local, pod).private_threadpool_size == 2
+    assert tuned_for_source(tuned, _source("records", Path("/data/r/train-0.tfrecord")), pod).private_threadpool_size == 2
+    on_s3 = tuned_for_source(tuned, _source("files", as_path("s3://b/train/a/1.jpg")), pod)
+    assert on_s3.private_threadpool_size == groups_in_flight(on_s3.read_parallelism) + 2  # the groups' threads, then the quota's
+    unchanged = [
+        (tuned, NO_QUOTA),                                                  # no quota: TF's pool fits the CPUs
+        (tuned, CpuLimits(cpus=(0, 1), quota_cores=2.0)),                   # a quota of every CPU
+        (tuned, CpuLimits(cpus=(0, 1), quota_cores=1.5)),                   # rounds up to every CPU
+        (tuned.replace(private_threadpool_size=8), pod),                    # the user's own pool
+        (PRESETS["seed"], pod),                                             # seed stays as the seeds wrote it
+    ]
+    for config, limits in unchanged:
+        assert tuned_for_source(config, local, limits) is config

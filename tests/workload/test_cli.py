@@ -46,6 +46,24 @@ def test_a_run_pinned_to_one_cpu_says_so(tiny_tree, tmp_path, capsys):
     assert re.search(r"^CPU +\d+% of 1 core \(process", out, re.MULTILINE), out
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to limit the run to fewer")
+def test_tuned_under_a_cpu_quota_runs_a_pool_of_the_quotas_cores(tiny_tree, tmp_path, capsys, cpu_cgroup):
+    """In a container limited to 1 CPU on a machine of more, tuned decodes on a private pool of one
+    thread, not on TF's pool of one thread per CPU. The test process moves into a fresh cgroup for the
+    run and back out before it is removed."""
+    cpu_cgroup.limit(1.0)
+    cpu_cgroup.procs.write_text(str(os.getpid()))
+    try:
+        code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "4",
+                     "--log_path", str(tmp_path / "run"), "--pipeline", "tuned", *TINY])
+    finally:
+        cpu_cgroup.home.write_text(str(os.getpid()))
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cpu"]["quota_cores"] == 1.0
+    assert summary["pipeline"]["requested"]["private_threadpool_size"] == 1, summary["pipeline"]
+
+
 def test_tuned_says_where_pixels_are_scaled(tiny_tree, tmp_path, capsys):
     assert main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "3",
                  "--log_path", str(tmp_path / "run"), "--pipeline", "tuned", *TINY]) == 0

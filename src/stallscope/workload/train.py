@@ -325,14 +325,16 @@ class _BatchNormKeeper:
 
 
 def _for_source(options: TrainOptions, source) -> TrainOptions:
-    """The pipeline as it reads this source (`tuned` keeps more reads in flight on JPEGs in a store)."""
+    """The pipeline as it reads this source on this CPU (`tuned` keeps more reads in flight on JPEGs in
+    a store, and decodes on a pool of the quota's cores under a CPU quota)."""
     from stallscope.pipeline.presets import tuned_for_source
 
     pipeline = tuned_for_source(options.pipeline, source)
     if pipeline == options.pipeline:
         return options
-    log.info("tuned on this store: %d reads in flight on a private pool of %d threads; gs:// read by %s",
-             pipeline.read_parallelism or 0, pipeline.private_threadpool_size, pipeline.gcs_reader)
+    before = options.pipeline.to_dict()
+    log.info("tuned for this source and CPU: %s", ", ".join(
+        f"{name}={value}" for name, value in pipeline.to_dict().items() if before.get(name) != value))
     return dataclasses.replace(options, pipeline=pipeline)
 
 
