@@ -144,7 +144,7 @@ def _blocks(path: RemotePath, store):
     client's own threads or event loop) while each is consumed. The first block is asked for alone:
     asked for beside the next, it shares the link with bytes nobody waits for yet (1,600 75 KB
     records in 4 shards at 10 ms through a 1 Gbit/s cap, a training core of their own: 752-788
-    images/s with the two asked for at once, 810-835 with the first alone; without the cap 1,087-1,105
+    images/s with the two asked for at once, 793-835 with the first alone; without the cap 1,087-1,105
     and 1,098-1,110). The size comes from the listing the run planned from where this process holds it
     (a round trip less per shard opened, at every epoch's start and in each interleave slot; shards are
     written whole under their final names, never changed in place), else from the store."""
