@@ -210,7 +210,7 @@ def throttling(limits: CpuLimits) -> Throttling | None:
 
 
 def cpu_named(cpu: dict) -> str:
-    """'2 cores', or '1.5 cores (a quota, on 8 CPUs)', from a run's CPU summary (resources.json's "cpu");
+    """'2 cores', or '1.5 cores (a CPU quota, on 8 CPUs)', from a run's CPU summary (resources.json's "cpu");
     older runs, without "cpus", name the machine's cores they counted."""
     cores, cpus, quota = cpu.get("cores"), cpu.get("cpus"), cpu.get("quota_cores")
     if not isinstance(cores, (int, float)):

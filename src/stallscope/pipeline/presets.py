@@ -148,7 +148,7 @@ def _pool_for_quota(config: PipelineConfig, limits: "CpuLimits") -> PipelineConf
     cgroup with 1 CPU's quota on 2 CPUs (`train --pipeline tuned`, README): steps of 29.8-31.0 ms at
     the 90th percentile against 62.7-67.4 with TF's pool of 2, and 0.07-0.13 s held back against
     4.3-4.5 s, at the same images/s."""
-    if config.private_threadpool_size or limits.quota_cores is None or limits.whole_cores >= len(limits.cpus):
+    if config.private_threadpool_size or limits.whole_cores >= len(limits.cpus):  # no quota, or one of every CPU
         return config
     return config.replace(private_threadpool_size=limits.whole_cores)
 

@@ -13,8 +13,8 @@ parsed, by a generator that checks every record's checksums and hands them to tf
 from __future__ import annotations
 
 import collections
-import itertools
 import concurrent.futures
+import itertools
 import re
 
 import numpy as np
@@ -156,8 +156,7 @@ def _blocks(path: RemotePath, store):
         first = next(spans, None)
         if first is None:
             return
-        pending.append(store.request_range(path, *first))
-        head = _block(path, pending.popleft())
+        head = _block(path, store.request_range(path, *first))
         pending.extend(store.request_range(path, start, end) for start, end in itertools.islice(spans, BLOCKS_AHEAD))
         yield head
         for start, end in spans:
