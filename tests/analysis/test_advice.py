@@ -106,3 +106,53 @@ def test_a_run_throttled_by_its_cpu_quota_is_cpu_saturated():
     assert "throttled in 55% of its periods, 3.10 s held back over a 5.0 s run" in item.evidence
     calm = _cpu({"cpu": {**cpu, "throttled_s": 0.01, "throttled_share": 0.02}})
     assert calm.answer == "no" and "throttled" not in calm.evidence
+
+
+def test_a_pipeline_on_tfs_pool_under_a_short_cpu_quota_is_advised_the_quotas_cores():
+    """TF sizes tf.data's shared pool by the CPUs, not the quota: a 1.5-CPU pod on 64 CPUs whose quota
+    ran out is advised a pool of 2 threads; nothing where the quota never ran short, where there is
+    none or it covers every CPU, or where the pipeline has a pool of its own."""
+    from stallscope.analysis.advice import quota_pool
+
+    seed = PipelineConfig(preset="seed")
+    pod = {"cpus": 64, "quota_cores": 1.5, "throttled_share": 0.6, "evidence": "ran out"}
+    advice = quota_pool(seed, **pod)
+    assert advice.key == "quota_pool" and advice.knobs == {"private_threadpool_size": 2}
+    assert "options.threading.private_threadpool_size = 2" in advice.code and "(64)" in advice.reason
+    assert apply_advice(seed, advice).private_threadpool_size == 2
+    assert quota_pool(seed, **{**pod, "throttled_share": 0.05}) is None    # never short of quota
+    assert quota_pool(seed, **{**pod, "throttled_share": None}) is None    # no quota counters
+    assert quota_pool(seed, **{**pod, "quota_cores": None}) is None
+    assert quota_pool(seed, **{**pod, "quota_cores": 64.0}) is None        # a quota of every CPU
+    assert quota_pool(seed.replace(private_threadpool_size=8), **pod) is None
+    assert quota_pool(None, **pod) is None                                 # a bare profile: the pool unknown
+
+
+def test_a_storage_pool_wins_over_the_quotas_pool():
+    """Reads in flight hold threads that wait, so the storage advice's pool (reads + cores) is kept
+    and the quota's pool, which would leave too few threads to wait on reads, is dropped."""
+    from stallscope.analysis.advice import merge_advice, quota_pool
+
+    pool = quota_pool(PipelineConfig(preset="seed"), cpus=8, quota_cores=2.0, throttled_share=0.5, evidence="")
+    reads = Advice("reads_in_flight", "", {"read_parallelism": 16, "private_threadpool_size": 18}, "", "", "")
+    cache = Advice("cache", "", {"cache": "memory", "cache_at": "encoded"}, "", "", "")
+    assert [a.key for a in merge_advice([pool], [reads])] == ["reads_in_flight"]
+    assert [a.key for a in merge_advice([pool], [cache])] == ["cache", "quota_pool"]
+
+
+def test_a_run_held_back_by_its_quota_on_tfs_pool_is_advised_the_quotas_cores(rewritten_run, tmp_path):
+    """`analyze` of a run directory: resources.json says a 1-CPU quota on 4 CPUs ran out; the run's
+    requested config used TF's shared pool."""
+    import json
+    import shutil
+
+    run = shutil.copytree(rewritten_run, tmp_path / "run")
+    pipeline = json.loads((run / "pipeline.json").read_text())
+    (run / "pipeline.json").write_text(json.dumps({**pipeline, "requested": PipelineConfig(preset="seed").to_dict()}))
+    resources = json.loads((run / "resources.json").read_text())
+    resources["cpu"].update(cpus=4, cores=1.0, quota_cores=1.0, throttled_s=2.0, throttled_share=0.7)
+    (run / "resources.json").write_text(json.dumps(resources))
+    analysis = analyze_run(run, with_xprof=False)
+    pool = next(a for a in analysis.advice if a.key == "quota_pool")
+    assert pool.knobs == {"private_threadpool_size": 1}
+    assert "throttled in 70% of its periods" in pool.evidence

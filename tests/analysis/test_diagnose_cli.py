@@ -123,3 +123,31 @@ def test_diagnose_under_a_cpu_quota_counts_the_quota_and_says_it_ran_out(tmp_pat
     warm = report["probes"]["warm"]
     assert warm["cores"] == 0.25 and warm["throttled_share"] >= 0.2
     assert any("CPU quota (0.25 CPUs' worth) ran out in" in note for note in report["notes"]), report["notes"]
+    assert "quota_pool" not in {a["key"] for a in report["advice"]}  # tuned runs on the quota's pool already
+
+
+def test_fix_under_a_cpu_quota_runs_the_pipeline_on_a_pool_of_the_quotas_cores(tmp_path, capsys, cpu_cgroup):
+    """The seed pipeline in a container limited to half a CPU on a machine of more: its pipeline ran on
+    TF's pool of a thread per CPU, the quota ran out, and the fix gives it a pool of the quota's one
+    core, saved where `train --pipeline-config` reads it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs to limit the run to fewer")
+    data = _tree(tmp_path / "data")
+    fixed = tmp_path / "fixed.json"
+    cpu_cgroup.limit(0.5)
+    cpu_cgroup.procs.write_text(str(os.getpid()))
+    try:
+        code = main(["diagnose", "--dataset_path", str(data), "--pipeline", "seed", "--batch-size", "4",
+                     "--image-size", "32", "--accelerator", "emulated:1ms", "--probe-steps", "6", "--json",
+                     "--fix", "--fixed-config", str(fixed)])
+    finally:
+        cpu_cgroup.home.write_text(str(os.getpid()))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    pool = next(a for a in report["advice"] if a["key"] == "quota_pool")
+    assert pool["knobs"] == {"private_threadpool_size": 1}
+    assert "options.threading.private_threadpool_size = 1" in pool["code"]
+    assert "ran out in" in pool["evidence"] and "on " in pool["evidence"]
+    assert "quota_pool" in {a["key"] for a in report["fix"]["applied"]}
+    assert PipelineConfig.load(fixed).private_threadpool_size == 1

@@ -246,3 +246,22 @@ def test_free_cores_under_a_quota_below_one_cpu():
     assert differential.free_cores(_warm_probe(cores=0.25, other_cores_busy=0.0)) == 0.25
     assert differential.free_cores(_warm_probe(cores=2.0, other_cores_busy=1.5)) == 1.0  # others busy: one core left
     assert differential.free_cores(_warm_probe(cores=2.0, other_cores_busy=0.5)) == 1.5
+
+
+def test_a_pipeline_probe_held_back_by_its_quota_is_advised_the_quotas_cores():
+    """diagnose's advice where the pipeline-alone probe ran out of a 1-CPU quota on 4 CPUs (the same
+    advice a real cgroup gives in test_diagnose_cli; this one runs where no cgroup can be made)."""
+    import dataclasses
+
+    seed = get_preset("seed").replace(batch_size=32)
+    warm = dataclasses.replace(_warm_probe(cores=1.0, other_cores_busy=0.0), cpus=4, throttled_share=0.8)
+    parts = differential.breakdown(warm, None, seed)
+    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 130.0, 120.0, 10.0),
+                      parts=parts, batch_size=32, cores=1.0, phase="head")
+    advice = differential.recommend((phase,), seed, parts, examples=1000, data_bytes=10**6, warm=warm)
+    pool = next(a for a in advice if a.key == "quota_pool")
+    assert pool.knobs == {"private_threadpool_size": 1}
+    assert "the CPU quota (1 CPU's worth, on 4 CPUs) ran out in 80% of its periods" in pool.evidence
+    calm = dataclasses.replace(warm, throttled_share=0.01)
+    assert "quota_pool" not in [a.key for a in differential.recommend(
+        (phase,), seed, parts, examples=1000, data_bytes=10**6, warm=calm)]

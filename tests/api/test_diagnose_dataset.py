@@ -212,3 +212,37 @@ def test_the_map_that_reads_is_found_with_its_parallel_calls():
     assert as_read(config, "tf", 18, ReadMap(16, decodes=False)).private_threadpool_size == 18
     by_stallscope = stallscope.read_files(paths, in_flight=64)
     assert as_read(config, "pooled", 6, read_map(by_stallscope)).read_parallelism == 64
+
+
+def _busy_dataset(private_pool: int = 0) -> tf.data.Dataset:
+    """A parallel map of real CPU work on TF's shared pool (a thread per CPU), or on a private one."""
+    def work(i):
+        square = tf.random.stateless_uniform([256, 256], seed=tf.stack([i, i]))
+        return tf.reduce_sum(tf.linalg.matmul(square, square)), i % 4
+
+    dataset = tf.data.Dataset.range(256).repeat().map(work, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(8).prefetch(tf.data.AUTOTUNE)
+    if private_pool:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = private_pool
+        dataset = dataset.with_options(options)
+    return dataset
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to limit the run to fewer")
+def test_a_dataset_on_tfs_pool_under_a_cpu_quota_is_advised_a_pool_of_the_quotas_cores(cpu_cgroup):
+    """Your own pipeline in a container limited to half a CPU on a machine of more: on TF's shared
+    pool (a thread per CPU) it is advised a private pool of the quota's one core; with that pool, not."""
+    cpu_cgroup.limit(0.5)
+    cpu_cgroup.procs.write_text(str(os.getpid()))
+    try:
+        shared = stallscope.diagnose(_busy_dataset(), accelerator="emulated:1ms", steps=24)
+        private = stallscope.diagnose(_busy_dataset(private_pool=1), accelerator="emulated:1ms", steps=24)
+    finally:
+        cpu_cgroup.home.write_text(str(os.getpid()))
+    assert shared.warm.throttled_share >= 0.2 and private.warm.throttled_share >= 0.2, (shared.warm, private.warm)
+    pool = next((a for a in shared.advice if a.key == "quota_pool"), None)
+    assert pool is not None, [a.key for a in shared.advice]
+    assert pool.knobs == {"private_threadpool_size": 1}
+    assert "options.threading.private_threadpool_size = 1" in pool.code
+    assert "quota_pool" not in [a.key for a in private.advice]

@@ -183,7 +183,8 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
         captures=tuple(str(c) for c in captures), hosts=tuple(hosts),
     )
-    return dataclasses.replace(partial, advice=tuple(advice_module.recommend(partial, config)))
+    return dataclasses.replace(partial, advice=tuple(advice_module.recommend(
+        partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None)))
 
 
 def slowest(hosts: list[HostSteps] | tuple[HostSteps, ...]) -> HostSteps:

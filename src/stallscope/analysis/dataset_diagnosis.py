@@ -115,7 +115,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     if in_store:
         say(TIMING_STEP)
         round_trips, bandwidth = time_store(in_store)
-    config = config_from_chain(chain, batch_size=max(1, warm.batch_size))
+    private_pool = dataset.options().threading.private_threadpool_size or 0
+    config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool)
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
@@ -131,7 +132,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
     examples = _examples(dataset, config.batch_size)
-    advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes)
+    advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
+                                    warm=warm)
     if phase.cause != "none":
         advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
@@ -140,7 +142,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
                                               warm=warm, parts=parts, phase=phase,
                                               scenarios=options.storage_scenarios, client=options.storage_client,
-                                              private_pool=dataset.options().threading.private_threadpool_size,
+                                              private_pool=private_pool,
                                               reads=_read_map_in(graph), requests=requests,
                                               round_trips=round_trips, bandwidth=bandwidth)
         notes += more
@@ -310,9 +312,10 @@ def _files_in(graph) -> list[str]:
     return list(found)
 
 
-def config_from_chain(chain: Sequence[str], *, batch_size: int) -> PipelineConfig:
+def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: int = 0) -> PipelineConfig:
     """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
-    a sequential map, no parallel read, no prefetch at the end, a cache."""
+    a sequential map, no parallel read, no prefetch at the end, a cache; and as its options show them
+    (`private_pool`: the threads of its private pool, 0 for TF's shared one)."""
     stages = set(chain)
     parallel_map = "ParallelMap" in stages or not stages & set(MAP_STAGES)  # MapAndBatch: unknown, advise
     return PipelineConfig(
@@ -320,7 +323,7 @@ def config_from_chain(chain: Sequence[str], *, batch_size: int) -> PipelineConfi
         map_parallelism=AUTOTUNE if parallel_map else None,
         read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
         prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
-        cache="memory" if stages & {"Cache", "MemoryCache"} else "none",
+        cache="memory" if stages & {"Cache", "MemoryCache"} else "none", private_threadpool_size=private_pool,
     )
 
 

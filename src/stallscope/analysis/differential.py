@@ -31,7 +31,9 @@ from typing import Any
 import psutil
 
 from stallscope.analysis import whatif
-from stallscope.analysis.advice import CACHE_MEMORY_FRACTION, Advice, apply_advice, merge_advice, storage_advice
+from stallscope.analysis.advice import (
+    CACHE_MEMORY_FRACTION, Advice, apply_advice, merge_advice, quota_pool, storage_advice,
+)
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
 from stallscope.analysis.storage_counters import (
     StorageCounters,
@@ -398,8 +400,9 @@ def steady_state_for(data_bytes: int) -> str:
 
 
 def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConfig, parts: PipelineBreakdown,
-              *, examples: int, data_bytes: int) -> list[Advice]:
-    """Knob changes that address the stall the probes found, most effective first."""
+              *, examples: int, data_bytes: int, warm: PipelineProbe | None = None) -> list[Advice]:
+    """Knob changes that address the stall the probes found, most effective first; `warm` (the
+    pipeline-alone probe) tells whether a CPU quota ran out while the pipeline ran flat out."""
     worst = max(diagnosis_phases, key=lambda p: p.input_share)
     advice: list[Advice] = []
     evidence = (f"pipeline alone {parts.warm_ms:.1f} ms per batch warm ({parts.cpu_ms:.1f} ms CPU work on "
@@ -445,6 +448,13 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "# re-convert once; decoding a 256 px JPEG costs a fraction of a 500 px one",
             "decoding is the slow part and its cost grows with the pixels stored", evidence,
             command="stallscope convert IMAGES --output_path RECORDS --max-side 256"))
+    if warm is not None and warm.throttled_share is not None:  # a quota: its counters were read
+        worth = f"{warm.cores:g} CPU's" if warm.cores == 1 else f"{warm.cores:g} CPUs'"
+        pool = quota_pool(config, cpus=warm.cpus, quota_cores=warm.cores, throttled_share=warm.throttled_share,
+                          evidence=f"the CPU quota ({worth} worth, on {warm.cpus} CPUs) ran out in "
+                                   f"{warm.throttled_share:.0%} of its periods while the pipeline ran alone")
+        if pool is not None:
+            advice.append(pool)
     return advice
 
 
@@ -575,7 +585,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     phases = tuple(phases)
     from stallscope.storage.readers import describe_reader
 
-    advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes)
+    advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm)
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
                                            round_trips, bandwidth)
     advice = merge_advice(advice, storage_advice(

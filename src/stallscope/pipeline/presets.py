@@ -114,7 +114,7 @@ def tuned_for_store(config: PipelineConfig, kind: str, scheme: str, limits: "Cpu
     images/s, against 2 groups on the shared pool, which left the decode waiting for threads). Left
     as it is where the user chose a private pool or a read parallelism, and for records (a request
     per large block). Anywhere else a CPU quota below the CPUs gets a pool of its own
-    (`_pool_for_quota`)."""
+    (`pool_for_quota`)."""
     from stallscope.cpu_limits import current
     from stallscope.storage import gcs_objects
 
@@ -123,7 +123,7 @@ def tuned_for_store(config: PipelineConfig, kind: str, scheme: str, limits: "Cpu
     if scheme == "gs" and config.gcs_reader == "pooled" and (config.data_service or not gcs_objects.available()):
         config = config.replace(gcs_reader="tf")  # a tf.data service's workers run TF's reader, not ours
     limits = limits if limits is not None else current()
-    return _pool_for_quota(_reads_in_flight(config, kind, scheme, limits.whole_cores), limits)
+    return pool_for_quota(_reads_in_flight(config, kind, scheme, limits.whole_cores), limits)
 
 
 def _reads_in_flight(config: PipelineConfig, kind: str, scheme: str, cores: int) -> PipelineConfig:
@@ -140,14 +140,14 @@ def _reads_in_flight(config: PipelineConfig, kind: str, scheme: str, cores: int)
                           private_threadpool_size=REMOTE_READS_IN_FLIGHT + cores)
 
 
-def _pool_for_quota(config: PipelineConfig, limits: "CpuLimits") -> PipelineConfig:
+def pool_for_quota(config: PipelineConfig, limits: "CpuLimits") -> PipelineConfig:
     """A private pool of the quota's whole cores where a CPU quota (a container's or pod's CPU limit)
     is below the CPUs this process may run on and no pool is chosen: TF sizes its shared pool by the
     CPUs, so a pod limited to 2 CPUs on a 64-core node would decode 64 images at once and spend most
     of each quota period held back. Throughput stays the quota's; the steps stop stalling. In a real
     cgroup with 1 CPU's quota on 2 CPUs (`train --pipeline tuned`, README): steps of 29.8-31.0 ms at
     the 90th percentile against 62.7-67.4 with TF's pool of 2, and 0.07-0.13 s held back against
-    4.3-4.5 s, at the same images/s."""
+    4.3-4.5 s, at the same images/s. `diagnose` advises the same pool for any pipeline (advice.quota_pool)."""
     if config.private_threadpool_size or limits.whole_cores >= len(limits.cpus):  # no quota, or one of every CPU
         return config
     return config.replace(private_threadpool_size=limits.whole_cores)
