@@ -3,7 +3,8 @@
 Each training batch runs inside a step marker (`Trace('train', step_num=i, _r=1)`, opened in
 `on_train_batch_begin` and closed in `on_train_batch_end`), the window `profile_steps` is profiled,
 and at the end of training the profile is analysed and the verdict, bottleneck and top fix logged;
-`monitor.analysis` holds the `Analysis`. Every step's wall time goes to LOG_DIR/steps.csv. A callback
+`monitor.analysis` holds the `Analysis`. Every step's wall time goes to LOG_DIR/steps.csv and the CPU
+the fit used (and, in a container, how often its CPU quota ran out) to LOG_DIR/resources.json. A callback
 sees only whole batches, so input wait and compute per step are left unmeasured there (NaN): the
 split comes from the profile.
 """
@@ -21,7 +22,7 @@ import keras
 from stallscope.workload import rundir
 from stallscope.workload.marking import window_of
 from stallscope.workload.profiling import StepProfiler
-from stallscope.workload.resources import minor_faults
+from stallscope.workload.resources import ResourceMonitor, minor_faults
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class StallMonitor(keras.callbacks.Callback):
         self._started = 0.0
         self._step_started = 0.0
         self._faults_started: int | None = None
+        self._resources: ResourceMonitor | None = None
 
     def on_train_begin(self, logs=None) -> None:
         global _unfinished
@@ -65,6 +67,7 @@ class StallMonitor(keras.callbacks.Callback):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log.info("stallscope: step times and profile go to %s", self.log_dir)
         self._profiler = StepProfiler(self.window, self.log_dir / PROFILE_SUBDIR, owner="StallMonitor profile_steps")
+        self._resources = ResourceMonitor().__enter__()
         self._started = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
@@ -90,14 +93,14 @@ class StallMonitor(keras.callbacks.Callback):
         global _unfinished
         _unfinished = None
         self._profiler.stop()
-        rundir.write_steps(self.log_dir, self.records)
+        self._write_run_files()
         if self._profiler.captured_steps == 0:
             if self.window is not None:
                 log.warning("stallscope: training ended before step %d; no profile was captured", self.window.start)
             return
         from stallscope.analysis.analyze import analyze_run
 
-        self.analysis = analyze_run(self.log_dir / PROFILE_SUBDIR)
+        self.analysis = analyze_run(self.log_dir)  # the run directory: its steps.csv and resources.json too
         line = summary_line(self.analysis)
         log.info("stallscope: %s", line)
         if self.verbose:
@@ -113,7 +116,14 @@ class StallMonitor(keras.callbacks.Callback):
             log.warning("stallscope: an earlier fit stopped inside its profile window %s; its partial profile "
                         "(%d step(s)) is under %s", self.window.text, self._profiler.captured_steps,
                         self.log_dir / PROFILE_SUBDIR)
+        self._write_run_files()
+
+    def _write_run_files(self) -> None:
         rundir.write_steps(self.log_dir, self.records)
+        if self._resources is not None:
+            self._resources.__exit__(None, None, None)
+            rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())
+            self._resources = None
 
 
 def summary_line(analysis) -> str:

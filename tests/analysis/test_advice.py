@@ -125,7 +125,9 @@ def test_a_pipeline_on_tfs_pool_under_a_short_cpu_quota_is_advised_the_quotas_co
     assert quota_pool(seed, **{**pod, "quota_cores": None}) is None
     assert quota_pool(seed, **{**pod, "quota_cores": 64.0}) is None        # a quota of every CPU
     assert quota_pool(seed.replace(private_threadpool_size=8), **pod) is None
-    assert quota_pool(None, **pod) is None                                 # a bare profile: the pool unknown
+    unrecorded = quota_pool(None, **pod)  # a program's own profile: its pool is not recorded
+    assert unrecorded.knobs == {"private_threadpool_size": 2} and "where the pipeline sets no pool" in unrecorded.reason
+    assert "where the pipeline sets no pool" not in advice.reason
 
 
 def test_a_storage_pool_wins_over_the_quotas_pool():

@@ -45,3 +45,21 @@ def test_run_timing_reads_steps_csv_without_warmup(rewritten_run):
     assert timing.steps == len(records) - 1
     assert 0.0 <= timing.input_share <= 1.0
     assert timing.images_per_second > 0
+
+
+def test_a_callbacks_steps_have_no_input_split_and_say_so(tmp_path):
+    """StallMonitor's steps.csv: whole steps, no input wait (NaN), batch size unknown (0). The run's
+    timing leaves out the split, share and verdict instead of reading NaN as 'not input-bound'."""
+    import json
+    import math
+
+    from stallscope.workload.rundir import StepRecord, write_steps
+
+    records = [StepRecord(step=i, phase="train", started_s=i * 0.01, step_ms=10.0 + i, input_wait_ms=math.nan,
+                          compute_ms=math.nan, images=0, warmup=i == 1) for i in range(1, 6)]
+    write_steps(tmp_path, records)
+    timing = run_timing(read_steps(tmp_path))
+    assert timing.steps == 4 and timing.step_ms.mean == pytest.approx(13.5)
+    assert timing.input_ms is None and timing.input_share is None and timing.verdict is None
+    assert timing.images_per_second is None
+    json.dumps(timing.__dict__ | {"step_ms": timing.step_ms.__dict__}, allow_nan=False)

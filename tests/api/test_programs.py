@@ -5,8 +5,12 @@ same steps, and the stalled pipeline must read as highly input-bound with its ma
 from __future__ import annotations
 
 import csv
+import json
+import os
 
 import pytest
+
+from stallscope.cli.main import main
 
 AGREEMENT = 0.10
 
@@ -28,10 +32,18 @@ def _assert_verdicts(stalled: dict, healthy: dict) -> None:
         assert abs(profile_ms - own_ms) <= AGREEMENT * own_ms, (profile_ms, own_ms)
 
 
-def test_keras_fit_with_stall_monitor(run_program, tmp_path):
+def test_keras_fit_with_stall_monitor(run_program, tmp_path, capsys):
     stalled = run_program("keras_fit.py", "stalled", str(tmp_path / "stalled"))
     healthy = run_program("keras_fit.py", "healthy", str(tmp_path / "healthy"))
     _assert_verdicts(stalled, healthy)
+    # the fit's CPU was sampled beside the profile, so the checklist answers whether it was saturated
+    assert (tmp_path / "healthy" / "resources.json").exists()
+    assert healthy["analysis"]["checklist"]["cpu_saturated"] in ("yes", "no"), healthy["analysis"]
+    # `analyze` of the monitor's directory: strict JSON, the callback's unmeasured input wait left out
+    assert main(["analyze", str(tmp_path / "healthy"), "--json", "--no-xprof"]) == 0
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    timing = report["run_timing"]
+    assert timing["steps"] == 23 and timing["input_share"] is None and timing["verdict"] is None
     with open(tmp_path / "healthy" / "steps.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [int(r["step"]) for r in rows] == list(range(1, 25))  # two epochs of 12, numbered globally
@@ -54,6 +66,28 @@ def test_custom_loop_with_step_and_profile(run_program, tmp_path):
     stalled = run_program("custom_loop.py", "stalled", str(tmp_path / "stalled"))
     healthy = run_program("custom_loop.py", "healthy", str(tmp_path / "healthy"))
     _assert_verdicts(stalled, healthy)
+    assert (tmp_path / "healthy" / "resources.json").exists()
+    assert healthy["analysis"]["checklist"]["cpu_saturated"] in ("yes", "no"), healthy["analysis"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to limit the run to fewer")
+@pytest.mark.parametrize("program", ["keras_fit.py", "custom_loop.py"])
+def test_a_program_held_back_by_its_cpu_quota_is_advised_a_pool_of_the_quotas_cores(run_program, tmp_path,
+                                                                                     cpu_cgroup, program):
+    """Your own fit or loop in a container limited to half a CPU on a machine of more, its map on TF's
+    shared pool: the quota runs out, the checklist says so, and the advice is a pool of one thread.
+    The program inherits the cgroup the test process moves into for the run (and back out after)."""
+    cpu_cgroup.limit(0.5)
+    cpu_cgroup.procs.write_text(str(os.getpid()))
+    try:
+        busy = run_program(program, "busy", str(tmp_path / "busy"))
+    finally:
+        cpu_cgroup.home.write_text(str(os.getpid()))
+    assert busy["analysis"]["checklist"]["cpu_saturated"] == "yes", busy["analysis"]
+    pool = next((a for a in busy["analysis"]["advice"] if a["key"] == "quota_pool"), None)
+    assert pool is not None, busy["analysis"]["advice"]
+    assert pool["knobs"] == {"private_threadpool_size": 1}
+    assert "where the pipeline sets no pool of its own" in pool["reason"]
 
 
 def test_step_markers_make_a_profile_taken_by_hand_analysable(run_program, tmp_path):

@@ -141,14 +141,18 @@ def quota_pool(config: PipelineConfig | None, *, cpus: int | None, quota_cores: 
     """A private pool of the CPU quota's whole cores, where a quota below the CPUs ran out and the
     pipeline runs on tf.data's shared pool, which TF sizes by the CPUs the process may run on, not by
     its quota: the pool `tuned` gets (presets.pool_for_quota), for any pipeline. None where it would
-    change nothing (no quota, a quota never short, a pool already chosen)."""
+    change nothing (no quota, a quota never short, a pool already chosen). Without a config (a
+    program's own profile: StallMonitor, stallscope.profile) the pool is not recorded, and the advice
+    says it holds where none was set."""
     from stallscope.pipeline.presets import pool_for_quota
 
-    if config is None or not cpus or not quota_cores or not quota_limited(throttled_share):
+    if not cpus or not quota_cores or not quota_limited(throttled_share):
         return None
-    threads = pool_for_quota(config, CpuLimits(cpus=tuple(range(cpus)), quota_cores=quota_cores)).private_threadpool_size
-    if threads == config.private_threadpool_size:
+    known = config if config is not None else PipelineConfig()
+    threads = pool_for_quota(known, CpuLimits(cpus=tuple(range(cpus)), quota_cores=quota_cores)).private_threadpool_size
+    if threads == known.private_threadpool_size:
         return None
+    unrecorded = "" if config is not None else " (where the pipeline sets no pool of its own: the profile does not say)"
     return Advice(
         "quota_pool", f"Size the pipeline's thread pool to the CPU quota: {threads} thread{'' if threads == 1 else 's'}",
         {"private_threadpool_size": threads},
@@ -158,7 +162,7 @@ def quota_pool(config: PipelineConfig | None, *, cpus: int | None, quota_cores: 
         f"tf.data's shared pool has a thread per CPU this process may run on ({cpus}), not per CPU of its quota "
         f"({quota_cores:g}): its threads use up each period's quota early and wait out the rest, so steps "
         "alternate between fast and held back; a pool of the quota's cores gives the same images/s in even "
-        "steps (a 1-CPU quota on 2 CPUs: 30 ms steps at the 90th percentile instead of 63-67)", evidence)
+        f"steps (a 1-CPU quota on 2 CPUs: 30 ms steps at the 90th percentile instead of 63-67){unrecorded}", evidence)
 
 
 def _prefetch(evidence: str) -> Advice:

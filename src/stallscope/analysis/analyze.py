@@ -162,7 +162,7 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         notes.append("no tf.data iterator events in the profiled steps (input fed as NumPy arrays or "
                      "tensors?): the input share is not measurable from this profile")
     resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
-    pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, notes) if run_dir else None
+    pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, []) if run_dir else None  # its absence: a note below
     run = None
     if run_dir is not None and (run_dir / rundir.STEPS_NAME).exists():
         run = run_timing(rundir.read_steps(run_dir))
@@ -196,7 +196,8 @@ def _run_dir_of(given: Path, profile_file: Path) -> Path | None:
     """The run directory: the path given, or the one holding plugins/profile/<capture>/file."""
     for candidate in (given, profile_file.parent.parent.parent.parent):
         if candidate.is_dir() and any((candidate / name).exists() for name in
-                                      (rundir.STEPS_NAME, rundir.SUMMARY_NAME, rundir.PIPELINE_NAME)):
+                                      (rundir.STEPS_NAME, rundir.SUMMARY_NAME, rundir.PIPELINE_NAME,
+                                       rundir.RESOURCES_NAME)):
             return candidate
     return None
 

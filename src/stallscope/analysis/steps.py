@@ -91,15 +91,17 @@ class StepBreakdown:
 
 @dataclasses.dataclass(frozen=True)
 class RunTiming:
-    """The run's own wall-clock timing from steps.csv (every step, not only the profiled window)."""
+    """The run's own wall-clock timing from steps.csv (every step, not only the profiled window). A
+    program's own steps (StallMonitor: a Keras callback sees whole batches) have no input wait, so
+    its split, share and verdict are None; images/s is None where no batch size was known."""
 
     steps: int
     step_ms: Spread
-    input_ms: Spread
-    compute_ms: Spread
-    input_share: float
-    verdict: str
-    images_per_second: float
+    input_ms: Spread | None
+    compute_ms: Spread | None
+    input_share: float | None
+    verdict: str | None
+    images_per_second: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,15 +155,18 @@ def run_timing(records: Sequence[StepRecord]) -> RunTiming | None:
     if not measured:
         return None
     total_step = sum(r.step_ms for r in measured)
-    share = sum(r.input_wait_ms for r in measured) / total_step if total_step > 0 else 0.0
     images = sum(r.images for r in measured)
+    rate = images / (total_step / 1000.0) if total_step > 0 and images > 0 else None
+    step = Spread.of([r.step_ms for r in measured])
+    if any(math.isnan(r.input_wait_ms) or math.isnan(r.compute_ms) for r in measured):
+        return RunTiming(steps=len(measured), step_ms=step, input_ms=None, compute_ms=None, input_share=None,
+                         verdict=None, images_per_second=rate)
+    share = sum(r.input_wait_ms for r in measured) / total_step if total_step > 0 else 0.0
     return RunTiming(
-        steps=len(measured),
-        step_ms=Spread.of([r.step_ms for r in measured]),
+        steps=len(measured), step_ms=step,
         input_ms=Spread.of([r.input_wait_ms for r in measured]),
         compute_ms=Spread.of([r.compute_ms for r in measured]),
-        input_share=share, verdict=verdict_for(share),
-        images_per_second=images / (total_step / 1000.0) if total_step > 0 else 0.0,
+        input_share=share, verdict=verdict_for(share), images_per_second=rate,
     )
 
 

@@ -66,9 +66,13 @@ def run_timing_line(analysis: Analysis) -> str | None:
     run = analysis.run
     if run is None:
         return None
+    rate = f", {run.images_per_second:.1f} images/s" if run.images_per_second is not None else ""
     line = (f"The run's own timing (steps.csv, {fmt_count(run.steps, 'step')} without warm-up): step "
-            f"{fmt_ms(run.step_ms.mean)}, input wait {fmt_ms(run.input_ms.mean)}, input share "
-            f"{fmt_share(run.input_share)} ({run.verdict}), {run.images_per_second:.1f} images/s")
+            f"{fmt_ms(run.step_ms.mean)}")
+    if run.input_ms is None:
+        return (f"{line}{rate}; its input wait was not timed (a callback sees whole steps), so the split "
+                "above is the profile's")
+    line += f", input wait {fmt_ms(run.input_ms.mean)}, input share {fmt_share(run.input_share)} ({run.verdict}){rate}"
     if analysis.steps.has_iterator and run.verdict != analysis.verdict:
         line += (f"; the profiled window ({fmt_count(analysis.steps.counted_steps, 'step')}) says {analysis.verdict} "
                  f"input-bound: slow steps (an epoch start, a shuffle buffer filling) fall inside or outside a window, "

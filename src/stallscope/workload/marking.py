@@ -15,7 +15,9 @@ import socket
 from pathlib import Path
 
 from stallscope.errors import StallscopeError, UsageError
+from stallscope.workload import rundir
 from stallscope.workload.profiling import STEP_TRACE_NAME, ProfileWindow, StepProfiler
+from stallscope.workload.resources import ResourceMonitor
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,9 @@ def step(number: int):
 
 
 class Profile:
-    """A window of `step(i)`s to capture; the profile lands under LOG_DIR/plugins/profile/."""
+    """A window of `step(i)`s to capture; the profile lands under LOG_DIR/plugins/profile/ and the CPU
+    the block used (and how often a container's CPU quota ran out) in LOG_DIR/resources.json, which
+    `analyze` reads with the profile."""
 
     def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20)) -> None:
         self.log_dir = Path(log_dir)
@@ -55,18 +59,26 @@ class Profile:
         if window is None:
             raise UsageError("stallscope.profile steps: expected (START, STOP) such as (10, 20), got None")
         self.profiler = StepProfiler(window, self.log_dir, owner="stallscope.profile")
+        self._resources: ResourceMonitor | None = None
 
     def __enter__(self) -> "Profile":
         global _active
         if _active is not None:
             raise UsageError("stallscope.profile: another stallscope.profile window is already open in this process")
         _active = self.profiler
+        self._resources = ResourceMonitor().__enter__()
         return self
 
     def __exit__(self, *exc_info) -> None:
         global _active
         _active = None
         self.profiler.stop()
+        self._resources.__exit__(*exc_info)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())
+        except OSError as exc:  # the profile is the result; its CPU figures are not worth the user's error
+            log.warning("stallscope.profile: could not write %s (%s)", self.log_dir / rundir.RESOURCES_NAME, exc)
 
     @property
     def captured_steps(self) -> int:

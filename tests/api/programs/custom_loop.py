@@ -1,6 +1,6 @@
 """A custom loop with a tf.function step and stallscope.step around each step; times its own steps.
 
-usage: custom_loop.py stalled|healthy LOG_DIR [--external]
+usage: custom_loop.py stalled|healthy|busy LOG_DIR [--external]
   --external: the profile is taken with tf.profiler.experimental.start/stop, not stallscope.profile
 """
 import contextlib
@@ -48,5 +48,7 @@ analysis = analyze_run(log_dir) if external else window.analyze()
 print("RESULT " + json.dumps({
     "own_step_ms": own_ms,
     "analysis": {"verdict": analysis.verdict, "input_share": analysis.input_share, "bottleneck": analysis.bottleneck,
-                 "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted}},
+                 "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted},
+                 "checklist": {c.key: c.answer for c in analysis.checklist},
+                 "advice": [a.to_dict() for a in analysis.advice]},
 }))

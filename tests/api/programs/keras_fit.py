@@ -1,6 +1,6 @@
 """A Keras fit with StallMonitor; times its own steps and prints the comparison as JSON.
 
-usage: keras_fit.py stalled|healthy LOG_DIR [--no-window]
+usage: keras_fit.py stalled|healthy|busy LOG_DIR [--no-window]
 """
 import json
 import sys
@@ -40,5 +40,7 @@ if monitor.analysis is not None:
     result["analysis"] = {
         "verdict": analysis.verdict, "input_share": analysis.input_share, "bottleneck": analysis.bottleneck,
         "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted},
+        "checklist": {c.key: c.answer for c in analysis.checklist},
+        "advice": [a.to_dict() for a in analysis.advice],
     }
 print("RESULT " + json.dumps(result))

@@ -1,5 +1,6 @@
 """The tiny data and pipelines the test programs train on: a stalled one (a slow sequential map,
-no prefetch, TF's rewrites off so it runs as written) and a healthy one (cached and prefetched)."""
+no prefetch, TF's rewrites off so it runs as written), a healthy one (cached and prefetched) and a
+busy one (a parallel map of real CPU work)."""
 import time
 
 import numpy as np
@@ -16,6 +17,11 @@ def _slow(image, label):
     return tf.ensure_shape(tf.numpy_function(work, [image], tf.float32, stateful=False), [IMAGE, IMAGE, 3]), label
 
 
+def _busy(image, label):
+    square = tf.random.uniform([224, 224])
+    return image + tf.reduce_mean(tf.linalg.matmul(square, square)) * 0.0, label
+
+
 def dataset(kind: str) -> tf.data.Dataset:
     images = np.random.default_rng(0).random((64, IMAGE, IMAGE, 3), dtype=np.float32)
     base = tf.data.Dataset.from_tensor_slices((images, np.arange(64) % 4)).repeat()
@@ -25,6 +31,8 @@ def dataset(kind: str) -> tf.data.Dataset:
         options.experimental_optimization.inject_prefetch = False
         options.experimental_optimization.map_and_batch_fusion = False
         return base.map(_slow).batch(BATCH).with_options(options)
+    if kind == "busy":  # real CPU work in a parallel map on TF's shared pool (a thread per CPU)
+        return base.map(_busy, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
     if kind == "healthy":
         return base.batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
     raise ValueError(f"unknown pipeline {kind!r}")
