@@ -67,6 +67,7 @@ bench: venv
 	$(BIN)/python benchmarks/storage_emulator.py
 	$(BIN)/python benchmarks/own_pipeline.py
 	$(BIN)/python benchmarks/store_as_read.py
+	$(BIN)/python benchmarks/cpu_quota.py
 
 clean:
 	rm -rf $(VENV) demo-output bench-output

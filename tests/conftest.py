@@ -11,11 +11,15 @@ from stallscope.tfimport import import_tensorflow
 import_tensorflow()
 
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import cpu_cgroup as cpu_cgroup_tool  # noqa: E402  (tools/cpu_cgroup.py: also what the benchmark and README use)
 
 
 def jpeg_bytes(rng: np.random.Generator, size: tuple[int, int] = (80, 60), quality: int = 85) -> bytes:
@@ -68,53 +72,15 @@ def tiny_tree(tmp_path_factory) -> Path:
     return make_image_tree(tmp_path_factory.mktemp("tiny_tree"), classes=3, per_class=8)
 
 
-class CpuCgroup:
-    """A fresh cgroup with the CPU controller, made for one test: `limit(cores)` sets its quota and
-    `procs` is the file a process id is written to, to move that process in."""
-
-    def __init__(self, parent: Path, version: int) -> None:
-        import uuid
-
-        self.version = version
-        self.folder = parent / f"stallscope-test-{uuid.uuid4().hex[:8]}"
-        self.folder.mkdir()
-        self.procs = self.folder / "cgroup.procs"
-        self.home = parent / _own_cgroup(version).lstrip("/") / "cgroup.procs"  # where this process is now
-
-    def limit(self, cores: float) -> None:
-        period = 100_000
-        if self.version == 2:
-            (self.folder / "cpu.max").write_text(f"{round(cores * period)} {period}")
-        else:
-            (self.folder / "cpu.cfs_quota_us").write_text(str(round(cores * period)))
-
-
-def _own_cgroup(version: int) -> str:
-    """This process's cgroup path in the v2 hierarchy, or in v1's cpu hierarchy."""
-    for line in open("/proc/self/cgroup"):
-        number, controllers, path = line.rstrip("\n").split(":", 2)
-        if (version == 2 and number == "0") or (version == 1 and "cpu" in controllers.split(",")):
-            return path
-    return "/"
-
-
-def _cpu_cgroup_parent() -> tuple[Path, int] | None:
-    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
-    if (v2 / "cgroup.controllers").exists():
-        ok = "cpu" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK)
-        return (v2, 2) if ok else None
-    return (v1, 1) if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK) else None
-
-
 @pytest.fixture
 def cpu_cgroup():
     """A CpuCgroup, removed after the test (its processes gone or moved out by then); skipped, saying
     why, where this process may not make one (it takes root and a CPU controller)."""
-    found = _cpu_cgroup_parent()
+    found = cpu_cgroup_tool.writable_parent()
     if found is None:
         pytest.skip("no cgroup CPU hierarchy this process may create a child in (needs root)")
-    group = CpuCgroup(*found)
+    group = cpu_cgroup_tool.CpuCgroup(*found)
     try:
         yield group
     finally:
-        group.folder.rmdir()
+        group.remove()
