@@ -265,3 +265,47 @@ def test_a_pipeline_probe_held_back_by_its_quota_is_advised_the_quotas_cores():
     calm = dataclasses.replace(warm, throttled_share=0.01)
     assert "quota_pool" not in [a.key for a in differential.recommend(
         (phase,), seed, parts, examples=1000, data_bytes=10**6, warm=calm)]
+
+
+def test_a_shuffle_of_decoded_images_refilling_each_epoch_is_probed_over_whole_epochs(tree):
+    """The seed's shuffle of decoded images holds the whole data set and refills at each epoch start.
+    A window of 6 steps inside a 24-step epoch is served from the full buffer and read almost no wait
+    (the fault this guards against: the seed on 480 images in batches of 8 read 9.6% in 20 steps,
+    83% over a 300-step run); the window is now the whole epoch, with its refill."""
+    refilling = SMALL.replace(batch_size=2, shuffle_buffer=48)  # 24 steps per epoch, the whole set in the buffer
+    options = _options(tree, refilling, "emulated:1ms", extra_stages={"after_decode": slow_source_decoded},
+                       cold_cache=False)
+    assert differential.measured_steps(options, 48) == 24
+    result = diagnose(options)
+    phase = result.phases[0]
+    assert phase.end_to_end.steps == 24
+    assert phase.verdict == "highly" and phase.input_share > 0.5, phase
+    assert not any("holds no epoch start" in note for note in result.notes)
+
+
+def slow_source_decoded(dataset):
+    """5 ms of waiting per decoded image, before the shuffle: each epoch's refill of 48 takes 240 ms."""
+    def wait(image):
+        time.sleep(0.005)
+        return image
+
+    def stage(image, label):
+        return tf.ensure_shape(tf.numpy_function(wait, [image], tf.float32, stateful=False), image.shape), label
+
+    return dataset.map(stage)
+
+
+def test_the_window_is_an_epoch_where_a_refill_matters_and_an_epoch_is_affordable(tree):
+    seed = get_preset("seed")  # a shuffle of 10,240 decoded images, batches of 32
+    options = _options(tree, seed, "emulated:1ms", probe_steps=20)
+    assert differential.measured_steps(options, 480) == 15            # a short epoch: whole, as before
+    assert differential.measured_steps(options, 10_000) == 313        # the buffer holds the epoch: one whole epoch
+    assert differential.measured_steps(options, 100_000) == 20        # 3,125 steps: too long to probe whole
+    encoded = _options(tree, seed.replace(shuffle_at="encoded"), "emulated:1ms", probe_steps=20)
+    assert differential.measured_steps(encoded, 10_000) == 20         # no refill of decoded images
+    assert differential.epoch_refill_images(seed, 480) == 480
+    assert differential.epoch_refill_images(seed.replace(shuffle_buffer=0), 480) == 0
+    warm = _warm_probe(cores=2.0, other_cores_busy=0.0)  # 3.75 ms per image
+    note = differential.refill_note(options, seed, 100_000, warm)
+    assert "holds no epoch start" in note and "10,240 images" in note and "38.4 s" in note and "--probe-steps 3125" in note
+    assert differential.refill_note(options, seed, 10_000, warm) is None
