@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import sys
 from pathlib import Path
 
@@ -246,3 +247,32 @@ def test_a_dataset_on_tfs_pool_under_a_cpu_quota_is_advised_a_pool_of_the_quotas
     assert pool.knobs == {"private_threadpool_size": 1}
     assert "options.threading.private_threadpool_size = 1" in pool.code
     assert "quota_pool" not in [a.key for a in private.advice]
+
+
+def _slow_decoded(i):
+    def work(x):
+        time.sleep(0.005)  # 5 ms per element before the shuffle: each pass's refill of 48 takes 240 ms
+        return x
+    image = tf.numpy_function(work, [tf.fill([8, 8, 3], tf.cast(i, tf.float32))], tf.float32, stateful=False)
+    return tf.ensure_shape(image, [8, 8, 3]), i % 4
+
+
+def test_a_finite_dataset_with_a_shuffle_is_probed_over_whole_passes():
+    """Your own finite dataset whose shuffle holds every element: the buffer fills again as each pass
+    starts, so the window is whole passes (24 batches), not 6 batches served from a full buffer."""
+    dataset = tf.data.Dataset.range(48).map(_slow_decoded).shuffle(48).batch(2)
+    diagnosis = stallscope.diagnose(dataset, accelerator="emulated:1ms", steps=6)
+    assert diagnosis.phases[0].end_to_end.steps == 24
+    assert diagnosis.verdict == "highly" and diagnosis.input_share > 0.5, diagnosis.phases[0]
+
+
+def test_a_pass_too_long_to_probe_whole_is_named_in_a_note():
+    from stallscope.analysis.dataset_diagnosis import _graph, _ops_in, _window
+
+    long_pass = tf.data.Dataset.range(6000).shuffle(100).batch(2)  # 3,000 batches a pass
+    notes: list[str] = []
+    assert _window(long_pass, _ops_in(_graph(long_pass)), 6, notes) == 6
+    assert len(notes) == 1 and "holds no start of a pass" in notes[0] and "steps=3000" in notes[0]
+    unshuffled = tf.data.Dataset.range(48).batch(2)
+    assert _window(unshuffled, _ops_in(_graph(unshuffled)), 6, []) == 6
+    assert _window(tf.data.Dataset.range(48).shuffle(48).repeat().batch(2), {"ShuffleDataset"}, 6, []) == 6

@@ -125,7 +125,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
     compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
     say("probe: end to end")
-    end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=options.steps,
+    window = _window(dataset, ops, options.steps, notes)
+    end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
     analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
@@ -377,6 +378,26 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
     except StallscopeError as exc:
         notes.append(f"the profiled steps could not be analysed ({exc}); no stage tree")
         return None
+
+
+SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
+               "ShuffleAndRepeatDatasetV2")
+
+
+def _window(dataset, ops: set[str], steps: int, notes: list[str]) -> int:
+    """The end-to-end probe's steps: whole passes over a finite dataset with a shuffle (its buffer
+    fills again as each pass starts, and a window between pass starts is served from a full buffer),
+    up to EPOCH_WINDOW_MAX_STEPS (`differential.window_steps`); else `steps`."""
+    batches = int(dataset.cardinality())
+    shuffles = bool(ops & set(SHUFFLE_OPS))
+    if batches <= 0 or not shuffles:
+        return steps
+    window = differential.window_steps(steps, batches, refills=True)
+    if window % batches:
+        notes.append(f"the end-to-end window ({window} steps) holds no start of a pass over the dataset "
+                     f"({batches:,} batches), where its shuffle buffer fills again: the input share leaves that "
+                     f"wait out; steps={batches} measures a whole pass")
+    return window
 
 
 def _examples(dataset, batch_size: int) -> int | None:

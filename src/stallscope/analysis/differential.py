@@ -495,11 +495,16 @@ def measured_steps(options: DiagnoseOptions, examples: int) -> int:
     EPOCH_WINDOW_MAX_STEPS: the first batch of each epoch waits for the refill, and a window without
     an epoch start is served from a full buffer (the seed pipeline, 480 images in batches of 8: 9.6%
     of the step waiting in a window of 20 steps, 83% over a 300-step run)."""
-    per_epoch = _steps_per_epoch(options.pipeline, examples)
     refills = epoch_refill_images(options.pipeline, examples) >= REFILL_SHARE * examples
-    if per_epoch <= 2 * options.probe_steps or (refills and per_epoch <= EPOCH_WINDOW_MAX_STEPS):
-        return per_epoch * max(1, round(options.probe_steps / per_epoch))
-    return options.probe_steps
+    return window_steps(options.probe_steps, _steps_per_epoch(options.pipeline, examples), refills=refills)
+
+
+def window_steps(probe_steps: int, per_epoch: int, *, refills: bool) -> int:
+    """`probe_steps`, or whole epochs where an epoch is short or (`refills`: a shuffle buffer fills
+    again at each epoch start) at most EPOCH_WINDOW_MAX_STEPS long."""
+    if per_epoch <= 2 * probe_steps or (refills and per_epoch <= EPOCH_WINDOW_MAX_STEPS):
+        return per_epoch * max(1, round(probe_steps / per_epoch))
+    return probe_steps
 
 
 def refill_note(options: DiagnoseOptions, config: PipelineConfig, examples: int, warm: PipelineProbe) -> str | None:
