@@ -301,11 +301,14 @@ def test_the_window_is_an_epoch_where_a_refill_matters_and_an_epoch_is_affordabl
     assert differential.measured_steps(options, 480) == 15            # a short epoch: whole, as before
     assert differential.measured_steps(options, 10_000) == 313        # the buffer holds the epoch: one whole epoch
     assert differential.measured_steps(options, 100_000) == 20        # 3,125 steps: too long to probe whole
+    assert differential.measured_steps(options, 10_000, step_ms=150.0) == 313   # 47 s an epoch: affordable
+    assert differential.measured_steps(options, 10_000, step_ms=1000.0) == 20   # a real model on a CPU: 5 min
     encoded = _options(tree, seed.replace(shuffle_at="encoded"), "emulated:1ms", probe_steps=20)
     assert differential.measured_steps(encoded, 10_000) == 20         # no refill of decoded images
     assert differential.epoch_refill_images(seed, 480) == 480
     assert differential.epoch_refill_images(seed.replace(shuffle_buffer=0), 480) == 0
     warm = _warm_probe(cores=2.0, other_cores_busy=0.0)  # 3.75 ms per image
-    note = differential.refill_note(options, seed, 100_000, warm)
+    note = differential.refill_note(seed, 100_000, warm, 20)
     assert "holds no epoch start" in note and "10,240 images" in note and "38.4 s" in note and "--probe-steps 3125" in note
-    assert differential.refill_note(options, seed, 10_000, warm) is None
+    assert differential.refill_note(seed, 10_000, warm, 313) is None
+    assert "holds no epoch start" in differential.refill_note(seed, 10_000, warm, 20)

@@ -125,7 +125,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
     compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
     say("probe: end to end")
-    window = _window(dataset, ops, options.steps, notes)
+    window = _window(dataset, ops, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
     analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
@@ -384,15 +384,15 @@ SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "Shuffl
                "ShuffleAndRepeatDatasetV2")
 
 
-def _window(dataset, ops: set[str], steps: int, notes: list[str]) -> int:
+def _window(dataset, ops: set[str], steps: int, notes: list[str], step_ms: float | None = None) -> int:
     """The end-to-end probe's steps: whole passes over a finite dataset with a shuffle (its buffer
     fills again as each pass starts, and a window between pass starts is served from a full buffer),
-    up to EPOCH_WINDOW_MAX_STEPS (`differential.window_steps`); else `steps`."""
+    where a pass is affordable at `step_ms` a step (`differential.window_steps`); else `steps`."""
     batches = int(dataset.cardinality())
     shuffles = bool(ops & set(SHUFFLE_OPS))
     if batches <= 0 or not shuffles:
         return steps
-    window = differential.window_steps(steps, batches, refills=True)
+    window = differential.window_steps(steps, batches, refills=True, step_ms=step_ms)
     if window % batches:
         notes.append(f"the end-to-end window ({window} steps) holds no start of a pass over the dataset "
                      f"({batches:,} batches), where its shuffle buffer fills again: the input share leaves that "

@@ -476,8 +476,10 @@ def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
 
 # A shuffle of decoded images of this share of an epoch or more refills visibly at each epoch start.
 REFILL_SHARE = 0.1
-# The end-to-end window is stretched to one whole epoch for such a shuffle up to this many steps.
+# The end-to-end window is stretched to one whole epoch for such a shuffle up to this many steps, and
+# this long at the step time the compute and pipeline probes give (a real model on a CPU: seconds a step).
 EPOCH_WINDOW_MAX_STEPS = 1000
+EPOCH_WINDOW_MAX_S = 60.0
 
 
 def epoch_refill_images(config: PipelineConfig, examples: int) -> int:
@@ -489,30 +491,32 @@ def epoch_refill_images(config: PipelineConfig, examples: int) -> int:
     return min(config.shuffle_buffer, examples)
 
 
-def measured_steps(options: DiagnoseOptions, examples: int) -> int:
+def measured_steps(options: DiagnoseOptions, examples: int, step_ms: float | None = None) -> int:
     """probe_steps, rounded to whole epochs when an epoch is short, or when a shuffle of decoded
-    images refills a tenth of the epoch or more at each epoch start and the epoch has at most
-    EPOCH_WINDOW_MAX_STEPS: the first batch of each epoch waits for the refill, and a window without
-    an epoch start is served from a full buffer (the seed pipeline, 480 images in batches of 8: 9.6%
-    of the step waiting in a window of 20 steps, 83% over a 300-step run)."""
+    images refills a tenth of the epoch or more at each epoch start and one epoch is affordable
+    (`window_steps`; `step_ms`: the step time expected): the first batch of each epoch waits for the
+    refill, and a window without an epoch start is served from a full buffer (the seed pipeline, 480
+    images in batches of 8: 9.6% of the step waiting in a window of 20 steps, 83% over a 300-step run)."""
     refills = epoch_refill_images(options.pipeline, examples) >= REFILL_SHARE * examples
-    return window_steps(options.probe_steps, _steps_per_epoch(options.pipeline, examples), refills=refills)
+    return window_steps(options.probe_steps, _steps_per_epoch(options.pipeline, examples), refills=refills,
+                        step_ms=step_ms)
 
 
-def window_steps(probe_steps: int, per_epoch: int, *, refills: bool) -> int:
+def window_steps(probe_steps: int, per_epoch: int, *, refills: bool, step_ms: float | None = None) -> int:
     """`probe_steps`, or whole epochs where an epoch is short or (`refills`: a shuffle buffer fills
-    again at each epoch start) at most EPOCH_WINDOW_MAX_STEPS long."""
-    if per_epoch <= 2 * probe_steps or (refills and per_epoch <= EPOCH_WINDOW_MAX_STEPS):
+    again at each epoch start) at most EPOCH_WINDOW_MAX_STEPS long and, at `step_ms` a step where
+    that is known, at most EPOCH_WINDOW_MAX_S."""
+    affordable = per_epoch <= EPOCH_WINDOW_MAX_STEPS and (step_ms is None or per_epoch * step_ms <= EPOCH_WINDOW_MAX_S * 1000)
+    if per_epoch <= 2 * probe_steps or (refills and affordable):
         return per_epoch * max(1, round(probe_steps / per_epoch))
     return probe_steps
 
 
-def refill_note(options: DiagnoseOptions, config: PipelineConfig, examples: int, warm: PipelineProbe) -> str | None:
-    """What a window without an epoch start leaves out, where a large shuffle of decoded images
-    refills each epoch but an epoch is too long to probe whole; None where the window holds epochs."""
+def refill_note(config: PipelineConfig, examples: int, warm: PipelineProbe, steps: int) -> str | None:
+    """What a window of `steps` without an epoch start leaves out, where a large shuffle of decoded
+    images refills each epoch but an epoch is too long to probe whole; None where the window holds epochs."""
     per_epoch = _steps_per_epoch(config, examples)
     refill = epoch_refill_images(config, examples)
-    steps = measured_steps(options, examples)
     if refill < REFILL_SHARE * examples or steps % per_epoch == 0:
         return None
     return (f"the end-to-end window ({steps} steps) holds no epoch start, where the shuffle of decoded images "
@@ -555,12 +559,13 @@ class _Prober:
         result = run_training(options, dataset=dataset, source=self.source)
         return LoopProbe.from_steps("compute", phase, result.steps)
 
-    def end_to_end(self, config: PipelineConfig, phase: str) -> LoopProbe:
+    def end_to_end(self, config: PipelineConfig, phase: str, measured: int) -> LoopProbe:
+        """`measured` steps after the warm-up (`measured_steps`)."""
         from stallscope.workload.train import run_training
 
         warmup = self.options.train.warmup_steps
-        steps = warmup + measured_steps(self.options, self.source.num_examples)
-        options = dataclasses.replace(self._train_options(config, phase, steps, "end_to_end"), warmup_steps=warmup)
+        options = dataclasses.replace(self._train_options(config, phase, warmup + measured, "end_to_end"),
+                                      warmup_steps=warmup)
         result = run_training(options, dataset=self._dataset(config), source=self.source)
         return LoopProbe.from_steps("end_to_end", phase, result.steps)
 
@@ -602,8 +607,6 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                               min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
-        if note := refill_note(options, config, source.num_examples, warm):
-            probe_notes.append(note)
         if quota_limited(warm.throttled_share):
             probe_notes.append(f"the cgroup's CPU quota ({warm.cores:g} CPUs' worth) ran out in "
                                f"{warm.throttled_share:.0%} of its periods during the pipeline probe: the quota, "
@@ -619,8 +622,12 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         for phase in options.phases:
             say(f"probe: compute alone ({phase})")
             compute = prober.compute(config, phase)
+            # the slowest a step can be is compute and pipeline in turn: an epoch's window is bounded by it
+            measured = measured_steps(options, source.num_examples, step_ms=compute.step_ms + warm.ms_per_batch)
+            if (note := refill_note(config, source.num_examples, warm, measured)) and note not in probe_notes:
+                probe_notes.append(note)
             say(f"probe: end to end ({phase})")
-            end_to_end = prober.end_to_end(config, phase)
+            end_to_end = prober.end_to_end(config, phase, measured)
             phases.append(attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                     batch_size=config.batch_size, cores=free_cores(warm), phase=phase,
                                     steady_cache=steady))
@@ -808,7 +815,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
         prober.counter = 50
         for phase in diagnosis.phases:
             say(f"re-run with the fixed pipeline ({phase.phase})")
-            after = prober.end_to_end(new, phase.phase)
+            after = prober.end_to_end(new, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
             phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
                                    predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, new, cores=cores),
                                    after=after))
