@@ -162,7 +162,8 @@ def quota_pool(config: PipelineConfig | None, *, cpus: int | None, quota_cores: 
         f"tf.data's shared pool has a thread per CPU this process may run on ({cpus}), not per CPU of its quota "
         f"({quota_cores:g}): its threads use up each period's quota early and wait out the rest, so steps "
         "alternate between fast and held back; a pool of the quota's cores gives the same images/s in even "
-        f"steps (a 1-CPU quota on 2 CPUs: 30 ms steps at the 90th percentile instead of 63-67){unrecorded}", evidence)
+        f"steps (measured with a 1-CPU quota on 2 CPUs: 28 ms steps at the 90th percentile instead "
+        f"of 58-60){unrecorded}", evidence)
 
 
 def _prefetch(evidence: str) -> Advice:
