@@ -76,6 +76,7 @@ def test_terminal_report_names_the_split_and_io(tmp_path, capsys):
                  "what if the device ran at", "knee"):
         assert text in out, text
     assert "cold cache" not in out.split("phase")[0]
+    assert "mean of 18 steps" in out  # 72 images in batches of 4: the window is the whole 18-step epoch, not 9
 
 
 def _exit_code(argv) -> int:

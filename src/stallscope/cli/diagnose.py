@@ -281,7 +281,8 @@ def report_lines(diagnosis, result=None) -> list[str]:
             + (f"; {_pct(phase.cold_input_share)} with a cold cache" if diagnosis.cold is not None else "")
             + f"), cause: {phase.cause}",
             f"  step            {_ms(phase.step_ms)}  ({_rate(phase.end_to_end.images_per_second)}, "
-            f"{'overlapped' if phase.overlapped else 'serial'} input and compute)",
+            f"{'overlapped' if phase.overlapped else 'serial'} input and compute; mean of "
+            f"{phase.end_to_end.steps} steps)",
             f"  compute         {_ms(phase.compute_ms)}  (batches from memory)",
             f"  preprocessing   {_ms(phase.preprocessing_stall_ms)}  stall per step (CPU)",
             f"  fetch           {_ms(phase.fetch_stall_ms)}  stall per step (storage, latency"
