@@ -17,6 +17,8 @@ import sys
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout, as the benchmarks are
+
 PERIOD_US = 100_000
 
 
@@ -38,11 +40,11 @@ class CpuCgroup:
         else:
             (self.folder / "cpu.cfs_quota_us").write_text(str(round(cores * PERIOD_US)))
 
-    def throttling(self) -> tuple[int, int, float]:
-        """(periods, periods in which the quota ran out, seconds held back) so far."""
-        fields = dict(line.split() for line in (self.folder / "cpu.stat").read_text().splitlines())
-        held = int(fields["throttled_usec"]) / 1e6 if "throttled_usec" in fields else int(fields["throttled_time"]) / 1e9
-        return int(fields["nr_periods"]), int(fields["nr_throttled"]), held
+    def throttling(self):
+        """The quota's counters so far (stallscope.cpu_limits.Throttling), read as a run reads its own."""
+        from stallscope.cpu_limits import CpuLimits, throttling
+
+        return throttling(CpuLimits(cpus=(), quota_stat=str(self.folder / "cpu.stat")))
 
     def remove(self) -> None:
         self.folder.rmdir()
@@ -66,8 +68,8 @@ def writable_parent() -> tuple[Path, int] | None:
     return (v1, 1) if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK) else None
 
 
-def run_limited(cores: float, command: list[str]) -> tuple[int, tuple[int, int, float]]:
-    """Runs `command` in a fresh cgroup of `cores` CPUs' quota: (its exit status, the throttling)."""
+def run_limited(cores: float, command: list[str]):
+    """Runs `command` in a fresh cgroup of `cores` CPUs' quota: (its exit status, its Throttling)."""
     found = writable_parent()
     if found is None:
         raise PermissionError("no cgroup CPU hierarchy this process may create a child in (needs root)")
@@ -90,13 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command or not args.cpus > 0:
         parser.error("expected --cpus N (above 0) -- COMMAND [ARG ...]")
     try:
-        code, (periods, throttled, held) = run_limited(args.cpus, command)
+        code, held = run_limited(args.cpus, command)
     except (PermissionError, OSError) as exc:
         print(f"cpu_cgroup: {exc}", file=sys.stderr)
         return 2
-    share = throttled / periods if periods else 0.0
-    print(f"cpu_cgroup: a quota of {args.cpus:g} CPUs ran out in {share:.0%} of {periods} periods, "
-          f"{held:.2f} s held back", file=sys.stderr)
+    print(f"cpu_cgroup: a quota of {args.cpus:g} CPUs ran out in {held.throttled_share:.0%} of {held.periods} "
+          f"periods, {held.throttled_s:.2f} s held back", file=sys.stderr)
     return code
 
 
