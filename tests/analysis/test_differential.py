@@ -307,6 +307,15 @@ def test_the_window_is_an_epoch_where_a_refill_matters_and_an_epoch_is_affordabl
     assert differential.measured_steps(encoded, 10_000) == 20         # no refill of decoded images
     assert differential.epoch_refill_images(seed, 480) == 480
     assert differential.epoch_refill_images(seed.replace(shuffle_buffer=0), 480) == 0
+    # TF's shuffle-and-repeat fusion (on unless turned off, as seed turns it off) keeps the buffer from one
+    # epoch into the next where it is no larger than the epoch: no refill, no whole-epoch window
+    fused = seed.replace(shuffle_and_repeat_fusion=None)
+    assert differential.epoch_refill_images(fused, 50_000) == 0
+    assert differential.epoch_refill_images(fused, 5_000) == 5_000        # a buffer beyond the epoch still refills
+    assert differential.measured_steps(_options(tree, fused, "emulated:1ms", probe_steps=20), 50_000) == 20
+    assert differential.measured_steps(_options(tree, seed, "emulated:1ms", probe_steps=20), 50_000) == 20  # 1,563 steps
+    assert differential.measured_steps(_options(tree, seed, "emulated:1ms", probe_steps=20), 20_000) == 625
+    assert differential.measured_steps(_options(tree, fused, "emulated:1ms", probe_steps=20), 20_000) == 20
     warm = _warm_probe(cores=2.0, other_cores_busy=0.0)  # 3.75 ms per image
     note = differential.refill_note(seed, 100_000, warm, 20)
     assert "holds no epoch start" in note and "10,240 images" in note and "38.4 s" in note and "--probe-steps 3125" in note

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from stallscope.analysis import differential
 from stallscope.analysis.advice import Advice
+from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
@@ -116,7 +117,9 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         say(TIMING_STEP)
         round_trips, bandwidth = time_store(in_store)
     private_pool = dataset.options().threading.private_threadpool_size or 0
-    config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool)
+    dataset_passes = passes(dataset)
+    config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
+                               shuffle=dataset_passes)
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
@@ -125,14 +128,14 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
     compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
     say("probe: end to end")
-    window = _window(dataset, ops, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch)
+    window = _window(dataset_passes, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
     analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
-    examples = _examples(dataset, config.batch_size)
+    examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
     if phase.cause != "none":
@@ -313,14 +316,21 @@ def _files_in(graph) -> list[str]:
     return list(found)
 
 
-def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: int = 0) -> PipelineConfig:
+def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: int = 0,
+                      shuffle: Passes | None = None) -> PipelineConfig:
     """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
-    a sequential map, no parallel read, no prefetch at the end, a cache; and as its options show them
-    (`private_pool`: the threads of its private pool, 0 for TF's shared one)."""
+    a sequential map, no parallel read, no prefetch at the end, a cache; as its options show them
+    (`private_pool`: the threads of its private pool, 0 for TF's shared one); and its shuffle where it
+    takes elements in again at each pass start (`shuffle`; after a map: of decoded elements), the one
+    the advice acts on: a shuffle that keeps its buffer across passes costs nothing per pass."""
     stages = set(chain)
+    shuffle = shuffle or Passes(None)
     parallel_map = "ParallelMap" in stages or not stages & set(MAP_STAGES)  # MapAndBatch: unknown, advise
     return PipelineConfig(
-        preset="your dataset", batch_size=batch_size, shuffle_buffer=0, shuffle_at="encoded",
+        preset="your dataset", batch_size=batch_size, shuffle_buffer=shuffle.shuffle_buffer if shuffle.refill else 0,
+        shuffle_at="decoded" if shuffle.after_map else "encoded",
+        # TF fuses no shuffle that refills with its repeat (`dataset_passes`): so `recommend` reads it
+        shuffle_and_repeat_fusion=False if shuffle.refill else None,
         map_parallelism=AUTOTUNE if parallel_map else None,
         read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
         prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
@@ -380,30 +390,22 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
         return None
 
 
-SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
-               "ShuffleAndRepeatDatasetV2")
-
-
-def _window(dataset, ops: set[str], steps: int, notes: list[str], step_ms: float | None = None) -> int:
-    """The end-to-end probe's steps: whole passes over a finite dataset with a shuffle (its buffer
-    fills again as each pass starts, and a window between pass starts is served from a full buffer),
-    where a pass is affordable at `step_ms` a step (`differential.window_steps`); else `steps`."""
-    batches = int(dataset.cardinality())
-    shuffles = bool(ops & set(SHUFFLE_OPS))
-    if batches <= 0 or not shuffles:
+def _window(dataset_passes: Passes, steps: int, notes: list[str], step_ms: float | None = None) -> int:
+    """The end-to-end probe's steps: whole passes over the data where a shuffle after a map takes in a
+    tenth of a pass or more again as each pass starts (a window between pass starts is served from a
+    full buffer), where a pass is affordable at `step_ms` a step (`differential.window_steps`); whole
+    passes also where a pass is short; else `steps`."""
+    per_pass = dataset_passes.steps
+    if per_pass is None:
         return steps
-    window = differential.window_steps(steps, batches, refills=True, step_ms=step_ms)
-    if window % batches:
+    refills = dataset_passes.after_map and dataset_passes.refill_share >= differential.REFILL_SHARE
+    window = differential.window_steps(steps, per_pass, refills=refills, step_ms=step_ms)
+    if refills and window % per_pass:
         notes.append(f"the end-to-end window ({window} steps) holds no start of a pass over the dataset "
-                     f"({batches:,} batches), where its shuffle buffer fills again: the input share leaves that "
-                     f"wait out; steps={batches} measures a whole pass")
+                     f"({per_pass:,} batches), where its shuffle takes in {dataset_passes.refill:,} made elements "
+                     f"again before its first: the input share leaves that wait out; steps={per_pass} measures a "
+                     "whole pass, and shuffling before the map removes the refill")
     return window
-
-
-def _examples(dataset, batch_size: int) -> int | None:
-    """Examples per pass when the dataset is finite and TF knows its length; else None."""
-    batches = int(dataset.cardinality())
-    return batches * batch_size if batches > 0 else None
 
 
 def _files_text(files: list[str]) -> str:

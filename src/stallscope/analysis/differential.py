@@ -419,7 +419,7 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE},
             "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE)",
             f"{worst.preprocessing_stall_ms:.1f} ms of each step waits on a sequential decode map", evidence))
-    if worst.cause != "none" and config.shuffle_buffer >= examples and config.shuffle_at == "decoded":
+    if worst.cause != "none" and examples and epoch_refill_images(config, examples) >= examples:
         advice.append(Advice(
             "shuffle_encoded", "Shuffle before decoding", {"shuffle_at": "encoded"},
             "dataset = dataset.shuffle(buffer)  # on file names / records, before the decode map",
@@ -485,8 +485,11 @@ EPOCH_WINDOW_MAX_S = 60.0
 def epoch_refill_images(config: PipelineConfig, examples: int) -> int:
     """Images a shuffle of decoded images decodes at each epoch start before its first batch (the
     repeat comes after it, so its buffer empties at each epoch end and fills again); 0 for a shuffle
-    of file names or encoded records, or none."""
+    of file names or encoded records, or none; 0 too where TF fuses the shuffle with that repeat and
+    the buffer is no larger than the epoch: the fused stage keeps its buffer from one epoch into the next."""
     if config.shuffle_at != "decoded" or not config.shuffle_buffer:
+        return 0
+    if config.shuffle_and_repeat_fusion is not False and config.shuffle_buffer <= examples:
         return 0
     return min(config.shuffle_buffer, examples)
 
