@@ -96,6 +96,12 @@ def test_capacity_whole_cores_and_what_others_take():
     assert CpuLimits(cpus=(0, 1), quota_cores=4.0).capacity == 2       # a quota above the CPUs does not add any
 
 
+def test_a_quota_in_words():
+    assert cpu_limits.cpus_worth(1) == "1 CPU's worth"
+    assert cpu_limits.cpus_worth(0.5) == "0.5 CPUs' worth"
+    assert cpu_limits.cpus_worth(2.0) == "2 CPUs' worth"
+
+
 def test_share_busy_counts_the_process_cpus_only():
     per_cpu = (100.0, 20.0, 100.0, 100.0)
     assert share_busy(CpuLimits(cpus=(1,)), per_cpu, process_percent=20.0) == pytest.approx(20.0)

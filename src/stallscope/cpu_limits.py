@@ -26,6 +26,11 @@ def quota_limited(throttled_share: float | None) -> bool:
     return isinstance(throttled_share, (int, float)) and throttled_share >= QUOTA_SATURATED_SHARE
 
 
+def cpus_worth(cores: float) -> str:
+    """A quota in words: "1 CPU's worth", "0.5 CPUs' worth"."""
+    return f"{cores:g} CPU's worth" if cores == 1 else f"{cores:g} CPUs' worth"
+
+
 @dataclasses.dataclass(frozen=True)
 class CpuLimits:
     """cpus: the CPU numbers the scheduler may run this process on. quota_cores: the cgroup's CPU time

@@ -56,7 +56,7 @@ from stallscope.analysis.storage_whatif import (
     storage_whatif,
 )
 from stallscope.config import AUTOTUNE, json_ready, require_choice
-from stallscope.cpu_limits import quota_limited
+from stallscope.cpu_limits import cpus_worth, quota_limited
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
@@ -450,9 +450,8 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "decoding is the slow part and its cost grows with the pixels stored", evidence,
             command="stallscope convert IMAGES --output_path RECORDS --max-side 256"))
     if warm is not None and warm.throttled_share is not None:  # a quota: its counters were read
-        worth = f"{warm.cores:g} CPU's" if warm.cores == 1 else f"{warm.cores:g} CPUs'"
         pool = quota_pool(config, cpus=warm.cpus, quota_cores=warm.cores, throttled_share=warm.throttled_share,
-                          evidence=f"the CPU quota ({worth} worth, on {warm.cpus} CPUs) ran out in "
+                          evidence=f"the CPU quota ({cpus_worth(warm.cores)}, on {warm.cpus} CPUs) ran out in "
                                    f"{warm.throttled_share:.0%} of its periods while the pipeline ran alone")
         if pool is not None:
             advice.append(pool)
@@ -611,7 +610,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
         if quota_limited(warm.throttled_share):
-            probe_notes.append(f"the cgroup's CPU quota ({warm.cores:g} CPUs' worth) ran out in "
+            probe_notes.append(f"the cgroup's CPU quota ({cpus_worth(warm.cores)}) ran out in "
                                f"{warm.throttled_share:.0%} of its periods during the pipeline probe: the quota, "
                                "not the CPUs, limits the pipeline here, and more cores means a larger quota")
         served = _read_counters(options) - counted_before if counted_before is not None else None
