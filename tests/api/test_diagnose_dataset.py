@@ -286,6 +286,15 @@ def test_a_pass_too_long_to_probe_whole_is_named_in_a_note():
     assert _window(passes(made.shuffle(1000).batch(2)), 6, notes) == 6  # 3,000 batches a pass
     assert len(notes) == 1 and "holds no start of a pass" in notes[0] and "steps=3000" in notes[0]
     assert "1,000 made elements" in notes[0]
+    notes = []
+    assert _window(passes(made.shuffle(1000).batch(2)), 6, notes, ms_per_element=2.0) == 6
+    assert "about 2.0 s at the pipeline's pace alone" in notes[0]
+    # TF cannot count a pass (records, a filter): the window stays, and a note says what it may leave out
+    unknown = made.filter(lambda x: x > 0).shuffle(500).batch(2).repeat()
+    notes = []
+    assert _window(passes(unknown), 6, notes) == 6
+    assert len(notes) == 1 and "does not know how many elements a pass" in notes[0] and "up to 500 made" in notes[0]
+    assert "assert_cardinality" in notes[0]
     # none where a shuffle refills at no cost (of names, before the map), refills little, or keeps its buffer
     for quiet in (tf.data.Dataset.range(6000).shuffle(6000).map(lambda x: x + 1).batch(2),
                   made.shuffle(100).batch(2), made.shuffle(1000).repeat().batch(2),
@@ -293,3 +302,18 @@ def test_a_pass_too_long_to_probe_whole_is_named_in_a_note():
         notes = []
         assert _window(passes(quiet), 6, notes) == 6 and notes == [], quiet
     assert _window(passes(tf.data.Dataset.range(16).batch(2)), 6, []) == 8  # a short pass: whole
+
+
+def test_a_pass_of_records_is_known_once_the_dataset_asserts_its_length(tmp_path):
+    """A TFRecord reader has no length TF knows; `assert_cardinality`, as the note advises, gives it one,
+    and the window becomes whole passes where the shuffle after the parse refills."""
+    from stallscope.analysis.dataset_diagnosis import _window
+    from stallscope.analysis.dataset_passes import Passes, passes
+
+    shard = _records(tmp_path, count=16)
+    read = tf.data.TFRecordDataset([str(shard)])
+    unknown = read.map(tf.strings.length).shuffle(16).batch(2).repeat()
+    asserted = read.apply(tf.data.experimental.assert_cardinality(16)).map(tf.strings.length).shuffle(16).batch(2).repeat()
+    assert passes(unknown).steps is None
+    assert passes(asserted) == Passes(8, shuffle_buffer=16, after_map=True, refill=16, elements=16)
+    assert _window(passes(asserted), 6, []) == 8

@@ -128,7 +128,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
     compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
     say("probe: end to end")
-    window = _window(dataset_passes, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch)
+    window = _window(dataset_passes, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch,
+                     ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
     analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
@@ -390,21 +391,32 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
         return None
 
 
-def _window(dataset_passes: Passes, steps: int, notes: list[str], step_ms: float | None = None) -> int:
+def _window(dataset_passes: Passes, steps: int, notes: list[str], step_ms: float | None = None,
+            ms_per_element: float | None = None) -> int:
     """The end-to-end probe's steps: whole passes over the data where a shuffle after a map takes in a
     tenth of a pass or more again as each pass starts (a window between pass starts is served from a
     full buffer), where a pass is affordable at `step_ms` a step (`differential.window_steps`); whole
-    passes also where a pass is short; else `steps`."""
-    per_pass = dataset_passes.steps
+    passes also where a pass is short; else `steps`, with a note of the refill the window leaves out
+    (its time at `ms_per_element`, the pipeline's pace alone) where there is one or may be one."""
+    per_pass, refill = dataset_passes.steps, dataset_passes.refill
+    refills = dataset_passes.after_map and refill > 0
+    took = f", about {refill * ms_per_element / 1000.0:.1f} s at the pipeline's pace alone" if ms_per_element else ""
+    if refills and (per_pass is None or dataset_passes.elements is None):
+        notes.append(f"TF does not know how many elements a pass over the dataset holds (a reader of records, a "
+                     f"filter or a generator), so the end-to-end window ({steps} steps) may hold no pass start, where "
+                     f"its shuffle after a map takes in up to {refill:,} made elements again before its first{took}: "
+                     "the input share leaves that wait out; `.apply(tf.data.experimental.assert_cardinality(N))` "
+                     "after the reader tells TF a pass's N elements, and shuffling before the map removes the refill")
+        return steps
     if per_pass is None:
         return steps
-    refills = dataset_passes.after_map and dataset_passes.refill_share >= differential.REFILL_SHARE
+    refills = refills and dataset_passes.refill_share >= differential.REFILL_SHARE
     window = differential.window_steps(steps, per_pass, refills=refills, step_ms=step_ms)
     if refills and window % per_pass:
         notes.append(f"the end-to-end window ({window} steps) holds no start of a pass over the dataset "
-                     f"({per_pass:,} batches), where its shuffle takes in {dataset_passes.refill:,} made elements "
-                     f"again before its first: the input share leaves that wait out; steps={per_pass} measures a "
-                     "whole pass, and shuffling before the map removes the refill")
+                     f"({per_pass:,} batches), where its shuffle after a map takes in {refill:,} made elements "
+                     f"again before its first{took}: the input share leaves that wait out; steps={per_pass} "
+                     "measures a whole pass, and shuffling before the map removes the refill")
     return window
 
 
