@@ -10,7 +10,9 @@ to 64 px in an AUTOTUNE map, batches of 8) and an emulated device of `--step-ms`
 
 Shapes: a shuffle of decoded images refilling at each pass start (finite, as `fit(epochs=...)` iterates
 it, and repeated, as `fit(steps_per_epoch=...)` does); the same shuffle fused with the repeat right
-after it (it keeps its buffer); a shuffle of file names before the map (nothing to refill).
+after it (it keeps its buffer); a shuffle of file names before the map (nothing to refill); and
+seed-002's pipeline written by hand over TFRecords `stallscope convert` made from the same JPEGs
+(TFRecordDataset -> parse and decode -> shuffle(10240) -> batch -> repeat), whose pass TF cannot count.
 
 usage: python benchmarks/own_dataset_window.py [--steps 20] [--step-ms 1] [--passes 4]
 """
@@ -29,13 +31,19 @@ SIZE = 64
 BATCH = 8
 
 
-def shapes(files: list[str]) -> dict:
-    """name -> (dataset, whether one pass is the whole dataset: a finite one the loop iterates again)."""
+def shapes(files: list[str], shards: list[str]) -> dict:
+    """name -> dataset."""
     import tensorflow as tf
 
     def load(path):
         image = tf.image.decode_jpeg(tf.io.read_file(path), channels=3)
         return tf.image.resize(image, [SIZE, SIZE]) / 255.0, tf.strings.length(path) % 4
+
+    def parse(record):
+        features = tf.io.parse_single_example(record, {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+                                                       "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
+        image = tf.image.decode_jpeg(features["image/encoded"], channels=3)
+        return tf.image.resize(image, [SIZE, SIZE]) / 255.0, features["image/class/label"]
 
     names = tf.data.Dataset.from_tensor_slices(files)
     decoded = names.map(load, num_parallel_calls=tf.data.AUTOTUNE)
@@ -47,6 +55,8 @@ def shapes(files: list[str]) -> dict:
         "shuffle decoded, fused with repeat": decoded.shuffle(every).repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE),
         "shuffle names, repeated": names.shuffle(every).map(load, num_parallel_calls=tf.data.AUTOTUNE)
             .batch(BATCH).repeat().prefetch(tf.data.AUTOTUNE),
+        "records, seed-002 by hand, repeated": tf.data.TFRecordDataset(shards).map(parse).shuffle(10240)
+            .batch(BATCH).repeat(),
     }
 
 
@@ -75,17 +85,21 @@ def main() -> None:
 
     import stallscope
     from stallscope.data.synthetic import SyntheticOptions, make_synthetic
+    from stallscope.records.convert import ConvertOptions, convert_tree
 
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(args.data) if args.data else Path(scratch) / "synthetic"
         if not args.data:
             make_synthetic(tree, SyntheticOptions())
         files = sorted(str(p) for p in (tree / "train").glob("*/*.jp*g"))
+        records = Path(scratch) / "records"
+        convert_tree(ConvertOptions(tree / "train", records, shards=4))
+        shards = sorted(str(p) for p in records.glob("*.tfrecord"))
         steps_per_pass = -(-len(files) // BATCH)
         print(f"{len(files)} JPEGs, {steps_per_pass} steps a pass, batches of {BATCH}, a {args.step_ms:g} ms step, "
               f"diagnose steps={args.steps}, loop of {args.passes} passes")
         print(f"{'pipeline':<44} {'window':>7} {'diagnose':>9} {'loop':>6} {'ratio':>6}")
-        for name, dataset in shapes(files).items():
+        for name, dataset in shapes(files, shards).items():
             diagnosis = stallscope.diagnose(dataset, accelerator=f"emulated:{args.step_ms:g}ms", steps=args.steps)
             measured = loop_share(dataset, steps_per_pass, args.passes, args.step_ms / 1e3)
             window = diagnosis.phases[0].end_to_end.steps

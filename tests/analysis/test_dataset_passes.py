@@ -88,3 +88,39 @@ def test_what_is_read_matches_what_tf_runs():
     # batch of the kept buffer takes one of 5 elements, 20 ms
     assert _first_batches_ms(refilling, 21)[20] > 150
     assert _first_batches_ms(kept, 21)[20] < 150
+
+
+def _shards(folder, counts: tuple[int, ...]) -> list[str]:
+    paths = []
+    for index, count in enumerate(counts):
+        path = folder / f"part-{index}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for i in range(count):
+                writer.write(b"%d" % i)
+        paths.append(str(path))
+    return paths
+
+
+def test_a_pass_over_records_is_counted_where_tf_knows_no_length(tmp_path):
+    """TF gives a TFRecord reader no length: the records of its local shards are counted, read one by
+    one, in parallel or through an interleave over `list_files`."""
+    files = _shards(tmp_path, (30, 20, 50))
+    parse = tf.strings.length
+    for read in (tf.data.TFRecordDataset(files), tf.data.TFRecordDataset(files, num_parallel_reads=2),
+                 tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False).interleave(
+                     tf.data.TFRecordDataset, num_parallel_calls=2)):
+        assert int(read.cardinality()) < 0
+        assert passes(read.map(parse).shuffle(40).batch(8).repeat()) == Passes(13, 40, True, 40, 100)
+        assert passes(read.map(parse).shuffle(200).batch(8)) == Passes(13, 200, True, 100, 100)
+        assert passes(read.batch(7).repeat().prefetch(1)) == Passes(15)
+    # list_files shuffles the names by default: a shuffle with no map under it, which refills at no cost
+    names = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord")).interleave(tf.data.TFRecordDataset)
+    assert passes(names.batch(7).repeat()) == Passes(15, 3, False, 3, 3)
+    # a filter, a take, or a compressed shard: not counted
+    reader = tf.data.TFRecordDataset(files)
+    assert passes(reader.filter(lambda r: True).map(parse).shuffle(40).batch(8).repeat()).steps is None
+    assert passes(reader.take(10).map(parse).batch(8).repeat()).steps is None
+    gz = tmp_path / "gz.tfrecord"
+    with tf.io.TFRecordWriter(str(gz), options="GZIP") as writer:
+        writer.write(b"x")
+    assert passes(tf.data.TFRecordDataset([str(gz)], compression_type="GZIP").batch(2).repeat()).steps is None

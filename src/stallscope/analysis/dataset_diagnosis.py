@@ -402,11 +402,12 @@ def _window(dataset_passes: Passes, steps: int, notes: list[str], step_ms: float
     refills = dataset_passes.after_map and refill > 0
     took = f", about {refill * ms_per_element / 1000.0:.1f} s at the pipeline's pace alone" if ms_per_element else ""
     if refills and (per_pass is None or dataset_passes.elements is None):
-        notes.append(f"TF does not know how many elements a pass over the dataset holds (a reader of records, a "
-                     f"filter or a generator), so the end-to-end window ({steps} steps) may hold no pass start, where "
-                     f"its shuffle after a map takes in up to {refill:,} made elements again before its first{took}: "
-                     "the input share leaves that wait out; `.apply(tf.data.experimental.assert_cardinality(N))` "
-                     "after the reader tells TF a pass's N elements, and shuffling before the map removes the refill")
+        notes.append(f"how many elements a pass over the dataset holds is not known (a filter, a generator, records "
+                     f"in a store), so the end-to-end window ({steps} steps) may hold no pass start, where its "
+                     f"shuffle after a map takes in up to {refill:,} made elements again before its first{took}: the "
+                     "input share leaves that wait out; `.apply(tf.data.experimental.assert_cardinality(N))` after "
+                     "the stage that loses the count tells TF a pass's N elements, and shuffling before the map "
+                     "removes the refill")
         return steps
     if per_pass is None:
         return steps

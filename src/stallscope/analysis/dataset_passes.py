@@ -4,13 +4,16 @@ the elements a shuffle takes in again as each pass starts, before its first outp
 `stallscope.diagnose` needs both to choose its end-to-end window: a window between two pass starts is
 served from a full shuffle buffer and leaves the refill's wait out. They are read from the dataset's
 chain of Python dataset objects (each stage keeps its input and its arguments), which holds what the
-serialized graph does not: the cardinality of the data under a `repeat`.
+serialized graph does not: the cardinality of the data under a `repeat`. Where TF knows no length (a
+reader of TFRecords), the records of the local shards it reads are counted (`records.record_count`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+from stallscope.records.record_count import count_records
 
 # Stages that give one element for each element they take: a pass is as many of their outputs as inputs.
 _ONE_FOR_ONE = frozenset({
@@ -23,6 +26,10 @@ _BATCHES = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDat
 # Stages whose elements cost work to make (a map decodes, parses, augments): a shuffle above one holds made
 # elements, so its refill redoes that work; a shuffle of file names or records refills at almost no cost.
 _MAPS = frozenset({"_MapDataset", "_ParallelMapDataset", "_MapWithLegacyFunctionDataset"})
+# One-for-one stages that also keep a pass's count (a take or skip changes it).
+_SAME_COUNT = _ONE_FOR_ONE - {"_TakeDataset", "_SkipDataset"}
+_INTERLEAVES = frozenset({"_InterleaveDataset", "_ParallelInterleaveDataset"})
+_RECORD_READER_OPS = frozenset({"TFRecordDataset", "TFRecordDatasetV2"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,30 +83,80 @@ def passes(dataset) -> Passes:
     chain = _chain(dataset)
     repeat = next((i for i, stage in enumerate(chain) if _name(stage) == "_RepeatDataset"), None)
     steps = _steps_per_pass(chain, repeat)
-    within = chain[repeat + 1:] if repeat is not None else chain  # a shuffle above the repeat never refills
-    index = next((i for i, stage in enumerate(within) if _name(stage) == "_ShuffleDataset"), None)
+    first = repeat + 1 if repeat is not None else 0  # a shuffle above the repeat never refills
+    index = next((i for i in range(first, len(chain)) if _name(chain[i]) == "_ShuffleDataset"), None)
     if index is None:
         return Passes(steps)
-    shuffle = within[index]
+    shuffle = chain[index]
     buffer = int(shuffle._buffer_size)  # noqa: SLF001  (the stage's own argument, a scalar tensor)
-    elements = _cardinality(shuffle._input_dataset)  # noqa: SLF001
-    after_map = any(_name(stage) in _MAPS for stage in within[index + 1:])
-    keeps_buffer = repeat is not None and index == 0 and _fuses_shuffle_and_repeat(dataset) and elements is not None and buffer <= elements
+    elements = _elements(chain, index + 1)
+    after_map = any(_name(stage) in _MAPS for stage in chain[index + 1:])
+    keeps_buffer = index == first and repeat is not None and _fuses_shuffle_and_repeat(dataset) \
+        and elements is not None and buffer <= elements
     refill = 0 if keeps_buffer or buffer <= 0 else min(buffer, elements or buffer)
     return Passes(steps, shuffle_buffer=max(buffer, 0), after_map=after_map, refill=refill, elements=elements)
 
 
 def _steps_per_pass(chain: list, repeat: int | None) -> int | None:
-    """The outermost stage's elements per pass: its cardinality where finite, else the elements under the
-    repeat divided by the batches between it and the top, where only one-for-one stages lie between."""
-    if repeat is None:
-        return _cardinality(chain[0])
-    per_step = 1
-    for stage in chain[:repeat]:
-        name = _name(stage)
-        if name in _BATCHES:
-            per_step *= int(stage._batch_size)  # noqa: SLF001
-        elif name not in _ONE_FOR_ONE:
-            return None
-    elements = _cardinality(chain[repeat]._input_dataset)  # noqa: SLF001
+    """The outermost stage's elements per pass: its cardinality where TF knows it; else the elements
+    under the repeat (or of the reader at the bottom), divided by the batches above them, where only
+    one-for-one stages lie between."""
+    if repeat is None and (known := _cardinality(chain[0])) is not None:
+        return known
+    limit = repeat if repeat is not None else len(chain)
+    per_step, index = 1, 0
+    while index < limit and (_name(chain[index]) in _BATCHES or _name(chain[index]) in _ONE_FOR_ONE):
+        if _name(chain[index]) in _BATCHES:
+            per_step *= int(chain[index]._batch_size)  # noqa: SLF001
+        index += 1
+    if repeat is not None:
+        elements = _elements(chain, repeat + 1) if index == repeat else None
+    else:
+        elements = _elements(chain, index) if index < limit else None
     return math.ceil(elements / per_step) if elements is not None and per_step > 0 else None
+
+
+def _elements(chain: list, index: int) -> int | None:
+    """Elements of `chain[index]` in a pass: TF's cardinality where it knows it, else the records of the
+    TFRecord shards read under it through stages that keep the count (batches divide it); None where
+    neither is known."""
+    if index >= len(chain):
+        return None
+    if (known := _cardinality(chain[index])) is not None:
+        return known
+    per_element = 1
+    for stage in chain[index:]:
+        name = _name(stage)
+        records = None
+        if name == "TFRecordDatasetV2":
+            if stage._compression_type:  # noqa: SLF001  (compressed: no headers to walk)
+                return None
+            records = _records_in(stage._filenames)  # noqa: SLF001  (a dataset of file names)
+        elif name in _INTERLEAVES and _reads_records(stage._map_func):  # noqa: SLF001
+            records = _records_in(stage._input_dataset)  # noqa: SLF001
+        elif name in _BATCHES:
+            per_element *= int(stage._batch_size)  # noqa: SLF001
+            continue
+        elif name in _SAME_COUNT:
+            continue
+        return math.ceil(records / per_element) if records is not None else None
+    return None
+
+
+def _reads_records(map_func) -> bool:
+    """Whether an interleave's function opens a TFRecord reader on each element (a file name)."""
+    graph = map_func.function.graph.as_graph_def()
+    ops = {node.op for node in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    return bool(ops & _RECORD_READER_OPS)
+
+
+def _records_in(names) -> int | None:
+    """The records in the files a dataset of file names lists (`from_tensor_slices`, `list_files`)."""
+    chain = _chain(names)
+    source = chain[-1]
+    if any(_name(stage) not in _SAME_COUNT for stage in chain[:-1]) or _name(source) != "_TensorSliceDataset":
+        return None
+    tensors = source._tensors  # noqa: SLF001
+    if len(tensors) != 1 or tensors[0].dtype.name != "string" or len(tensors[0].shape) != 1:
+        return None
+    return count_records([name.decode("utf-8", "replace") for name in tensors[0].numpy()])
