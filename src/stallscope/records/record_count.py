@@ -21,6 +21,9 @@ from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, m
 log = logging.getLogger(__name__)
 
 COUNT_BUDGET_S = 5.0  # past this, a count is given up: the diagnosis goes on without a pass length
+CACHED_COUNTS = 16    # shard sets whose counts are kept, each under its files' sizes and change times
+
+_counted: dict[tuple, int | None] = {}
 
 
 def count_records(paths: Sequence[str], *, budget_s: float = COUNT_BUDGET_S) -> int | None:
@@ -28,6 +31,26 @@ def count_records(paths: Sequence[str], *, budget_s: float = COUNT_BUDGET_S) -> 
     header is damaged or cut short (TF will say so when it reads it), or counting outlasts `budget_s`."""
     if not paths or any("://" in str(p) for p in paths):
         return None
+    try:
+        stamp = tuple((str(p), *_stat(p)) for p in paths) + tuple(
+            (str(m), *_stat(m)) for m in sorted({Path(p).parent / MANIFEST_NAME for p in paths}) if m.exists())
+    except OSError:
+        return None
+    if stamp in _counted:  # a diagnosis asks of the same shards for the pass and for the shuffle
+        return _counted[stamp]
+    total = _count(paths, budget_s)
+    if len(_counted) >= CACHED_COUNTS:
+        _counted.pop(next(iter(_counted)))
+    _counted[stamp] = total
+    return total
+
+
+def _stat(path) -> tuple[int, int]:
+    status = os.stat(path)
+    return status.st_size, status.st_mtime_ns
+
+
+def _count(paths: Sequence[str], budget_s: float) -> int | None:
     listed = _manifest_counts(paths)
     if listed is not None:
         return listed
