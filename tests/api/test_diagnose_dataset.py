@@ -318,3 +318,17 @@ def test_a_pass_is_known_once_the_dataset_asserts_its_length(tmp_path):
     assert passes(unknown).steps is None
     assert passes(asserted) == Passes(8, shuffle_buffer=16, after_map=True, refill=16, elements=16)
     assert _window(passes(asserted), 6, []) == 8
+
+
+def test_stages_whose_arguments_cannot_be_read_leave_the_window_as_asked(monkeypatch):
+    """The pass is read from TF's private attributes: where another TF names them otherwise, the
+    diagnosis goes on with the window it was given and says why."""
+    from stallscope.analysis import dataset_diagnosis
+
+    def renamed(dataset):
+        raise AttributeError("'_ShuffleDataset' object has no attribute '_buffer_size'")
+    monkeypatch.setattr(dataset_diagnosis, "passes", renamed)
+    dataset = tf.data.Dataset.range(48).map(_slow_decoded).shuffle(48).batch(2).repeat()
+    diagnosis = stallscope.diagnose(dataset, accelerator="emulated:1ms", steps=6)
+    assert diagnosis.phases[0].end_to_end.steps == 6
+    assert any("pass length and shuffle could not be read (AttributeError" in note for note in diagnosis.notes)

@@ -117,7 +117,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         say(TIMING_STEP)
         round_trips, bandwidth = time_store(in_store)
     private_pool = dataset.options().threading.private_threadpool_size or 0
-    dataset_passes = passes(dataset)
+    dataset_passes = _passes_of(dataset, notes)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
                                shuffle=dataset_passes)
     parts = differential.breakdown(warm, cold, config)
@@ -349,6 +349,19 @@ def _chain_as_run(dataset, notes: list[str]) -> list[str]:
     except (ValueError, tf.errors.OpError) as exc:
         notes.append(f"the dataset's stages could not be read ({exc}); advice assumes a sequential pipeline")
         return []
+
+
+def _passes_of(dataset, notes: list[str]) -> Passes:
+    """`passes(dataset)`, or no pass length where the stages' own arguments cannot be read (they are
+    TF's private attributes, which another TF version may name otherwise)."""
+    import tensorflow as tf
+
+    try:
+        return passes(dataset)
+    except (AttributeError, TypeError, ValueError, tf.errors.OpError) as exc:
+        notes.append(f"the dataset's pass length and shuffle could not be read ({exc.__class__.__name__}: {exc}); "
+                     "the end-to-end window is steps= long")
+        return Passes(None)
 
 
 def _device(model, accelerator: str):
