@@ -106,6 +106,10 @@ def test_a_run_throttled_by_its_cpu_quota_is_cpu_saturated():
     assert "throttled in 55% of its periods, 3.10 s held back over a 5.0 s run" in item.evidence
     calm = _cpu({"cpu": {**cpu, "throttled_s": 0.01, "throttled_share": 0.02}})
     assert calm.answer == "no" and "throttled" not in calm.evidence
+    # a run shorter than a sampling interval has no samples: its 0% is no figure, its quota's counters are
+    short = _cpu({"cpu": {**cpu, "samples": 0, "system_mean_percent": 0.0, "throttled_share": 0.0, "duration_s": 0.1}})
+    assert short.answer == "unknown" and short.evidence == "no CPU samples: the run took 0.10 s, less than one sampling interval"
+    assert _cpu({"cpu": {**cpu, "samples": 0, "system_mean_percent": 0.0}}).answer == "yes"
 
 
 def test_a_pipeline_on_tfs_pool_under_a_short_cpu_quota_is_advised_the_quotas_cores():

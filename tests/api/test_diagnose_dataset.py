@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -275,6 +276,13 @@ def test_a_repeated_dataset_with_a_shuffle_refilling_each_pass_is_probed_over_wh
     assert diagnosis.verdict == "highly" and diagnosis.input_share > 0.5, diagnosis.phases[0]
     assert diagnosis.source["examples"] == 48
     assert "shuffle_encoded" in [a.key for a in diagnosis.advice]  # the buffer holds the whole pass
+    # the profile spans the passes too: the map under the shuffle is seen at work, as the input share is
+    analysis = diagnosis.analysis
+    assert len(analysis.steps.steps) >= 20 and analysis.input_share > 0.5, analysis.steps
+    assert any(stage.name.startswith(("Map", "ParallelMap")) and stage.calls >= 48 for stage in analysis.tree.stages)
+    # advice on a dataset of your own comes as code, not as stallscope's flags
+    text = diagnosis.text()
+    assert "dataset = dataset.shuffle(buffer)" in text and "--shuffle-at" not in text
 
 
 def test_a_pass_too_long_to_probe_whole_is_named_in_a_note():
@@ -332,3 +340,26 @@ def test_stages_whose_arguments_cannot_be_read_leave_the_window_as_asked(monkeyp
     diagnosis = stallscope.diagnose(dataset, accelerator="emulated:1ms", steps=6)
     assert diagnosis.phases[0].end_to_end.steps == 6
     assert any("pass length and shuffle could not be read (AttributeError" in note for note in diagnosis.notes)
+
+
+def test_a_map_tfs_rewrites_made_parallel_is_shown_as_rewritten_and_not_advised_parallel():
+    """A map written sequential runs, fused with its batch, as TF's AUTOTUNE MapAndBatch (map_and_batch_
+    fusion): the profile says so beside the chain as written, and neither the diagnosis nor the profile
+    advises making that map parallel again, though it is the bottleneck."""
+    square = tf.random.uniform([384, 384])
+
+    def busy(i):
+        return tf.reduce_mean(tf.linalg.matmul(square, square)) + tf.cast(i, tf.float32)
+
+    dataset = tf.data.Dataset.range(64).map(busy).batch(8).repeat()
+    diagnosis = stallscope.diagnose(dataset, accelerator="emulated:1ms", steps=8)
+    analysis = diagnosis.analysis
+    fused = next(s for s in analysis.tree.stages if s.name == "MapAndBatch")
+    assert fused.autotuned and analysis.written_chain == ("Repeat", "Batch", "Map", "Range")
+    assert "Batch + Map became MapAndBatch (map_and_batch_fusion)" in [c.describe() for c in analysis.rewrites]
+    assert diagnosis.pipeline.map_parallelism == -1  # read from the graph TF runs
+    assert analysis.bottleneck.endswith("MapAndBatch"), analysis.bottleneck
+    assert "parallel_map" not in [a.key for a in diagnosis.advice + analysis.advice]
+    from stallscope.analysis.advice import _underparallel
+    assert not _underparallel(fused)  # however busy it was here: AUTOTUNE sizes it
+    assert _underparallel(dataclasses.replace(fused, autotuned=False, parallelism=2))  # a fixed 2 would be

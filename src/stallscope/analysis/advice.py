@@ -182,10 +182,12 @@ def _kind(name: str) -> str:
 
 
 def _underparallel(stage) -> bool:
-    """A parallel map with a fixed, low parallelism that stays the bottleneck."""
+    """A parallel map with a fixed, low parallelism that stays the bottleneck (one AUTOTUNE tunes is not:
+    TF's map_parallelization rewrite makes a user's sequential map one, tuned to the cores there are)."""
     if not stage.asynchronous:
         return True
-    return stage.parallelism is not None and stage.parallelism != AUTOTUNE and stage.parallelism < 4
+    return (not stage.autotuned and stage.parallelism is not None and stage.parallelism != AUTOTUNE
+            and stage.parallelism < 4)
 
 
 CACHE_MEMORY_FRACTION = 0.25  # advise an in-memory cache only for data below this share of free RAM

@@ -82,6 +82,12 @@ def _cpu(resources: dict[str, Any] | None) -> CheckItem:
         reason = ("only a bare profile was given: CPU use is sampled by `stallscope train` into the run's "
                   "resources.json" if resources is None else "resources.json has no CPU samples")
         return CheckItem("cpu_saturated", question, "unknown", reason, needs_action=False)
+    if cpu.get("samples") == 0 and not quota_limited(cpu.get("throttled_share")):
+        # a run shorter than half a sampling interval: its mean of 0% is no figure (a quota's counters are)
+        duration = cpu.get("duration_s")
+        took = f"the run took {duration:.2f} s, " if isinstance(duration, (int, float)) else ""
+        return CheckItem("cpu_saturated", question, "unknown", f"no CPU samples: {took}less than one sampling "
+                         "interval", needs_action=False)
     mean = float(cpu["system_mean_percent"])
     peak = float(cpu.get("system_max_percent", mean))
     saturated = mean >= CPU_SATURATED_PERCENT

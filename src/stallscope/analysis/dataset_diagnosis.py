@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from stallscope.analysis import differential
 from stallscope.analysis.advice import Advice
@@ -33,7 +34,9 @@ from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
 from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
+from stallscope.workload import rundir
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
+from stallscope.workload.resources import ResourceMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     private_pool = dataset.options().threading.private_threadpool_size or 0
     dataset_passes = _passes_of(dataset, notes)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
-                               shuffle=dataset_passes)
+                               shuffle=dataset_passes, map_parallelism=_map_parallelism(dataset, chain))
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
@@ -132,7 +135,11 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
-    analysis = _profiled_stage_tree(dataset, run_step, notes, say) if options.profile else None
+    # Where the window was stretched to whole passes, the profile spans them too: a few steps between pass
+    # starts would show a shuffle serving from its full buffer, and no stage under it at work.
+    profiled = window if window % (dataset_passes.steps or window + 1) == 0 else PROFILED_STEPS
+    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=profiled, ran=chain)
+                if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
@@ -317,22 +324,28 @@ def _files_in(graph) -> list[str]:
     return list(found)
 
 
+_FROM_STAGES = object()  # config_from_chain's map parallelism: guessed from the stage names
+
+
 def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: int = 0,
-                      shuffle: Passes | None = None) -> PipelineConfig:
+                      shuffle: Passes | None = None, map_parallelism: Any = _FROM_STAGES) -> PipelineConfig:
     """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
     a sequential map, no parallel read, no prefetch at the end, a cache; as its options show them
     (`private_pool`: the threads of its private pool, 0 for TF's shared one); and its shuffle where it
     takes elements in again at each pass start (`shuffle`; after a map: of decoded elements), the one
-    the advice acts on: a shuffle that keeps its buffer across passes costs nothing per pass."""
+    the advice acts on: a shuffle that keeps its buffer across passes costs nothing per pass. The maps'
+    parallel calls as TF runs them (`map_parallelism`, see `_map_parallelism`), else as the stage names
+    suggest (a MapAndBatch may be either: advised)."""
     stages = set(chain)
     shuffle = shuffle or Passes(None)
-    parallel_map = "ParallelMap" in stages or not stages & set(MAP_STAGES)  # MapAndBatch: unknown, advise
+    if map_parallelism is _FROM_STAGES:
+        map_parallelism = AUTOTUNE if "ParallelMap" in stages or not stages & set(MAP_STAGES) else None
     return PipelineConfig(
         preset="your dataset", batch_size=batch_size, shuffle_buffer=shuffle.shuffle_buffer if shuffle.refill else 0,
         shuffle_at="decoded" if shuffle.after_map else "encoded",
         # TF fuses no shuffle that refills with its repeat (`dataset_passes`): so `recommend` reads it
         shuffle_and_repeat_fusion=False if shuffle.refill else None,
-        map_parallelism=AUTOTUNE if parallel_map else None,
+        map_parallelism=map_parallelism,
         read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
         prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
         cache="memory" if stages & {"Cache", "MemoryCache"} else "none", private_threadpool_size=private_pool,
@@ -364,6 +377,34 @@ def _passes_of(dataset, notes: list[str]) -> Passes:
         return Passes(None)
 
 
+def _map_parallelism(dataset, chain: Sequence[str]) -> Any:
+    """The parallel calls of the maps the dataset runs, read from its graph after TF's rewrites (None:
+    one runs sequentially; AUTOTUNE where there is no map, so nothing is advised); the stage names'
+    guess where the graph cannot be read."""
+    import tensorflow as tf
+
+    from stallscope.pipeline.describe import map_parallelism_as_run
+
+    if not set(chain) & set(MAP_STAGES):
+        return AUTOTUNE
+    try:
+        return map_parallelism_as_run(dataset)
+    except (ValueError, tf.errors.OpError):
+        return _FROM_STAGES
+
+
+def _chain_as_written(dataset) -> list[str]:
+    """The dataset's stages as its code built them, before TF's rewrites; [] where they cannot be read."""
+    import tensorflow as tf
+
+    from stallscope.pipeline.describe import pipeline_as_built
+
+    try:
+        return pipeline_as_built(dataset)
+    except (ValueError, tf.errors.OpError):
+        return []
+
+
 def _device(model, accelerator: str):
     """`run_step(batch)` for the compute: the model's own compiled train step, or an emulated device."""
     if model is None:
@@ -387,16 +428,24 @@ def _device(model, accelerator: str):
     return run_step, f"model {model.name}"
 
 
-def _profiled_stage_tree(dataset, run_step, notes: list[str], say):
-    """A few end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck."""
+def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS,
+                         ran: Sequence[str] = ()):
+    """`steps` end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck,
+    the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and TF's
+    rewrites of the dataset as written into the chain `ran` (pipeline.json)."""
     from stallscope.analysis.analyze import analyze_run
     from stallscope.errors import StallscopeError
 
-    say("probe: end to end, profiled (stage tree)")
+    say(f"probe: end to end, profiled (stage tree, {steps} steps)")
     log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-"))  # kept: TensorBoard can open it
-    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS + 1, WARMUP_STEPS + PROFILED_STEPS), log_dir)
-    probe_loop("profiled", "train", dataset.repeat(), run_step, steps=PROFILED_STEPS, warmup=WARMUP_STEPS,
-               profiler=profiler)
+    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS + 1, WARMUP_STEPS + steps), log_dir)
+    with ResourceMonitor() as resources:
+        probe_loop("profiled", "train", dataset.repeat(), run_step, steps=steps, warmup=WARMUP_STEPS,
+                   profiler=profiler)
+    rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
+    written = _chain_as_written(dataset)
+    if written and ran:
+        rundir.write_json(log_dir, rundir.PIPELINE_NAME, {"written": written, "ran": list(ran)})
     try:
         return analyze_run(log_dir, with_xprof=False)
     except StallscopeError as exc:

@@ -272,7 +272,7 @@ class Diagnosis:
         if self.analysis is not None:
             from stallscope.report.text import render_text
 
-            lines += ["", "profile of a few end-to-end steps:", render_text(self.analysis)]
+            lines += ["", "profile of end-to-end steps:", render_text(self.analysis)]
         return "\n".join(lines)
 
 

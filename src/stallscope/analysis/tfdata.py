@@ -47,6 +47,7 @@ class Stage:
     concurrency: float         # measured: mean number of its function calls in flight while busy
     inputs: tuple[str, ...]    # long names of its direct inputs
     per_element: bool = False  # made by its parent's function once per input element (an interleave's reader per file)
+    autotuned: bool = False    # its parallelism is AUTOTUNE's (the profile shows the value tuned at the time)
 
     @property
     def busy_ms(self) -> float:
@@ -233,7 +234,7 @@ def _build_stages(totals, datasets, parallelism, work_ps, concurrency, per_eleme
             inputs_ms=ps_to_ms(sum(totals[i][1] for i in inputs)),
             per_element_us=own_ps / calls / 1e6 if calls else 0.0,
             parallelism=configured, concurrency=concurrency.get(key, 1.0), inputs=inputs,
-            per_element=key in per_element,
+            per_element=key in per_element, autotuned=asynchronous and key + "#autotune" in parallelism,
         ))
     return tuple(stages)
 

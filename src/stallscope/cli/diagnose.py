@@ -305,9 +305,12 @@ def report_lines(diagnosis, result=None) -> list[str]:
 
         lines += ["", *storage_lines(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "advice" if diagnosis.advice else "advice: none, the pipeline keeps up"]
+    own_dataset = diagnosis.source.get("kind") == "dataset"  # a dataset of the user's: its code, not our flags
     for number, advice in enumerate(diagnosis.advice, 1):
-        knobs = fmt_knobs(advice.knobs) or advice.command
+        knobs = (advice.command if own_dataset else fmt_knobs(advice.knobs) or advice.command)
         lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f": {advice.reason}")
+        if own_dataset:
+            lines += [f"     {code}" for code in advice.code.splitlines()]
     lines += [f"note: {note}" for note in diagnosis.notes]
     if result is not None:
         lines += ["", *fix_lines(result)]
@@ -342,9 +345,20 @@ def fix_lines(result) -> list[str]:
     return lines
 
 
-def _md_knobs(advice) -> str:
-    knobs = fmt_knobs(advice.knobs) or advice.command
+def _md_knobs(advice, own_dataset: bool = False) -> str:
+    knobs = advice.command if own_dataset else fmt_knobs(advice.knobs) or advice.command
     return f" (`{knobs}`)" if knobs else ""
+
+
+def _md_advice(diagnosis) -> list[str]:
+    """The advice as a numbered list; for a dataset of the user's, each with its code, not stallscope's flags."""
+    own_dataset = diagnosis.source.get("kind") == "dataset"
+    lines = []
+    for number, advice in enumerate(diagnosis.advice, 1):
+        lines.append(f"{number}. **{advice.title}**{_md_knobs(advice, own_dataset)}: {advice.reason}")
+        if own_dataset and advice.code:
+            lines += ["", "   ```python", *[f"   {code}" for code in advice.code.splitlines()], "   ```"]
+    return lines
 
 
 def markdown_lines(diagnosis, result=None) -> list[str]:
@@ -381,8 +395,7 @@ def markdown_lines(diagnosis, result=None) -> list[str]:
 
         lines += ["", *storage_markdown(diagnosis.storage, diagnosis.storage_whatif)]
     lines += ["", "## Advice", ""]
-    lines += [f"{n}. **{a.title}**{_md_knobs(a)}: {a.reason}"
-              for n, a in enumerate(diagnosis.advice, 1)] or ["None: the pipeline keeps up."]
+    lines += _md_advice(diagnosis) or ["None: the pipeline keeps up."]
     if diagnosis.notes:
         lines += ["", *[f"> note: {note}" for note in diagnosis.notes]]
     if result is not None:

@@ -25,6 +25,8 @@ from stallscope.pipeline.config import PipelineConfig
 INFRASTRUCTURE_STAGES = frozenset({"Model", "PrivateThreadPool", "MaxIntraOpParallelism", "Options"})
 PARALLEL_STAGES = frozenset({"ParallelMap", "ParallelInterleave", "MapAndBatch", "ParallelBatch", "Prefetch"})
 _EXTERNAL_STATE_ALLOW = 0  # StatefulOps policy: serialize stateful ops (file reads) without complaint
+_MAP_OPS = frozenset({"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "MapAndBatchDataset",
+                      "ExperimentalMapAndBatchDataset"})
 
 
 def stage_name(op: str) -> str:
@@ -35,6 +37,46 @@ def stage_name(op: str) -> str:
 
 def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
     """The stage chain after TF's static rewrites (what the iterator runs), outermost first."""
+    return _chain(_graph_as_run(dataset), include_infrastructure)
+
+
+def map_parallelism_as_run(dataset: tf.data.Dataset) -> int | None:
+    """The parallel calls of the maps TF runs, after its rewrites (map_parallelization and
+    map_and_batch_fusion turn a map written sequential into an AUTOTUNE one): None where one of them
+    runs sequentially or there is none, else the fewest fixed calls of any, else -1 (all AUTOTUNE)."""
+    nodes = {n.name: n for n in _graph_as_run(dataset).node}
+    calls = [_parallel_calls(nodes, node) for node in _on_chain(nodes) if node.op in _MAP_OPS]
+    if not calls or None in calls:
+        return None
+    fixed = [c for c in calls if c > 0]
+    return min(fixed) if fixed else -1
+
+
+def _parallel_calls(nodes: dict, node) -> int | None:
+    """A map node's num_parallel_calls (-1: AUTOTUNE); None for a sequential map."""
+    if node.op == "MapDataset":
+        return None
+    arguments = len(node.attr["Targuments"].list.type)
+    index = 1 + arguments + (1 if "MapAndBatch" in node.op else 0)  # input, captured arguments, [batch_size]
+    const = nodes.get(_input_name(node.input[index])) if index < len(node.input) else None
+    values = list(const.attr["value"].tensor.int64_val or const.attr["value"].tensor.int_val) if const else []
+    return int(values[0]) if values else -1
+
+
+def _on_chain(nodes: dict):
+    """The dataset nodes from the graph's output down their first dataset inputs (not into functions)."""
+    output = next((n for n in nodes.values() if n.op == "_Retval"), None)
+    name, seen = (_input_name(output.input[0]) if output is not None else None), set()
+    while name in nodes and name not in seen:
+        seen.add(name)
+        node = nodes[name]
+        yield node
+        name = next((_input_name(i) for i in node.input if not i.startswith("^") and _is_dataset(nodes, _input_name(i))),
+                    None)
+
+
+def _graph_as_run(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
+    """The dataset's graph after TF's static rewrites (`FinalizeDataset`, as an iterator applies them)."""
     finalized = gen_dataset_ops.finalize_dataset(
         dataset._variant_tensor,  # noqa: SLF001 - the one handle FinalizeDataset takes
         output_types=dataset._flat_types,  # noqa: SLF001
@@ -43,7 +85,7 @@ def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = 
     serialized = gen_dataset_ops.dataset_to_graph_v2(
         finalized, external_state_policy=_EXTERNAL_STATE_ALLOW, strip_device_assignment=True
     )
-    return _chain(graph_pb2.GraphDef.FromString(serialized.numpy()), include_infrastructure)
+    return graph_pb2.GraphDef.FromString(serialized.numpy())
 
 
 def pipeline_as_built(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
