@@ -135,11 +135,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
-    # Where the window was stretched to whole passes, the profile spans them too: a few steps between pass
-    # starts would show a shuffle serving from its full buffer, and no stage under it at work.
-    profiled = window if window % (dataset_passes.steps or window + 1) == 0 else PROFILED_STEPS
-    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=profiled, ran=chain)
-                if options.profile else None)
+    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes),
+                                     ran=chain) if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
@@ -451,6 +448,15 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = 
     except StallscopeError as exc:
         notes.append(f"the profiled steps could not be analysed ({exc}); no stage tree")
         return None
+
+
+def _profiled_steps(window: int, dataset_passes: Passes) -> int:
+    """PROFILED_STEPS, or the end-to-end window where it holds whole passes over a shuffle that refills:
+    a few steps between pass starts would show the shuffle serving from its full buffer and the map
+    under it idle (960 steps of batches of 8 profile and analyse in 6 s here)."""
+    per_pass = dataset_passes.steps
+    whole = per_pass is not None and window % per_pass == 0
+    return window if whole and dataset_passes.after_map and dataset_passes.refill else PROFILED_STEPS
 
 
 def _window(dataset_passes: Passes, steps: int, notes: list[str], step_ms: float | None = None,
