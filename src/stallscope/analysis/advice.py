@@ -103,9 +103,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             evidence, command="stallscope convert IMAGES --output_path RECORDS --shards 64"))
     if cpu_saturated or (kind == "map" and map_parallel):
         advice.append(Advice(
-            "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1},
-            "options = tf.data.Options()\noptions.threading.max_intra_op_parallelism = 1\n"
-            "dataset = dataset.with_options(options)",
+            "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "parallelism across elements is cheaper than inside each op (seed-004: +10% or more)",
             checks["cpu_saturated"].evidence))
     if pool is not None:
@@ -190,6 +188,8 @@ def _underparallel(stage) -> bool:
             and stage.parallelism < 4)
 
 
+ONE_INTRA_OP_THREAD = ("options = tf.data.Options()\noptions.threading.max_intra_op_parallelism = 1\n"
+                       "dataset = dataset.with_options(options)")
 CACHE_MEMORY_FRACTION = 0.25  # advise an in-memory cache only for data below this share of free RAM
 STORAGE_ORDER = ("convert_records", "gcs_block_size", "gcs_reader", "reads_in_flight", "cache", "connection_reuse")
 STORAGE_GAIN = 1.1          # advise a storage change only where the what-if gains at least 10%

@@ -32,7 +32,7 @@ import psutil
 
 from stallscope.analysis import whatif
 from stallscope.analysis.advice import (
-    CACHE_MEMORY_FRACTION, Advice, apply_advice, merge_advice, quota_pool, storage_advice,
+    CACHE_MEMORY_FRACTION, ONE_INTRA_OP_THREAD, Advice, apply_advice, merge_advice, quota_pool, storage_advice,
 )
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
 from stallscope.analysis.storage_counters import (
@@ -441,8 +441,7 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "fits in memory", evidence))
     if worst.cause == "preprocessing" and config.map_parallelism is not None:
         advice.append(Advice(
-            "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1},
-            "options.threading.max_intra_op_parallelism = 1",
+            "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "the map is parallel already; parallelism across elements is cheaper than inside each op", evidence))
         advice.append(Advice(
             "max_side", "Store smaller images", {},
