@@ -360,6 +360,7 @@ def test_a_map_tfs_rewrites_made_parallel_is_shown_as_rewritten_and_not_advised_
     assert diagnosis.pipeline.map_parallelism == -1  # read from the graph TF runs
     assert analysis.bottleneck.endswith("MapAndBatch"), analysis.bottleneck
     assert "parallel_map" not in [a.key for a in diagnosis.advice + analysis.advice]
+    assert "max_side" not in [a.key for a in diagnosis.advice]  # it decodes no images
     from stallscope.analysis.advice import _underparallel
     assert not _underparallel(fused)  # however busy it was here: AUTOTUNE sizes it
     assert _underparallel(dataclasses.replace(fused, autotuned=False, parallelism=2))  # a fixed 2 would be

@@ -47,6 +47,9 @@ PIPELINE_BUDGET_S = 10.0
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
 _GLOB_CHARS = frozenset("*?[")
 MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
+# Ops of a graph that decodes images (Python may: PIL in a py_function), where storing smaller ones helps.
+IMAGE_DECODING_OPS = frozenset({"DecodeJpeg", "DecodeAndCropJpeg", "DecodeImage", "DecodePng", "DecodeBmp",
+                                "DecodeGif", "DecodeWebP", "PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +146,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
+    if not ops & IMAGE_DECODING_OPS:  # nothing in the graph decodes images: smaller ones would not help
+        advice = [a for a in advice if a.key != "max_side"]
     if phase.cause != "none":
         advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
