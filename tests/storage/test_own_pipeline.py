@@ -130,3 +130,22 @@ def test_the_stores_round_trip_is_timed_with_one_byte_gets_one_at_a_time(served,
     assert timed.requests == 10 and timed.bytes == 10 and store.counters().requests - before == 10
     assert 2.0 <= timed.percentile_ms(0.1) <= timed.percentile_ms(0.5)  # the store holds each request 2 ms
     assert time_round_trips([str(served / "tree")]).requests == 0  # nothing in a store: nothing asked
+
+
+def test_a_pass_over_records_in_a_store_is_counted_from_the_manifest_beside_them(served, store):
+    """stallscope.diagnose's pass length for records in a bucket: the manifest `stallscope convert` wrote
+    beside them lists each shard's records, as the store holds them; with no manifest, no count (walking
+    the headers would be a request per record)."""
+    from stallscope.analysis.dataset_passes import Passes, passes
+    from stallscope.records.record_count import count_records
+
+    names = sorted(p.name for p in (served / "records").glob("*-of-*"))
+    remote = [f"{store.url}/records/{name}" for name in names]
+    assert count_records(remote) == 24
+    parse = tf.strings.length
+    assert passes(stallscope.read_records(remote).map(parse).shuffle(24).batch(4).repeat()) == Passes(6, 24, True, 24, 24)
+    assert passes(stallscope.read_records(remote, num_parallel_reads=2).batch(5).repeat()) == Passes(5)
+    if store.kind == "gcs":  # TF's own gs:// client reads them too
+        assert passes(tf.data.TFRecordDataset(remote).map(parse).batch(4).repeat()) == Passes(6)
+    assert count_records([f"{store.url}/tree/{p.relative_to(served / 'tree').as_posix()}"
+                          for p in sorted((served / "tree").rglob("*.jpg"))[:2]]) is None

@@ -29,6 +29,7 @@ from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.describe import given_name
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
@@ -222,17 +223,6 @@ def _graph_nodes(graph) -> list:
     return list(graph.node) + [n for f in graph.library.function for n in f.node_def]
 
 
-def _stage_name(node) -> str:
-    """The name a dataset op was given (`name=`), from its metadata; "" where it has none."""
-    from tensorflow.core.framework import dataset_metadata_pb2
-
-    if not node.attr["metadata"].s:
-        return ""
-    metadata = dataset_metadata_pb2.Metadata()
-    metadata.ParseFromString(node.attr["metadata"].s)
-    return metadata.name.decode("utf-8", "replace")
-
-
 def read_map(dataset) -> ReadMap | None:
     """The stage that reads the dataset's files, as the storage what-if needs it (see `_read_map_in`)."""
     return _read_map_in(_graph(dataset))
@@ -249,7 +239,7 @@ def _read_map_in(graph) -> ReadMap | None:
     for node in graph.node:
         if node.op not in ("MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"):
             continue
-        name = _stage_name(node)
+        name = given_name(node)
         if name.startswith(READ_STAGE) and name[len(READ_STAGE):].isdigit():
             return ReadMap(int(name[len(READ_STAGE):]), decodes=False)
         ops = functions.get(node.attr["f"].func.name, set())

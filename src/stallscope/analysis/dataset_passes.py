@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stallscope.pipeline.describe import given_name
 from stallscope.records.record_count import count_records
+from stallscope.storage.s3_reading import RECORDS_STAGE
 
 # Stages that give one element for each element they take: a pass is as many of their outputs as inputs.
 _ONE_FOR_ONE = frozenset({
@@ -28,7 +30,7 @@ _BATCHES = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDat
 _MAPS = frozenset({"_MapDataset", "_ParallelMapDataset", "_MapWithLegacyFunctionDataset"})
 # One-for-one stages that also keep a pass's count (a take or skip changes it).
 _SAME_COUNT = _ONE_FOR_ONE - {"_TakeDataset", "_SkipDataset"}
-_INTERLEAVES = frozenset({"_InterleaveDataset", "_ParallelInterleaveDataset"})
+_INTERLEAVES = frozenset({"_InterleaveDataset", "_ParallelInterleaveDataset", "_FlatMapDataset"})
 _RECORD_READER_OPS = frozenset({"TFRecordDataset", "TFRecordDatasetV2"})
 
 
@@ -144,10 +146,11 @@ def _elements(chain: list, index: int) -> int | None:
 
 
 def _reads_records(map_func) -> bool:
-    """Whether an interleave's function opens a TFRecord reader on each element (a file name)."""
+    """Whether an interleave's function opens a TFRecord reader on each element (a file name): TF's, or
+    stallscope's reader of shards in a store (`stallscope.read_records`)."""
     graph = map_func.function.graph.as_graph_def()
-    ops = {node.op for node in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-    return bool(ops & _RECORD_READER_OPS)
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return any(node.op in _RECORD_READER_OPS or given_name(node) == RECORDS_STAGE for node in nodes)
 
 
 def _records_in(names) -> int | None:

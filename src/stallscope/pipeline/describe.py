@@ -103,6 +103,17 @@ def pipeline_as_written(config: PipelineConfig, source) -> list[str]:
     return pipeline_as_built(build_dataset(config, source))
 
 
+def given_name(node) -> str:
+    """The name a dataset op of a serialized graph was given (`name=`), from its metadata; "" where none."""
+    from tensorflow.core.framework import dataset_metadata_pb2
+
+    if not node.attr["metadata"].s:
+        return ""
+    metadata = dataset_metadata_pb2.Metadata()
+    metadata.ParseFromString(node.attr["metadata"].s)
+    return metadata.name.decode("utf-8", "replace")
+
+
 def parallel_stages(chain: list[str]) -> list[str]:
     """The stages of a chain that run in parallel or asynchronously."""
     return [stage for stage in chain if stage in PARALLEL_STAGES]

@@ -29,7 +29,7 @@ from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
     RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer, read_many,
 )
-from stallscope.storage.s3_reading import FIRST_BLOCK_BYTES, GROUP_REQUESTS, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
+from stallscope.storage.s3_reading import FIRST_BLOCK_BYTES, GROUP_REQUESTS, RECORDS_STAGE, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
 
 def needs_own_reader(files, gcs_reader: str = "tf") -> bool:
@@ -234,7 +234,7 @@ def shard_records(shard) -> tf.data.Dataset:
     groups = tf.data.Dataset.from_generator(
         _shard_groups, args=(shard,), output_signature=tf.TensorSpec((None,), tf.string), name="s3_shard",
     )
-    return groups.unbatch(name="s3_records")
+    return groups.unbatch(name=RECORDS_STAGE)
 
 
 def records_dataset(shards: list[str]) -> tf.data.Dataset:

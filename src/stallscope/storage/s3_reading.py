@@ -19,6 +19,7 @@ GROUP_REQUESTS = 16
 # `stallscope.read_files`' fetching stage is named this, then its requests in flight: a diagnosis of a
 # dataset of your own finds it in the graph.
 READ_STAGE = "stallscope_read_"
+RECORDS_STAGE = "s3_records"  # the name of the stage that hands a shard's records on, one by one (`readers`)
 # Block size of a streamed s3:// shard: one request per this many bytes, after a first block of
 # FIRST_BLOCK_BYTES (`readers.block_spans`).
 SHARD_BLOCK_BYTES = 16 * 1024 * 1024
