@@ -5,7 +5,8 @@ the elements a shuffle takes in again as each pass starts, before its first outp
 served from a full shuffle buffer and leaves the refill's wait out. They are read from the dataset's
 chain of Python dataset objects (each stage keeps its input and its arguments), which holds what the
 serialized graph does not: the cardinality of the data under a `repeat`. Where TF knows no length (a
-reader of TFRecords), the records of the local shards it reads are counted (`records.record_count`).
+reader of TFRecords: TF's or `stallscope.read_records`), the records of the shards it reads are
+counted (`records.record_count`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _BATCHES = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDat
 _MAPS = frozenset({"_MapDataset", "_ParallelMapDataset", "_MapWithLegacyFunctionDataset"})
 # One-for-one stages that also keep a pass's count (a take or skip changes it).
 _SAME_COUNT = _ONE_FOR_ONE - {"_TakeDataset", "_SkipDataset"}
+# Stages whose function opens a reader on each file name they take (`_reads_records` says which read records).
 _INTERLEAVES = frozenset({"_InterleaveDataset", "_ParallelInterleaveDataset", "_FlatMapDataset"})
 _RECORD_READER_OPS = frozenset({"TFRecordDataset", "TFRecordDatasetV2"})
 
