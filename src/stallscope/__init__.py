@@ -15,11 +15,12 @@ def step(number: int):
     return _step(number)
 
 
-def profile(log_dir, steps=(10, 20)):
-    """`with stallscope.profile(LOG, steps=(10, 20)):` captures those `stallscope.step`s; `.analyze()` after."""
+def profile(log_dir, steps=(10, 20), dataset=None):
+    """`with stallscope.profile(LOG, steps=(10, 20)):` captures those `stallscope.step`s; `.analyze()` after.
+    `dataset=`: the tf.data.Dataset the loop reads, so the analysis names TF's rewrites of it."""
     from stallscope.workload.marking import Profile
 
-    return Profile(log_dir, steps)
+    return Profile(log_dir, steps, dataset)
 
 
 def serve_profiler(port: int) -> int:

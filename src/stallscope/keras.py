@@ -20,7 +20,7 @@ from pathlib import Path
 import keras
 
 from stallscope.workload import rundir
-from stallscope.workload.marking import window_of
+from stallscope.workload.marking import dataset_or_none, window_of, write_chains
 from stallscope.workload.profiling import StepProfiler
 from stallscope.workload.resources import ResourceMonitor, minor_faults
 
@@ -39,11 +39,14 @@ class StallMonitor(keras.callbacks.Callback):
     profile_steps: (start, stop) global training steps, 1-based and inclusive, or None for timing only.
     log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None makes a new temporary one.
     verbose: print the one-line diagnosis when training ends (as Keras' own callbacks print); it is logged either way.
+    dataset: the tf.data.Dataset the fit reads, if you pass it: its stages as written and as TF runs them go to
+    LOG_DIR/pipeline.json, so the analysis names TF's rewrites (a callback cannot see the fit's dataset).
     """
 
     def __init__(self, profile_steps: tuple[int, int] | None = (10, 20), log_dir: Path | str | None = None,
-                 verbose: bool = True) -> None:
+                 verbose: bool = True, dataset=None) -> None:
         super().__init__()
+        self.dataset = dataset_or_none(dataset, "StallMonitor dataset")
         self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -120,6 +123,7 @@ class StallMonitor(keras.callbacks.Callback):
 
     def _write_run_files(self) -> None:
         rundir.write_steps(self.log_dir, self.records)
+        write_chains(self.log_dir, self.dataset)
         if self._resources is not None:
             self._resources.__exit__(None, None, None)
             rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())

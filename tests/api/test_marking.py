@@ -38,6 +38,13 @@ def test_stall_monitor_rejects_a_bad_window():
         StallMonitor(profile_steps=(3, "x"))
 
 
+def test_a_dataset_that_is_not_one_names_the_argument(tmp_path):
+    with pytest.raises(UsageError, match=r"^StallMonitor dataset: expected a tf.data.Dataset, got list$"):
+        StallMonitor(dataset=[1, 2])
+    with pytest.raises(UsageError, match=r"^stallscope.profile dataset: expected a tf.data.Dataset, got str$"):
+        stallscope.profile(tmp_path, dataset="train/*.tfrecord")
+
+
 def test_a_fit_that_raises_inside_its_window_does_not_block_the_next_one(tmp_path, caplog):
     """Keras calls no callback when fit raises: the next StallMonitor saves and closes what was left open."""
     import numpy as np

@@ -70,6 +70,17 @@ def test_custom_loop_with_step_and_profile(run_program, tmp_path):
     assert healthy["analysis"]["checklist"]["cpu_saturated"] in ("yes", "no"), healthy["analysis"]
 
 
+@pytest.mark.parametrize("program", ["keras_fit.py", "custom_loop.py"])
+def test_a_program_that_names_its_dataset_gets_tfs_rewrites_of_it_named(run_program, tmp_path, program):
+    """Given the dataset, StallMonitor and stallscope.profile record its stages as written and as TF runs
+    them, and the analysis names TF's rewrites; without it, it cannot."""
+    named = run_program(program, "as_written", str(tmp_path / "named"), "--dataset")
+    assert (tmp_path / "named" / "pipeline.json").exists()
+    assert "Batch + Map became MapAndBatch (map_and_batch_fusion)" in named["analysis"]["rewrites"], named["analysis"]
+    unnamed = run_program(program, "as_written", str(tmp_path / "unnamed"))
+    assert not (tmp_path / "unnamed" / "pipeline.json").exists() and unnamed["analysis"]["rewrites"] == []
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to limit the run to fewer")
 @pytest.mark.parametrize("program", ["keras_fit.py", "custom_loop.py"])
 def test_a_program_held_back_by_its_cpu_quota_is_advised_a_pool_of_the_quotas_cores(run_program, tmp_path,

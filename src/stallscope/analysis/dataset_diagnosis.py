@@ -29,7 +29,7 @@ from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.pipeline.describe import given_name
+from stallscope.pipeline.describe import chains_of, given_name
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
@@ -139,8 +139,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
-    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes),
-                                     ran=chain) if options.profile else None)
+    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes))
+                if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
@@ -385,18 +385,6 @@ def _map_parallelism(dataset, chain: Sequence[str]) -> Any:
         return _FROM_STAGES
 
 
-def _chain_as_written(dataset) -> list[str]:
-    """The dataset's stages as its code built them, before TF's rewrites; [] where they cannot be read."""
-    import tensorflow as tf
-
-    from stallscope.pipeline.describe import pipeline_as_built
-
-    try:
-        return pipeline_as_built(dataset)
-    except (ValueError, tf.errors.OpError):
-        return []
-
-
 def _device(model, accelerator: str):
     """`run_step(batch)` for the compute: the model's own compiled train step, or an emulated device."""
     if model is None:
@@ -420,11 +408,10 @@ def _device(model, accelerator: str):
     return run_step, f"model {model.name}"
 
 
-def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS,
-                         ran: Sequence[str] = ()):
+def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS):
     """`steps` end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck,
-    the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and TF's
-    rewrites of the dataset as written into the chain `ran` (pipeline.json)."""
+    the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and the
+    stages as written and as run (pipeline.json), so the analysis names TF's rewrites."""
     from stallscope.analysis.analyze import analyze_run
     from stallscope.errors import StallscopeError
 
@@ -435,9 +422,9 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = 
         probe_loop("profiled", "train", dataset.repeat(), run_step, steps=steps, warmup=WARMUP_STEPS,
                    profiler=profiler)
     rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
-    written = _chain_as_written(dataset)
-    if written and ran:
-        rundir.write_json(log_dir, rundir.PIPELINE_NAME, {"written": written, "ran": list(ran)})
+    chains = chains_of(dataset)
+    if chains is not None:
+        rundir.write_json(log_dir, rundir.PIPELINE_NAME, chains)
     try:
         return analyze_run(log_dir, with_xprof=False)
     except StallscopeError as exc:

@@ -40,6 +40,15 @@ def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = 
     return _chain(_graph_as_run(dataset), include_infrastructure)
 
 
+def chains_of(dataset: tf.data.Dataset) -> dict[str, list[str]] | None:
+    """{"written": the stages as built, "ran": as TF runs them}, as a run's pipeline.json holds them, so
+    an analysis names TF's rewrites; None where the dataset's graph cannot be serialized."""
+    try:
+        return {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
+    except (ValueError, tf.errors.OpError):
+        return None
+
+
 def map_parallelism_as_run(dataset: tf.data.Dataset) -> int | None:
     """The parallel calls of the maps TF runs, after its rewrites (map_parallelization and
     map_and_batch_fusion turn a map written sequential into an AUTOTUNE one): None where one of them

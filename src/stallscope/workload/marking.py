@@ -53,8 +53,9 @@ class Profile:
     the block used (and how often a container's CPU quota ran out) in LOG_DIR/resources.json, which
     `analyze` reads with the profile."""
 
-    def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20)) -> None:
+    def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20), dataset=None) -> None:
         self.log_dir = Path(log_dir)
+        self.dataset = dataset_or_none(dataset, "stallscope.profile dataset")
         window = window_of(steps, name="stallscope.profile steps")
         if window is None:
             raise UsageError("stallscope.profile steps: expected (START, STOP) such as (10, 20), got None")
@@ -77,6 +78,7 @@ class Profile:
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())
+            write_chains(self.log_dir, self.dataset)
         except OSError as exc:  # the profile is the result; its CPU figures are not worth the user's error
             log.warning("stallscope.profile: could not write %s (%s)", self.log_dir / rundir.RESOURCES_NAME, exc)
 
@@ -92,6 +94,29 @@ class Profile:
             raise UsageError(f"stallscope.profile: no step of the window {self.profiler.window.text} ran; "
                              "nothing was captured")
         return analyze_run(self.log_dir)
+
+
+def dataset_or_none(dataset, name: str):
+    """`dataset` where it is a tf.data.Dataset or None; else a one-line UsageError naming the argument."""
+    if dataset is None:
+        return None
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise UsageError(f"{name}: expected a tf.data.Dataset, got {type(dataset).__name__}")
+    return dataset
+
+
+def write_chains(log_dir: Path, dataset) -> None:
+    """LOG_DIR/pipeline.json with the dataset's stages as written and as TF runs them, where a dataset
+    was given and its graph can be read, so `analyze` names TF's rewrites of it."""
+    if dataset is None:
+        return
+    from stallscope.pipeline.describe import chains_of
+
+    chains = chains_of(dataset)
+    if chains is not None:
+        rundir.write_json(log_dir, rundir.PIPELINE_NAME, chains)
 
 
 def serve_profiler(port: int) -> int:

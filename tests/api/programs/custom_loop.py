@@ -1,7 +1,8 @@
 """A custom loop with a tf.function step and stallscope.step around each step; times its own steps.
 
-usage: custom_loop.py stalled|healthy|busy LOG_DIR [--external]
+usage: custom_loop.py stalled|healthy|busy|as_written LOG_DIR [--external] [--dataset]
   --external: the profile is taken with tf.profiler.experimental.start/stop, not stallscope.profile
+  --dataset: the dataset is given to stallscope.profile, which records its stages as written and as run
 """
 import contextlib
 import json
@@ -30,8 +31,10 @@ def train_step(x, y):
 
 
 own_ms = {}
-iterator = iter(pipelines.dataset(kind))
-window = contextlib.nullcontext() if external else stallscope.profile(log_dir, steps=(10, 20))
+dataset = pipelines.dataset(kind)
+iterator = iter(dataset)
+window = contextlib.nullcontext() if external else stallscope.profile(
+    log_dir, steps=(10, 20), dataset=dataset if "--dataset" in sys.argv else None)
 with window:
     for i in range(1, 25):
         if external and i == 10:
@@ -50,5 +53,6 @@ print("RESULT " + json.dumps({
     "analysis": {"verdict": analysis.verdict, "input_share": analysis.input_share, "bottleneck": analysis.bottleneck,
                  "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted},
                  "checklist": {c.key: c.answer for c in analysis.checklist},
-                 "advice": [a.to_dict() for a in analysis.advice]},
+                 "advice": [a.to_dict() for a in analysis.advice],
+                 "rewrites": [change.describe() for change in analysis.rewrites]},
 }))

@@ -1,6 +1,6 @@
 """A Keras fit with StallMonitor; times its own steps and prints the comparison as JSON.
 
-usage: keras_fit.py stalled|healthy|busy LOG_DIR [--no-window]
+usage: keras_fit.py stalled|healthy|busy|as_written LOG_DIR [--no-window] [--dataset]
 """
 import json
 import sys
@@ -31,9 +31,11 @@ class OwnTimer(tf.keras.callbacks.Callback):
 
 
 timer = OwnTimer()
-monitor = stallscope.keras.StallMonitor(profile_steps=window, log_dir=log_dir)
+dataset = pipelines.dataset(kind)
+monitor = stallscope.keras.StallMonitor(profile_steps=window, log_dir=log_dir,
+                                        dataset=dataset if "--dataset" in sys.argv else None)
 model = pipelines.model()
-model.fit(pipelines.dataset(kind), steps_per_epoch=12, epochs=2, callbacks=[timer, monitor], verbose=0)
+model.fit(dataset, steps_per_epoch=12, epochs=2, callbacks=[timer, monitor], verbose=0)
 result = {"own_step_ms": timer.step_ms, "analysis": None}
 if monitor.analysis is not None:
     analysis = monitor.analysis
@@ -42,5 +44,6 @@ if monitor.analysis is not None:
         "profile_step_ms": {s.step: s.step_ms for s in analysis.steps.steps if s.counted},
         "checklist": {c.key: c.answer for c in analysis.checklist},
         "advice": [a.to_dict() for a in analysis.advice],
+        "rewrites": [change.describe() for change in analysis.rewrites],
     }
 print("RESULT " + json.dumps(result))

@@ -1,6 +1,6 @@
 """The tiny data and pipelines the test programs train on: a stalled one (a slow sequential map,
-no prefetch, TF's rewrites off so it runs as written), a healthy one (cached and prefetched) and a
-busy one (a parallel map of real CPU work)."""
+no prefetch, TF's rewrites off so it runs as written), a healthy one (cached and prefetched), a busy one
+(a parallel map of real CPU work) and the same written sequential (TF's rewrites make it parallel)."""
 import time
 
 import numpy as np
@@ -35,6 +35,8 @@ def dataset(kind: str) -> tf.data.Dataset:
         return base.map(_busy, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
     if kind == "healthy":
         return base.batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
+    if kind == "as_written":  # a sequential map, as most programs write it, which TF's rewrites make parallel
+        return base.map(_busy).batch(BATCH)  # (no Python in it: a py function in parallel can hang the exit)
     raise ValueError(f"unknown pipeline {kind!r}")
 
 
