@@ -364,3 +364,24 @@ def test_a_map_tfs_rewrites_made_parallel_is_shown_as_rewritten_and_not_advised_
     from stallscope.analysis.advice import _underparallel
     assert not _underparallel(fused)  # however busy it was here: AUTOTUNE sizes it
     assert _underparallel(dataclasses.replace(fused, autotuned=False, parallelism=2))  # a fixed 2 would be
+
+
+def test_a_map_tf_leaves_sequential_for_its_stateful_op_is_named_with_the_stateless_way_out():
+    """TF's map_parallelization parallelizes only stateless functions: a map drawing with tf.random runs one
+    call at a time (fused with its batch, 1 call), is advised parallel, and a note names the op."""
+    def stateful(i):
+        square = tf.random.uniform([64, 64])
+        return tf.reduce_mean(tf.linalg.matmul(square, square)) + tf.cast(i, tf.float32)
+
+    def stateless(i):
+        square = tf.random.stateless_uniform([64, 64], seed=tf.stack([i, 0]))
+        return tf.reduce_mean(tf.linalg.matmul(square, square))
+
+    drawn = stallscope.diagnose(tf.data.Dataset.range(64).map(stateful).batch(8).repeat(),
+                                accelerator="emulated:1ms", steps=6)
+    assert drawn.pipeline.map_parallelism is None
+    note = next(n for n in drawn.notes if "map_parallelization left a map sequential" in n)
+    assert "(RandomUniform)" in note and "tf.random.stateless_uniform" in note
+    seeded = stallscope.diagnose(tf.data.Dataset.range(64).map(stateless).batch(8).repeat(),
+                                 accelerator="emulated:1ms", steps=6)
+    assert seeded.pipeline.map_parallelism == -1 and not any("stateful" in n for n in seeded.notes)

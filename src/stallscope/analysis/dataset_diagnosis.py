@@ -149,6 +149,12 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                     warm=warm)
     if not ops & IMAGE_DECODING_OPS:  # nothing in the graph decodes images: smaller ones would not help
         advice = [a for a in advice if a.key != "max_side"]
+    stateful = _stateful_map_ops(graph) if config.map_parallelism is None else []
+    if stateful and dataset.options().experimental_optimization.map_parallelization is not False:
+        notes.append(f"TF's map_parallelization left a map sequential: its function holds a stateful op "
+                     f"({', '.join(stateful)}), and TF parallelizes only stateless ones; give it "
+                     "num_parallel_calls=tf.data.AUTOTUNE yourself, or use stateless ops (tf.random.stateless_uniform "
+                     "with a seed, tf.image.stateless_random_flip_left_right, ...)")
     if phase.cause != "none":
         advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
@@ -367,6 +373,34 @@ def _passes_of(dataset, notes: list[str]) -> Passes:
         notes.append(f"the dataset's pass length and shuffle could not be read ({exc.__class__.__name__}: {exc}); "
                      "the end-to-end window is steps= long")
         return Passes(None)
+
+
+def _stateful_map_ops(graph) -> list[str]:
+    """The stateful ops (RandomUniform, a stateful py_function, ...) in the functions of the maps written
+    sequential, also in the functions those call: TF's map_parallelization leaves such a map sequential."""
+    from tensorflow.python.framework import op_def_registry
+
+    if graph is None:
+        return []
+    functions = {f.signature.name: f for f in graph.library.function}
+    found: set[str] = set()
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        function = functions.get(name)
+        if function is None or name in seen or not function.signature.is_stateful:
+            return
+        seen.add(name)
+        for node in function.node_def:
+            if "f" in node.attr and node.attr["f"].HasField("func"):
+                visit(node.attr["f"].func.name)  # a call of another tf.function
+            elif (op := op_def_registry.get(node.op)) is not None and op.is_stateful:
+                found.add(node.op)
+
+    for node in _graph_nodes(graph):
+        if node.op == "MapDataset":
+            visit(node.attr["f"].func.name)
+    return sorted(found)
 
 
 def _map_parallelism(dataset, chain: Sequence[str]) -> Any:

@@ -52,10 +52,11 @@ def chains_of(dataset: tf.data.Dataset) -> dict[str, list[str]] | None:
 def map_parallelism_as_run(dataset: tf.data.Dataset) -> int | None:
     """The parallel calls of the maps TF runs, after its rewrites (map_parallelization and
     map_and_batch_fusion turn a map written sequential into an AUTOTUNE one): None where one of them
-    runs sequentially or there is none, else the fewest fixed calls of any, else -1 (all AUTOTUNE)."""
+    runs one call at a time (a MapAndBatch fused from a stateful map has 1) or there is none, else the
+    fewest fixed calls of any, else -1 (all AUTOTUNE)."""
     nodes = {n.name: n for n in _graph_as_run(dataset).node}
     calls = [_parallel_calls(nodes, node) for node in _on_chain(nodes) if node.op in _MAP_OPS]
-    if not calls or None in calls:
+    if not calls or None in calls or 1 in calls:
         return None
     fixed = [c for c in calls if c > 0]
     return min(fixed) if fixed else -1
