@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stallscope.analysis.advice import Advice, apply_advice, recommend
@@ -30,6 +32,9 @@ def test_sequential_map_fix_is_a_parallel_map_and_missing_prefetch_is_found(stal
     first = analysis.advice[0]
     assert first.knobs == {"map_parallelism": AUTOTUNE}
     assert "num_parallel_calls=tf.data.AUTOTUNE" in first.code
+    # smaller images are advised for a bottleneck map unless its dataset is known to decode none
+    assert "max_side" in keys
+    assert "max_side" not in [a.key for a in recommend(dataclasses.replace(analysis, decodes_images=False))]
 
 
 def test_advice_skips_what_the_config_already_does(stalled_profile):

@@ -280,6 +280,7 @@ def test_a_repeated_dataset_with_a_shuffle_refilling_each_pass_is_probed_over_wh
     analysis = diagnosis.analysis
     assert len(analysis.steps.steps) >= 20 and analysis.input_share > 0.5, analysis.steps
     assert any(stage.name.startswith(("Map", "ParallelMap")) and stage.calls >= 48 for stage in analysis.tree.stages)
+    assert analysis.decodes_images is True  # its map runs Python, which may decode
     # advice on a dataset of your own comes as code, not as stallscope's flags
     text = diagnosis.text()
     assert "dataset = dataset.shuffle(buffer)" in text and "--shuffle-at" not in text
@@ -360,7 +361,8 @@ def test_a_map_tfs_rewrites_made_parallel_is_shown_as_rewritten_and_not_advised_
     assert diagnosis.pipeline.map_parallelism == -1  # read from the graph TF runs
     assert analysis.bottleneck.endswith("MapAndBatch"), analysis.bottleneck
     assert "parallel_map" not in [a.key for a in diagnosis.advice + analysis.advice]
-    assert "max_side" not in [a.key for a in diagnosis.advice]  # it decodes no images
+    assert "max_side" not in [a.key for a in diagnosis.advice + analysis.advice]  # it decodes no images
+    assert analysis.decodes_images is False
     from stallscope.analysis.advice import _underparallel
     assert not _underparallel(fused)  # however busy it was here: AUTOTUNE sizes it
     assert _underparallel(dataclasses.replace(fused, autotuned=False, parallelism=2))  # a fixed 2 would be

@@ -89,7 +89,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             "cache", "Cache the encoded bytes in memory", {"cache": "memory", "cache_at": "encoded"},
             "dataset = dataset.cache()  # after reading, before decoding; from the second epoch on, no I/O",
             "reading is the slow part; a cache serves every epoch after the first from memory", evidence))
-    if kind == "map":
+    if kind == "map" and analysis.decodes_images is not False:  # False: its dataset decodes no images
         advice.append(Advice(
             "max_side", "Store smaller images", {},
             "# re-convert once; decoding a 256 px JPEG costs a fraction of a 500 px one",

@@ -59,6 +59,7 @@ class Analysis:
     notes: tuple[str, ...]
     captures: tuple[str, ...] = ()    # every capture found under the path given, oldest first
     hosts: tuple[HostSteps, ...] = ()  # every host file of the capture; the analysis is of the slowest
+    decodes_images: bool | None = None  # pipeline.json's word on whether the dataset decodes images (None: unsaid)
 
     @property
     def slowest_host(self) -> str | None:
@@ -167,6 +168,7 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
     if run_dir is not None and (run_dir / rundir.STEPS_NAME).exists():
         run = run_timing(rundir.read_steps(run_dir))
     config = _requested_config(pipeline, notes)
+    decodes = pipeline.get("decodes_images") if isinstance(pipeline, dict) else None
     written = tuple(_chain(pipeline, "written"))
     ran = tuple(_chain(pipeline, "ran")) or tuple(tree.chain())
     if written:
@@ -182,6 +184,7 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         steps=steps, tree=tree, checklist=checklist(steps, tree, resources), advice=(), xprof=figure, run=run,
         config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
         captures=tuple(str(c) for c in captures), hosts=tuple(hosts),
+        decodes_images=decodes if isinstance(decodes, bool) else None,
     )
     return dataclasses.replace(partial, advice=tuple(advice_module.recommend(
         partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None)))

@@ -29,7 +29,7 @@ from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.pipeline.describe import chains_of, given_name
+from stallscope.pipeline.describe import IMAGE_DECODING_OPS, chains_of, given_name
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
@@ -48,9 +48,6 @@ PIPELINE_BUDGET_S = 10.0
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
 _GLOB_CHARS = frozenset("*?[")
 MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
-# Ops of a graph that decodes images (Python may: PIL in a py_function), where storing smaller ones helps.
-IMAGE_DECODING_OPS = frozenset({"DecodeJpeg", "DecodeAndCropJpeg", "DecodeImage", "DecodePng", "DecodeBmp",
-                                "DecodeGif", "DecodeWebP", "PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,9 @@ from stallscope.pipeline.config import PipelineConfig
 INFRASTRUCTURE_STAGES = frozenset({"Model", "PrivateThreadPool", "MaxIntraOpParallelism", "Options"})
 PARALLEL_STAGES = frozenset({"ParallelMap", "ParallelInterleave", "MapAndBatch", "ParallelBatch", "Prefetch"})
 _EXTERNAL_STATE_ALLOW = 0  # StatefulOps policy: serialize stateful ops (file reads) without complaint
+# Ops of a graph that decodes images (Python may: PIL in a py_function), where storing smaller ones helps.
+IMAGE_DECODING_OPS = frozenset({"DecodeJpeg", "DecodeAndCropJpeg", "DecodeImage", "DecodePng", "DecodeBmp",
+                                "DecodeGif", "DecodeWebP", "PyFunc", "PyFuncStateless", "EagerPyFunc"})
 _MAP_OPS = frozenset({"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "MapAndBatchDataset",
                       "ExperimentalMapAndBatchDataset"})
 
@@ -40,13 +43,22 @@ def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = 
     return _chain(_graph_as_run(dataset), include_infrastructure)
 
 
-def chains_of(dataset: tf.data.Dataset) -> dict[str, list[str]] | None:
-    """{"written": the stages as built, "ran": as TF runs them}, as a run's pipeline.json holds them, so
-    an analysis names TF's rewrites; None where the dataset's graph cannot be serialized."""
+def chains_of(dataset: tf.data.Dataset) -> dict | None:
+    """{"written": the stages as built, "ran": as TF runs them, "decodes_images": whether its graph
+    does}, as a run's pipeline.json holds them, so an analysis names TF's rewrites and advises storing
+    smaller images only where images are decoded; None where the dataset's graph cannot be serialized."""
     try:
-        return {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
+        built = _graph_as_built(dataset)
+        return {"written": _chain(built, False), "ran": pipeline_as_run(dataset),
+                "decodes_images": decodes_images(built)}
     except (ValueError, tf.errors.OpError):
         return None
+
+
+def decodes_images(graph: graph_pb2.GraphDef) -> bool:
+    """Whether any op of the graph or of its functions decodes images (or runs Python, which may)."""
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    return bool(ops & IMAGE_DECODING_OPS)
 
 
 def map_parallelism_as_run(dataset: tf.data.Dataset) -> int | None:
@@ -100,10 +112,14 @@ def _graph_as_run(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
 
 def pipeline_as_built(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
     """The stage chain of a built dataset before TF's rewrites."""
+    return _chain(_graph_as_built(dataset), include_infrastructure)
+
+
+def _graph_as_built(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
     serialized = dataset._as_serialized_graph(  # noqa: SLF001
         external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE, strip_device_assignment=True
     )
-    return _chain(graph_pb2.GraphDef.FromString(serialized.numpy()), include_infrastructure)
+    return graph_pb2.GraphDef.FromString(serialized.numpy())
 
 
 def pipeline_as_written(config: PipelineConfig, source) -> list[str]:

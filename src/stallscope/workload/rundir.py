@@ -6,7 +6,9 @@ RUN_DIR/
                       the step after its checkpoint; `step` is the global step)
   pipeline.json       {"requested": PipelineConfig dict, "written": [stages as built, outermost
                        first], "ran": [stages after TF's static rewrites, outermost first],
-                       "preset": name, "overrides": {knob: value changed from the preset}}
+                       "preset": name, "overrides": {knob: value changed from the preset}}; for a
+                      dataset of the user's (StallMonitor / stallscope.profile / stallscope.diagnose
+                      given it): "written", "ran" and "decodes_images" (bool) only
   resources.json      {"interval_s", "duration_s", "cores", "cpu": summary below,
                        "io": /proc/self/io deltas (rchar, wchar, syscr, syscw, read_bytes, write_bytes) or null,
                        "samples": [{"elapsed_s", "process_percent", "system_percent", "per_cpu_percent"}]}
