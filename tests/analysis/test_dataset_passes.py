@@ -120,6 +120,8 @@ def test_a_pass_over_records_is_counted_where_tf_knows_no_length(tmp_path):
     reader = tf.data.TFRecordDataset(files)
     assert passes(reader.filter(lambda r: True).map(parse).shuffle(40).batch(8).repeat()).steps is None
     assert passes(reader.take(10).map(parse).batch(8).repeat()).steps is None
+    assert passes(reader.map(parse).take(10).batch(4)).steps is None  # not the 25 batches of all 100
+    assert passes(reader.map(parse).batch(4).repeat().take(1000)).steps == 25  # a take above the repeat: passes stay
     gz = tmp_path / "gz.tfrecord"
     with tf.io.TFRecordWriter(str(gz), options="GZIP") as writer:
         writer.write(b"x")

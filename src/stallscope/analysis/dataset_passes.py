@@ -108,8 +108,9 @@ def _steps_per_pass(chain: list, repeat: int | None) -> int | None:
     if repeat is None and (known := _cardinality(chain[0])) is not None:
         return known
     limit = repeat if repeat is not None else len(chain)
+    passing = _ONE_FOR_ONE if repeat is not None else _SAME_COUNT  # above a repeat, a take ends the run, not a pass
     per_step, index = 1, 0
-    while index < limit and (_name(chain[index]) in _BATCHES or _name(chain[index]) in _ONE_FOR_ONE):
+    while index < limit and (_name(chain[index]) in _BATCHES or _name(chain[index]) in passing):
         if _name(chain[index]) in _BATCHES:
             per_step *= int(chain[index]._batch_size)  # noqa: SLF001
         index += 1
