@@ -53,4 +53,5 @@ def test_what_cannot_be_counted_is_none(tmp_path):
     assert count_records([_shard(tmp_path / "gz", 3, compression="GZIP")]) is None
     assert count_records([sound, str(tmp_path / "missing")]) is None
     assert count_records([]) is None
+    assert count_records(["hdfs://namenode/data/shard-0"]) is None  # a scheme stallscope does not read
     assert count_records([_shard(tmp_path / "many", 5000, 1)], budget_s=0.0) is None  # over its time

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from stallscope.records.manifest import MANIFEST_NAME
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.errors import UsageError
 from stallscope.storage.location import StorageError, as_path, is_remote
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,11 @@ def count_records(paths: Sequence[str], *, budget_s: float = COUNT_BUDGET_S) -> 
     are in a store and no manifest beside them lists them as they are."""
     if not paths:
         return None
-    shards = [as_path(str(p)) for p in paths]
     try:
+        shards = [as_path(str(p)) for p in paths]  # a scheme stallscope does not read (hdfs://): UsageError
         manifests = sorted({shard.parent / MANIFEST_NAME for shard in shards}, key=str)
         stamp = tuple((str(p), *_stat(p)) for p in shards) + tuple((str(m), *_stat(m)) for m in manifests if m.exists())
-    except (OSError, StorageError):
+    except (OSError, UsageError):  # StorageError is a UsageError: a store that refuses or does not answer
         return None
     if stamp in _counted:  # a diagnosis asks of the same shards for the pass and for the shuffle
         return _counted[stamp]
