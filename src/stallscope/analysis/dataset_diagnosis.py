@@ -29,7 +29,9 @@ from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.pipeline.describe import IMAGE_DECODING_OPS, chains_of, given_name
+from stallscope.pipeline.describe import (
+    chain_in, decodes_images, given_name, graph_as_run, map_parallelism_in, pipeline_record,
+)
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
@@ -93,8 +95,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     say = progress or (lambda message: logger.info("%s", message))
     started = time.perf_counter()
     notes: list[str] = []
-    chain = _chain_as_run(dataset, notes)
     graph = _graph(dataset)  # serialized once: its files, ops and reading stage are read from it
+    ran, chain = _as_run(dataset, notes)  # and once as TF runs it: its stages and maps' parallel calls
     ops = _ops_in(graph)
     files = list(options.files) if options.files is not None else _files_in(graph)
     run_step, device_name = _device(model, options.accelerator)
@@ -123,7 +125,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     private_pool = dataset.options().threading.private_threadpool_size or 0
     dataset_passes = _passes_of(dataset, notes)
     config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
-                               shuffle=dataset_passes, map_parallelism=_map_parallelism(dataset, chain))
+                               shuffle=dataset_passes, map_parallelism=_map_parallelism(ran, chain))
     parts = differential.breakdown(warm, cold, config)
     data_bytes = _data_bytes(files)
     steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
@@ -136,15 +138,16 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
                             warmup=WARMUP_STEPS)
-    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes))
-                if options.profile else None)
+    record = pipeline_record(graph, ran) if graph is not None and ran is not None else None
+    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes),
+                                     record=record) if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
     examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
-    if not ops & IMAGE_DECODING_OPS:  # nothing in the graph decodes images: smaller ones would not help
+    if graph is None or not decodes_images(graph):  # no image decoded: smaller ones would not help
         advice = [a for a in advice if a.key != "max_side"]
     stateful = _stateful_map_ops(graph) if config.map_parallelism is None else []
     if stateful and dataset.options().experimental_optimization.map_parallelization is not False:
@@ -347,16 +350,17 @@ def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: in
     )
 
 
-def _chain_as_run(dataset, notes: list[str]) -> list[str]:
+def _as_run(dataset, notes: list[str]) -> tuple[Any, list[str]]:
+    """The dataset's graph after TF's rewrites and its stage chain; (None, []), with a note, where they
+    cannot be read."""
     import tensorflow as tf
 
-    from stallscope.pipeline.describe import pipeline_as_run
-
     try:
-        return pipeline_as_run(dataset)
+        ran = graph_as_run(dataset)
+        return ran, chain_in(ran)
     except (ValueError, tf.errors.OpError) as exc:
         notes.append(f"the dataset's stages could not be read ({exc}); advice assumes a sequential pipeline")
-        return []
+        return None, []
 
 
 def _passes_of(dataset, notes: list[str]) -> Passes:
@@ -400,20 +404,13 @@ def _stateful_map_ops(graph) -> list[str]:
     return sorted(found)
 
 
-def _map_parallelism(dataset, chain: Sequence[str]) -> Any:
+def _map_parallelism(ran, chain: Sequence[str]) -> Any:
     """The parallel calls of the maps the dataset runs, read from its graph after TF's rewrites (None:
     one runs sequentially; AUTOTUNE where there is no map, so nothing is advised); the stage names'
-    guess where the graph cannot be read."""
-    import tensorflow as tf
-
-    from stallscope.pipeline.describe import map_parallelism_as_run
-
+    guess where that graph could not be read."""
     if not set(chain) & set(MAP_STAGES):
         return AUTOTUNE
-    try:
-        return map_parallelism_as_run(dataset)
-    except (ValueError, tf.errors.OpError):
-        return _FROM_STAGES
+    return map_parallelism_in(ran) if ran is not None else _FROM_STAGES
 
 
 def _device(model, accelerator: str):
@@ -439,10 +436,12 @@ def _device(model, accelerator: str):
     return run_step, f"model {model.name}"
 
 
-def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS):
+def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS,
+                         record: dict | None = None):
     """`steps` end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck,
-    the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and the
-    stages as written and as run (pipeline.json), so the analysis names TF's rewrites."""
+    the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and
+    `record` (`describe.pipeline_record`: the stages as written and as run) as pipeline.json, so the
+    analysis names TF's rewrites."""
     from stallscope.analysis.analyze import analyze_run
     from stallscope.errors import StallscopeError
 
@@ -453,9 +452,8 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = 
         probe_loop("profiled", "train", dataset.repeat(), run_step, steps=steps, warmup=WARMUP_STEPS,
                    profiler=profiler)
     rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
-    chains = chains_of(dataset)
-    if chains is not None:
-        rundir.write_json(log_dir, rundir.PIPELINE_NAME, chains)
+    if record is not None:
+        rundir.write_json(log_dir, rundir.PIPELINE_NAME, record)
     try:
         return analyze_run(log_dir, with_xprof=False)
     except StallscopeError as exc:

@@ -40,19 +40,22 @@ def stage_name(op: str) -> str:
 
 def pipeline_as_run(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
     """The stage chain after TF's static rewrites (what the iterator runs), outermost first."""
-    return _chain(_graph_as_run(dataset), include_infrastructure)
+    return chain_in(graph_as_run(dataset), include_infrastructure)
 
 
 def chains_of(dataset: tf.data.Dataset) -> dict | None:
-    """{"written": the stages as built, "ran": as TF runs them, "decodes_images": whether its graph
-    does}, as a run's pipeline.json holds them, so an analysis names TF's rewrites and advises storing
-    smaller images only where images are decoded; None where the dataset's graph cannot be serialized."""
+    """`pipeline_record` of the dataset; None where its graph cannot be serialized."""
     try:
-        built = _graph_as_built(dataset)
-        return {"written": _chain(built, False), "ran": pipeline_as_run(dataset),
-                "decodes_images": decodes_images(built)}
+        return pipeline_record(graph_as_built(dataset), graph_as_run(dataset))
     except (ValueError, tf.errors.OpError):
         return None
+
+
+def pipeline_record(built: graph_pb2.GraphDef, ran: graph_pb2.GraphDef) -> dict:
+    """{"written": the stages as built, "ran": as TF runs them, "decodes_images": whether the graph
+    does}, as a run's pipeline.json holds them, so an analysis names TF's rewrites and advises storing
+    smaller images only where images are decoded."""
+    return {"written": chain_in(built), "ran": chain_in(ran), "decodes_images": decodes_images(built)}
 
 
 def decodes_images(graph: graph_pb2.GraphDef) -> bool:
@@ -61,12 +64,12 @@ def decodes_images(graph: graph_pb2.GraphDef) -> bool:
     return bool(ops & IMAGE_DECODING_OPS)
 
 
-def map_parallelism_as_run(dataset: tf.data.Dataset) -> int | None:
-    """The parallel calls of the maps TF runs, after its rewrites (map_parallelization and
-    map_and_batch_fusion turn a map written sequential into an AUTOTUNE one): None where one of them
+def map_parallelism_in(ran: graph_pb2.GraphDef) -> int | None:
+    """The parallel calls of the maps TF runs (`ran`: the graph after its rewrites; map_parallelization
+    and map_and_batch_fusion turn a map written sequential into an AUTOTUNE one): None where one of them
     runs one call at a time (a MapAndBatch fused from a stateful map has 1) or there is none, else the
     fewest fixed calls of any, else -1 (all AUTOTUNE)."""
-    nodes = {n.name: n for n in _graph_as_run(dataset).node}
+    nodes = {n.name: n for n in ran.node}
     calls = [_parallel_calls(nodes, node) for node in _on_chain(nodes) if node.op in _MAP_OPS]
     if not calls or None in calls or 1 in calls:
         return None
@@ -97,7 +100,7 @@ def _on_chain(nodes: dict):
                     None)
 
 
-def _graph_as_run(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
+def graph_as_run(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
     """The dataset's graph after TF's static rewrites (`FinalizeDataset`, as an iterator applies them)."""
     finalized = gen_dataset_ops.finalize_dataset(
         dataset._variant_tensor,  # noqa: SLF001 - the one handle FinalizeDataset takes
@@ -112,10 +115,11 @@ def _graph_as_run(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
 
 def pipeline_as_built(dataset: tf.data.Dataset, *, include_infrastructure: bool = False) -> list[str]:
     """The stage chain of a built dataset before TF's rewrites."""
-    return _chain(_graph_as_built(dataset), include_infrastructure)
+    return chain_in(graph_as_built(dataset), include_infrastructure)
 
 
-def _graph_as_built(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
+def graph_as_built(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
+    """The dataset's graph as its code built it, before TF's rewrites."""
     serialized = dataset._as_serialized_graph(  # noqa: SLF001
         external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE, strip_device_assignment=True
     )
@@ -145,7 +149,8 @@ def parallel_stages(chain: list[str]) -> list[str]:
     return [stage for stage in chain if stage in PARALLEL_STAGES]
 
 
-def _chain(graph: graph_pb2.GraphDef, include_infrastructure: bool) -> list[str]:
+def chain_in(graph: graph_pb2.GraphDef, include_infrastructure: bool = False) -> list[str]:
+    """The stage chain of a serialized dataset graph, outermost first."""
     functions = {f.signature.name: f for f in graph.library.function}
     nodes = {n.name: n for n in graph.node}
     output = next((n for n in graph.node if n.op == "_Retval"), None)
