@@ -66,6 +66,76 @@ def test_pooled_gs_streams_the_records_tf_reads_locally(served, gs_store, monkey
         assert remote == local and len(local) == 12
 
 
+def test_a_shard_read_to_its_end_asks_for_the_first_block_of_the_one_its_slot_opens_next(served, gs_store,
+                                                                                         monkeypatch):
+    """Streamed with the shard after it named, a shard asks for that one's first block once its own last
+    block is in; opening that one takes the request instead of making another (a shard switch then
+    waits no round trip), and the records are TF's."""
+    import tensorflow as tf
+
+    from stallscope.storage import readers, shard_heads
+
+    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 4096)  # several blocks a shard: the last one counts
+    shards = sorted(p for p in location.as_path("gs://data/records").iterdir() if p.name.endswith(".tfrecord"))  # listed: sizes known
+    local = [served / "records" / s.name for s in shards]
+    assert len(shards) == 2 and all(p.stat().st_size > 3 * 4096 for p in local)
+    shard_heads.forget()
+    first = [r.numpy() for r in readers.shard_records(tf.constant(str(shards[0])), tf.constant(str(shards[1])))]
+    assert first == [r.numpy() for r in tf.data.TFRecordDataset(str(local[0]))]
+    ahead = shard_heads.take(shards[1], _gs())
+    assert ahead is not None and bytes(ahead.result(timeout=10)) == local[1].read_bytes()[:4096]
+    assert shard_heads.take(shards[1], _gs()) is None  # taken once
+
+    blocks = sum(-(-p.stat().st_size // 4096) for p in local)
+    before = gs_store.counters()
+    both = [r.numpy() for r in readers.records_dataset([str(s) for s in shards])]
+    after = gs_store.counters()
+    assert both == [r.numpy() for r in tf.data.TFRecordDataset([str(p) for p in local])]
+    assert after.requests - before.requests == blocks  # the second shard's first block asked for once
+
+
+def test_first_blocks_asked_ahead_are_bounded_and_taken_only_for_the_object_asked_for(served, gs_store):
+    """Guesses that never come true (a run stopped early, a slot that opened another shard) hold at most
+    HEADS_KEPT first blocks: the oldest are given up. A client made anew (another endpoint or timeout)
+    takes none asked through the old one."""
+    from stallscope.storage import readers, shard_heads
+
+    shard = location.as_path("gs://data/records/train-00000-of-00002.tfrecord")
+    location.as_path("gs://data/records").is_dir()  # the folder listed: the shard's size is known
+    shard_heads.forget()
+    asked = [shard_heads.ask(shard, _gs(), readers._first_span) for _ in range(shard_heads.HEADS_KEPT + 3)]  # noqa: SLF001
+    assert all(asked)
+    taken = [shard_heads.take(shard, _gs()) for _ in range(shard_heads.HEADS_KEPT + 1)]
+    assert sum(t is not None for t in taken) == shard_heads.HEADS_KEPT and taken[-1] is None
+    assert shard_heads.ask(shard, _gs(), readers._first_span)  # noqa: SLF001
+    location.set_timeout(10)  # a new client
+    assert shard_heads.take(shard, _gs()) is None
+    unlisted = location.as_path("gs://data/not-listed.tfrecord")
+    assert not shard_heads.ask(unlisted, _gs(), readers._first_span)  # noqa: SLF001  (no size: no round trip for one)
+
+
+def test_tuned_records_in_a_store_repeat_their_shard_list_before_the_reader(served, tmp_path):
+    """Training by steps over shards in a store repeats the list of shards, not the records read from
+    them, so each epoch's first shards are known, and asked for, while the last ones are read; from
+    local disk the records repeat, as before."""
+    ran = {}
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
+        for where, path in (("store", f"{store.url}/records"), ("local", str(served / "records"))):
+            run = tmp_path / where
+            done = subprocess.run(
+                [sys.executable, "-m", "stallscope", "train", "--source", "records", "--dataset_path", path,
+                 "--pipeline", "tuned", "--batch-size", "4", "--image-size", "32", "--steps", "18",
+                 "--accelerator", "emulated:2000", "--log-path", str(run)],
+                capture_output=True, text=True, timeout=LIMIT_S, env=child_environment(store.env))
+            assert done.returncode == 0, done.stderr[-3000:]
+            ran[where] = json.loads((run / "pipeline.json").read_text())["ran"]
+    def under(stages, upper, lower):  # `lower` sits below `upper` in the chain as run (outermost first)
+        return stages.index(upper) < max(i for i, name in enumerate(stages) if name == lower)
+    assert under(ran["store"], "ParallelInterleave", "ShuffleAndRepeat"), ran["store"]
+    assert "Window" in ran["store"]  # each shard paired with the one its slot reads next
+    assert not under(ran["local"], "ParallelInterleave", "ShuffleAndRepeat"), ran["local"]
+
+
 @pytest.mark.parametrize("what, path, needle", [
     ("missing bucket", "gs://nope/tree/class_00/img_000.jpg", "bucket 'nope' does not exist"),
     ("missing object", "gs://data/tree/class_00/none.jpg", "no such object"),

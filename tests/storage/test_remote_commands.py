@@ -21,7 +21,7 @@ TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--a
 @pytest.mark.parametrize("source, prefix, pipeline, reader", [
     ("files", "tree", "seed", "s3fs (1 in flight)"),  # STALLSCOPE_S3_READER=s3fs
     ("files", "tree", "tuned", "obstore (128 in flight)"),  # tuned on JPEGs in s3://: 8 groups of 16
-    ("records", "records", "tuned", "obstore (records streamed in 16 MB blocks after a 4 MB one, 1 requested ahead; 32 MB kept free per heap)"),
+    ("records", "records", "tuned", "obstore (records streamed in 16 MB blocks after a 4 MB one, 1 requested ahead, and the next shard's first; 32 MB kept free per heap)"),
 ])
 def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, monkeypatch, source, prefix, pipeline, reader):
     if reader.startswith("obstore"):

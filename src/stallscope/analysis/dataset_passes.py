@@ -163,6 +163,6 @@ def _records_in(names) -> int | None:
     if any(_name(stage) not in _SAME_COUNT for stage in chain[:-1]) or _name(source) != "_TensorSliceDataset":
         return None
     tensors = source._tensors  # noqa: SLF001
-    if len(tensors) != 1 or tensors[0].dtype.name != "string" or len(tensors[0].shape) != 1:
-        return None
+    if not tensors or any(t.dtype.name != "string" or len(t.shape) != 1 for t in tensors):
+        return None  # names, or names beside the shard each slot reads next (`stallscope.read_records`)
     return count_records([name.decode("utf-8", "replace") for name in tensors[0].numpy()])

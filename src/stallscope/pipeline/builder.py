@@ -4,7 +4,9 @@ The chain, with every stage optional except read, decode and batch:
 
     files:   paths -> [shuffle files] -> [read map with read_parallelism, only when that differs
              from map_parallelism; otherwise the read runs inside the decode map]
-    records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards)
+    records: shards -> [shuffle shards] -> TFRecordDataset (or parallel interleave over shards);
+             shards in a store: [shuffle shards] -> [repeat] -> (shard, the one its slot reads next)
+             -> stallscope's reader, flat_map or parallel interleave
     then:    [cache encoded] -> [shuffle encoded, whole] -> [repeat, early] -> [shuffle encoded,
              window] -> decode map (parse, decode, resize, normalise, label) -> [cache decoded]
              -> [shuffle decoded] -> [repeat, late] -> batch -> [tf.data service] -> [prefetch]
@@ -25,6 +27,7 @@ TF's static rewrites and threading knobs are set through `tf.data.Options` (see 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -106,22 +109,26 @@ def build_dataset(
     # (files) or parse (records) runs inside the decode map, as the seeds wrote it.
     separate_read = cache_encoded or "after_read" in hooks
 
+    repeat_early = repeat and not _epochs_after_decode(config)
+    # Shards streamed from a store repeat as their list, before the read; nothing between read and
+    # repeat may need an epoch's end (a cache of encoded records, a hook on the read).
+    repeat_shards = (repeat_early and source.kind == "records" and not separate_read
+                     and readers.needs_own_reader(source.files, config.gcs_reader))
     if source.kind == "files":
         dataset, element = _read_files(config, source, file_seed, separate_read)
     else:
-        dataset, element = _read_records(config, source, file_seed)
+        dataset, element = _read_records(config, source, file_seed, repeat_shards)
     dataset = hooks.get("after_read", _same)(dataset)
 
     if cache_encoded:
         dataset = _cache(dataset, config)
-    repeat_early = repeat and not _epochs_after_decode(config)
     shuffle_encoded = bool(config.shuffle_buffer) and config.shuffle_at == "encoded" and not _shuffled_paths(config, source)
     # A buffer beyond the data set adds no randomness, only memory (and, repeated, epochs mixed together).
     buffer = min(config.shuffle_buffer, source.num_examples)
-    shuffle_window = shuffle_encoded and repeat_early and buffer < source.num_examples
+    shuffle_window = shuffle_encoded and repeat_early and (buffer < source.num_examples or repeat_shards)
     if shuffle_encoded and not shuffle_window:
         dataset = dataset.shuffle(buffer, seed=config.seed)  # every epoch a full permutation
-    if repeat_early:
+    if repeat_early and not repeat_shards:
         dataset = dataset.repeat()
     if shuffle_window:
         dataset = dataset.shuffle(buffer, seed=config.seed)  # a window over the stream; no refill each epoch
@@ -242,19 +249,24 @@ def _fetch_grouped(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.
     return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
 
 
-def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
-    """(dataset of serialized records, "serialized")."""
+def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, repeat_shards: bool = False):
+    """(dataset of serialized records, "serialized"). `repeat_shards`: repeat the list of shards that
+    stallscope's reader streams from a store (where the pipeline repeats before decoding anyway), so
+    each epoch's first shards are known while the last ones are read (`readers.with_following`)."""
     shards = [str(p) for p in source.files]
     own_reader = readers.needs_own_reader(source.files, config.gcs_reader)  # records streamed by our reader
     files = None
     if config.shuffle_files:
         files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)
-    if config.read_parallelism is None and config.interleave_cycle_length is None:
-        if own_reader:
-            files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
-            return files.flat_map(readers.shard_records, name="read"), "serialized"
+    sequential = config.read_parallelism is None and config.interleave_cycle_length is None
+    if not own_reader and sequential:
         return tf.data.TFRecordDataset(files if files is not None else shards, name="read"), "serialized"
     files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
+    if own_reader:
+        files = readers.with_following(files.repeat() if repeat_shards else files,
+                                       1 if sequential else _slots(_cycle_length(config)))
+        if sequential:
+            return files.flat_map(readers.shard_records, name="read"), "serialized"
     dataset = files.interleave(
         readers.shard_records if own_reader else (lambda shard: tf.data.TFRecordDataset(shard)),
         cycle_length=_cycle_length(config),
@@ -264,6 +276,12 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int):
         name="read",
     )
     return dataset, "serialized"
+
+
+def _slots(cycle_length: int) -> int:
+    """The shards an interleave of this cycle length reads at once: TF gives AUTOTUNE one per CPU this
+    process may run on."""
+    return cycle_length if cycle_length > 0 else max(1, len(os.sched_getaffinity(0)))
 
 
 def _cycle_length(config: PipelineConfig) -> int:

@@ -247,14 +247,20 @@ def _lookup(path: RemotePath) -> "ObjectInfo | str | None":
     return _DIR if rel in listing.dirs else None
 
 
-def listed_size(path: RemotePath) -> int | None:
-    """The object's size as a listing this process already holds says, without asking the store;
-    None when no held listing covers it."""
+def listed_info(path: RemotePath) -> ObjectInfo | None:
+    """The object's size and time as a listing this process already holds says, without asking the
+    store; None when no held listing covers it."""
     cached = _cached_listing(path)
     if cached is None:
         return None
     info = cached[0].files.get(cached[1])
-    return info.size if isinstance(info, ObjectInfo) else None
+    return info if isinstance(info, ObjectInfo) else None
+
+
+def listed_size(path: RemotePath) -> int | None:
+    """The object's size as a listing this process already holds says; None when none covers it."""
+    info = listed_info(path)
+    return info.size if info is not None else None
 
 
 def forget_listings() -> None:

@@ -117,7 +117,7 @@ def read_records(filenames, num_parallel_reads: int | None = None, *,
     num_parallel_reads=...)` gives them (one shard after another, or interleaved from that many at
     once), from a folder, gs:// or s3://. Shards in a bucket are streamed through stallscope's reader
     (s3:// always, gs:// where obstore is installed): 16 MB blocks after a 4 MB first one, the next
-    asked for while one is parsed, both checksums of every record checked (a corrupt frame ends the
+    asked for while one is parsed (and the next shard's first while a shard's last is), both checksums of every record checked (a corrupt frame ends the
     iteration with one line naming the shard and byte); elsewhere TFRecordDataset reads them."""
     shards = [filenames] if isinstance(filenames, (str, os.PathLike)) else list(filenames)
     shards = [str(s) for s in shards]
@@ -131,7 +131,7 @@ def read_records(filenames, num_parallel_reads: int | None = None, *,
     if not all(own):
         raise UsageError("read_records: expected shards in one kind of place (all in one store, or all local), "
                          f"got {shards[own.index(False)]} beside {shards[own.index(True)]}")
-    files = tf.data.Dataset.from_tensor_slices(shards)
+    files = readers.following_in_list(shards, num_parallel_reads or 1)
     if num_parallel_reads is None:
         return files.flat_map(readers.shard_records)
     records = files.interleave(readers.shard_records, cycle_length=num_parallel_reads, block_length=1,

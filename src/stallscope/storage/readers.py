@@ -23,7 +23,7 @@ import tensorflow as tf
 from stallscope.errors import UsageError
 from stallscope.records.verify import MAX_RECORD_BYTES
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
-from stallscope.storage import gcs_objects
+from stallscope.storage import gcs_objects, shard_heads
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
@@ -91,16 +91,19 @@ GROUP_BYTES = 4 * 1024 * 1024
 FIRST_GROUP_BYTES = 256 * 1024
 
 
-def _shard_groups(url: bytes):
+def _shard_groups(url: bytes, following_url: bytes = b""):
     """Yields the serialized records of one s3:// shard in groups, checking both checksums of every
-    frame; the records before a bad frame still come out before its error, as from TFRecordDataset."""
+    frame; the records before a bad frame still come out before its error, as from TFRecordDataset.
+    `following_url`: the shard this reader's slot opens next ("" if none), whose first block is asked
+    for once this one's last is in (`shard_heads`)."""
     path = as_path(url.decode())
+    following = as_path(following_url.decode()) if following_url else None
     store = backend(path)
     group: list[bytes] = []
     size, group_bytes = 0, FIRST_GROUP_BYTES
     failure = None
     try:
-        for payload in _frames(path, store):
+        for payload in _frames(path, store, following):
             group.append(payload)
             size += len(payload)
             if len(group) >= GROUP_RECORDS or size >= group_bytes:
@@ -139,7 +142,12 @@ def block_spans(size: int) -> list[tuple[int, int]]:
     return [(start, min(end, size)) for start, end in zip(starts, [*starts[1:], size])]
 
 
-def _blocks(path: RemotePath, store):
+def _first_span(size: int) -> tuple[int, int] | None:
+    spans = block_spans(size)
+    return spans[0] if spans else None
+
+
+def _blocks(path: RemotePath, store, following: RemotePath | None = None):
     """The shard's bytes in blocks (`block_spans`), in order, with BLOCKS_AHEAD more requested (on the
     client's own threads or event loop) while each is consumed. The first block is asked for alone:
     asked for beside the next, it shares the link with bytes nobody waits for yet (1,600 75 KB
@@ -147,23 +155,33 @@ def _blocks(path: RemotePath, store):
     images/s with the two asked for at once, 793-835 with the first alone; without the cap 1,087-1,105
     and 1,098-1,110). The size comes from the listing the run planned from where this process holds it
     (a round trip less per shard opened, at every epoch's start and in each interleave slot; shards are
-    written whole under their final names, never changed in place), else from the store."""
+    written whole under their final names, never changed in place), else from the store.
+
+    The first block may already be on its way, asked for by the shard before in this slot; once this
+    shard's last block is in, `following`'s first is asked for (`shard_heads`)."""
     size = listed_size(path)
     size = store.size(path) if size is None else size
     spans = iter(block_spans(size))
     pending: collections.deque = collections.deque()
+
+    def last_in(block):
+        if following is not None:
+            shard_heads.ask(following, store, _first_span)
+        return block
+
     try:
         first = next(spans, None)
         if first is None:
             return
-        head = _block(path, store.request_range(path, *first))
+        head = _block(path, shard_heads.take(path, store) or store.request_range(path, *first))
         pending.extend(store.request_range(path, start, end) for start, end in itertools.islice(spans, BLOCKS_AHEAD))
-        yield head
+        yield head if pending else last_in(head)
         for start, end in spans:
             pending.append(store.request_range(path, start, end))
             yield _block(path, pending.popleft())
         while pending:
-            yield _block(path, pending.popleft())
+            block = _block(path, pending.popleft())
+            yield block if pending else last_in(block)
     finally:  # the consumer stopped early (an error, a step limit): nothing left running for it
         for future in pending:
             future.cancel()
@@ -202,8 +220,8 @@ class _ByteStream:
         return b"".join(parts)
 
 
-def _frames(path: RemotePath, store):
-    stream = _ByteStream(_blocks(path, store))
+def _frames(path: RemotePath, store, following: RemotePath | None = None):
+    stream = _ByteStream(_blocks(path, store, following))
     offset = 0
     while True:
         header = stream.read(HEADER_BYTES)
@@ -227,19 +245,41 @@ def _frames(path: RemotePath, store):
         yield payload
 
 
-def shard_records(shard) -> tf.data.Dataset:
-    """The records of one s3:// shard (a scalar string tensor), for an interleave. The process that
-    streams them keeps freed memory at its heaps' tops (`heap_padding`)."""
+def shard_records(shard, following="") -> tf.data.Dataset:
+    """The records of one s3:// shard (a scalar string tensor), for an interleave; `following`: the
+    shard the same slot reads next, "" if none (`with_following`). The process that streams them keeps
+    freed memory at its heaps' tops (`heap_padding`)."""
     pad_heaps()
     groups = tf.data.Dataset.from_generator(
-        _shard_groups, args=(shard,), output_signature=tf.TensorSpec((None,), tf.string), name="s3_shard",
+        _shard_groups, args=(shard, following), output_signature=tf.TensorSpec((None,), tf.string), name="s3_shard",
     )
     return groups.unbatch(name=RECORDS_STAGE)
 
 
+def with_following(shards: tf.data.Dataset, slots: int) -> tf.data.Dataset:
+    """(shard, following) for a dataset of shard names read `slots` at a time (an interleave's cycle
+    length; 1 for a flat_map): `following` is the shard `slots` places on, which that slot opens when
+    this one ends ("" past the end). Works on a shuffled or repeated list, whose order exists only in
+    the graph; a static list takes `following_in_list` instead."""
+    width = slots + 1
+
+    def pair(names):
+        padded = tf.concat([names, tf.fill([width], "")], 0)
+        return padded[0], padded[slots]
+
+    windows = shards.window(width, shift=1).flat_map(lambda names: names.batch(width))
+    return windows.map(pair, name="following_shard")
+
+
+def following_in_list(shards: list[str], slots: int) -> tf.data.Dataset:
+    """`with_following` of a list known now: two name columns, so a pass's records are still counted
+    from the shards it names (`dataset_passes`)."""
+    return tf.data.Dataset.from_tensor_slices((shards, [*shards[slots:], *[""] * min(slots, len(shards))]))
+
+
 def records_dataset(shards: list[str]) -> tf.data.Dataset:
     """The records of the shards in order, one shard after another (TFRecordDataset's order)."""
-    return tf.data.Dataset.from_tensor_slices(shards).flat_map(shard_records)
+    return following_in_list(shards, 1).flat_map(shard_records)
 
 
 def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None,
@@ -251,7 +291,7 @@ def describe_reader(kind: str, files, *, read_parallelism: int | None, map_paral
         if kind == "files":
             requests = in_flight(read_parallelism if read_parallelism is not None else map_parallelism)
             return f"{name} ({requests} in flight)"
-        blocks = f"{SHARD_BLOCK_BYTES >> 20} MB blocks after a {FIRST_BLOCK_BYTES >> 20} MB one, {BLOCKS_AHEAD} requested ahead"
+        blocks = f"{SHARD_BLOCK_BYTES >> 20} MB blocks after a {FIRST_BLOCK_BYTES >> 20} MB one, {BLOCKS_AHEAD} requested ahead, and the next shard's first"
         return f"{name} (records streamed in {blocks}; {pad_heaps()})"
     if isinstance(first, RemotePath):
         reads = ""
