@@ -27,7 +27,6 @@ TF's static rewrites and threading knobs are set through `tf.data.Options` (see 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -280,8 +279,10 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, re
 
 def _slots(cycle_length: int) -> int:
     """The shards an interleave of this cycle length reads at once: TF gives AUTOTUNE one per CPU this
-    process may run on."""
-    return cycle_length if cycle_length > 0 else max(1, len(os.sched_getaffinity(0)))
+    process may run on (its affinity; not its CPU quota, which TF does not read)."""
+    from stallscope.cpu_limits import current
+
+    return cycle_length if cycle_length > 0 else max(1, len(current().cpus))
 
 
 def _cycle_length(config: PipelineConfig) -> int:
