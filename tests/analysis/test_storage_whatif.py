@@ -80,6 +80,16 @@ def test_shared_pool_keeps_few_requests_in_flight_and_a_private_pool_many():
     assert sw.requests_in_flight(sw.Reads(None, 2, True, False), c) == 1.0
 
 
+def test_one_thread_that_mostly_decodes_holds_a_request_less_than_all_the_time():
+    """A parallel read on a one-thread pool is as slow as reading one at a time: the thread waits, then
+    decodes (T / (w + d)), not the better of the two (C held at one gave min(1 / w, 1 / d))."""
+    c = sw.costs(JPEG, sw.StorageScenario("x", 0.0, math.inf), PLAIN, cpu_ms_per_image=3.0, request_overhead_ms=1.5)
+    one = sw.Reads(parallel_calls=16, pool_threads=1, reads_in_decode_map=True, private_pool=False)
+    assert sw.requests_in_flight(one, c) == pytest.approx(1.0 / 4.5)  # waits 1 of every 4.5 ms
+    rate, bound = sw.parallel_rate(c, sw.requests_in_flight(one, c), cores=1)
+    assert rate == pytest.approx(1000 / 4.5) and bound == "requests"
+
+
 def test_bandwidth_caps_the_parallel_rate():
     c = sw.costs(JPEG, sw.StorageScenario("x", 10.0, 1e6), PLAIN, cpu_ms_per_image=3.0)
     rate, bound = sw.parallel_rate(c, 16, cores=2)

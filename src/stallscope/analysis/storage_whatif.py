@@ -24,7 +24,8 @@ and on these cores by an emulator here (`server_cpu_ms_per_request` moves it fro
 C is the requests really in flight: a stage's parallel calls run on a thread pool (tf.data's shared
 pool has as many threads as cores; `private_threadpool_size` gives a pipeline its own), and a thread
 that also decodes holds a request only part of the time, so `num_parallel_calls=16` on 2 shared
-threads keeps ~1.7 requests in flight, not 16 (measured: 118 vs 121 images/s at 10 ms).
+threads keeps ~1.7 requests in flight, not 16 (measured: 118 vs 121 images/s at 10 ms); where the
+wait is short beside the decode C falls below one, and C / wait is then T / (wait + d).
 The input share comes from the overlap model of `whatif.predict` against the device's step time.
 """
 
@@ -570,9 +571,13 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
         decode = group * (c.cpu_ms - c.client_cpu_ms)
         share = busy / (busy + decode) if busy + decode > 0 else 1.0
         return max(1.0, min(float(capacity), reads.pool_threads * group * share))
+    # Below one where the pool's threads spend most of their time decoding: then each image holds a
+    # thread for its wait and its decode in turn, T / (w + d) images/s (`diagnose --fix`'s files config
+    # on one shared thread, store on its own core, at 0 and 3 ms: predicted 623 and 105 images/s with
+    # C held at 1, 465 and 90 so, measured 478 and 79).
     held = c.cpu_ms
     share = busy / (busy + held) if busy + held > 0 else 1.0
-    return max(1.0, min(float(calls), reads.pool_threads * share))
+    return min(float(calls), reads.pool_threads * share)
 
 
 STORAGE_BOUNDS = ("requests", "bandwidth", "client")  # limits that are the store's or its client's
