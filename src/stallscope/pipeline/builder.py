@@ -261,16 +261,23 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, re
     if not own_reader and sequential:
         return tf.data.TFRecordDataset(files if files is not None else shards, name="read"), "serialized"
     files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
+    cycle_length, calls = _cycle_length(config), _calls(config.read_parallelism)
     if own_reader:
+        if not sequential:
+            # A repeated list would let more slots than shards open the next epoch's copies at once (16
+            # reads in flight over 8 shards: 16 first blocks before the first record, not 8); a list
+            # read once leaves the extra slots empty anyway.
+            cycle_length = min(_slots(cycle_length), len(shards))
+            calls = min(calls, cycle_length) if calls is not None and calls > 0 else calls
         files = readers.with_following(files.repeat() if repeat_shards else files,
-                                       1 if sequential else _slots(_cycle_length(config)))
+                                       1 if sequential else cycle_length)
         if sequential:
             return files.flat_map(readers.shard_records, name="read"), "serialized"
     dataset = files.interleave(
         readers.shard_records if own_reader else (lambda shard: tf.data.TFRecordDataset(shard)),
-        cycle_length=_cycle_length(config),
+        cycle_length=cycle_length,
         block_length=1,
-        num_parallel_calls=_calls(config.read_parallelism),
+        num_parallel_calls=calls,
         deterministic=None if config.read_parallelism is None else config.deterministic,
         name="read",
     )
