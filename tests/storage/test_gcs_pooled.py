@@ -136,6 +136,22 @@ def test_tuned_records_in_a_store_repeat_their_shard_list_before_the_reader(serv
     assert not under(ran["local"], "ParallelInterleave", "ShuffleAndRepeat"), ran["local"]
 
 
+def test_more_reads_in_flight_than_shards_in_a_store_open_each_shard_once_at_a_time(served, gs_store):
+    """An interleave over a repeated list of 2 shards with 8 reads asked for has 2 slots: 8 would open
+    the next epochs' copies of the same shards at once, each with its first block."""
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+
+    source = open_source("records", "gs://data/records")
+    config = get_preset("tuned").replace(batch_size=4, image_size=32, read_parallelism=8)
+    stage = build_dataset(config, source, repeat=True)
+    while type(stage).__name__ != "_ParallelInterleaveDataset":
+        stage = stage._input_dataset  # noqa: SLF001
+    assert int(stage._cycle_length) == 2 and int(stage._num_parallel_calls) == 2  # noqa: SLF001
+    assert len(list(build_dataset(config, source, repeat=True).take(4))) == 4
+
+
 @pytest.mark.parametrize("what, path, needle", [
     ("missing bucket", "gs://nope/tree/class_00/img_000.jpg", "bucket 'nope' does not exist"),
     ("missing object", "gs://data/tree/class_00/none.jpg", "no such object"),

@@ -261,7 +261,8 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, re
     if not own_reader and sequential:
         return tf.data.TFRecordDataset(files if files is not None else shards, name="read"), "serialized"
     files = files if files is not None else tf.data.Dataset.from_tensor_slices(shards)
-    cycle_length, calls = _cycle_length(config), _calls(config.read_parallelism)
+    cycle_length = None if sequential else _cycle_length(config)
+    calls = _calls(config.read_parallelism)
     if own_reader:
         if not sequential:
             # A repeated list would let more slots than shards open the next epoch's copies at once (16
