@@ -573,8 +573,8 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
         return max(1.0, min(float(capacity), reads.pool_threads * group * share))
     # Below one where the pool's threads spend most of their time decoding: then each image holds a
     # thread for its wait and its decode in turn, T / (w + d) images/s (`diagnose --fix`'s files config
-    # on one shared thread, store on its own core, at 0 and 3 ms: predicted 623 and 105 images/s with
-    # C held at 1, 465 and 90 so, measured 478 and 79).
+    # on one shared thread, store on its own core, at 0 and 3 ms: predicted/measured 1.30x and 1.33x
+    # with C held at 1, 1.16x and 1.12x so; benchmarks/storage.py --store-cores 1).
     held = c.cpu_ms
     share = busy / (busy + held) if busy + held > 0 else 1.0
     return min(float(calls), reads.pool_threads * share)

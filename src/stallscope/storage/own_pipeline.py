@@ -117,8 +117,9 @@ def read_records(filenames, num_parallel_reads: int | None = None, *,
     num_parallel_reads=...)` gives them (one shard after another, or interleaved from that many at
     once), from a folder, gs:// or s3://. Shards in a bucket are streamed through stallscope's reader
     (s3:// always, gs:// where obstore is installed): 16 MB blocks after a 4 MB first one, the next
-    asked for while one is parsed (and the next shard's first while a shard's last is), both checksums of every record checked (a corrupt frame ends the
-    iteration with one line naming the shard and byte); elsewhere TFRecordDataset reads them."""
+    asked for while one is parsed (and the next shard's first while a shard's last is), both checksums
+    of every record checked (a corrupt frame ends the iteration with one line naming the shard and
+    byte); elsewhere TFRecordDataset reads them."""
     shards = [filenames] if isinstance(filenames, (str, os.PathLike)) else list(filenames)
     shards = [str(s) for s in shards]
     if not shards:
