@@ -7,7 +7,9 @@ TensorFlow's thread pools or page cache state cannot help or hurt another), `--r
 reports the marginal rate N / (time at 2N - time at N), each the fastest of the repeats (the least
 disturbed on a shared machine): start-up (process pools, TensorFlow's first op) cancels out. The
 marginal CPU time per image (user + system of the child and its workers, median of the repeats) is
-shown beside it, and the ratios by both. Every sharded variant writes `--shards` shards per split.
+shown beside it, and the ratios by both. Each ratio is also taken repeat by repeat (every repeat runs
+every variant at N and 2N in turn) and given as the median and range of those: how far a single run's
+ratio moves on this machine. Every sharded variant writes `--shards` shards per split.
 
 Variants:
   stallscope       convert_tree as `stallscope convert` runs it: every image sniffed, every JPEG's
@@ -422,9 +424,19 @@ def main() -> None:
         mb = (b2 - b1) / 1e6 / extra if extra > 0 else float("nan")
         print(f"{variant:<16} {t1:>7.2f} {t2:>7.2f} {rates[variant]:>18.0f} {mb:>7.1f} {cpu_ms[variant]:>13.2f}")
 
+    def per_repeat(variant: str) -> list[float]:
+        """The marginal rate of each repeat on its own (its N and 2N runs ran back to back)."""
+        return [(n2 - n1) / (big[0] - small[0]) if big[0] > small[0] else float("nan")
+                for small, big in zip(runs[variant, 0], runs[variant, 1])]
+
     def ratio(ours: str, theirs: str, target: str = "") -> None:
         if ours in rates and theirs in rates:
-            print(f"{ours} / {theirs}: {rates[ours] / rates[theirs]:.2f}x images/s{target}; "
+            # Paired by repeat: both variants ran within minutes of each other, so a spell of load
+            # elsewhere on the machine moves both; the spread says how far one run's ratio can be trusted.
+            paired = sorted(a / b for a, b in zip(per_repeat(ours), per_repeat(theirs)))
+            spread = (f"; by repeat {statistics.median(paired):.2f}x median ({paired[0]:.2f}-{paired[-1]:.2f}x)"
+                      if len(paired) > 1 else "")
+            print(f"{ours} / {theirs}: {rates[ours] / rates[theirs]:.2f}x images/s{target}{spread}; "
                   f"{cpu_ms[theirs] / cpu_ms[ours]:.2f}x by CPU time per image")
 
     ratio("stallscope", "seed-003", " (target >= 1.5x)")
