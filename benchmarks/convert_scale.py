@@ -11,7 +11,7 @@ converter's peak memory against the number of images.
             links of one valid 32x32 JPEG: real files, few disk blocks) and runs `stallscope convert`
             on it under `/usr/bin/time -v`; prints images/s and the peak RSS of the largest process.
             Flat memory means the peak does not grow with the images' bytes: what grows is the listing
-            (a path and a few numbers per file), reported as bytes per file.
+            (a name and a few numbers per file), reported as bytes per file.
 
 Every tree is made in a temporary folder under `--work` (default: /dev/shm where it exists, since a
 million files are made there in about 30 s instead of 15 min on a busy disk; the listing then runs

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.data.folders import scan_tree
 from stallscope.errors import UsageError
 from stallscope.records import convert
 from stallscope.records.convert import ConvertOptions, convert_tree, segments_per_shard
@@ -19,16 +18,14 @@ from stallscope.records.schema import get_schema
 
 
 def _plan(options: ConvertOptions):
-    tree = scan_tree(options.dataset_path)
-    candidates = convert._candidates(tree.root, tree.files, [])
-    return convert.plan_shards(options, candidates, tree.labels)
+    return convert.plan_conversion(options).shards
 
 
 def _one_writer_bytes(options: ConvertOptions) -> dict[str, bytes]:
     """The previous path: every image's frame from `process_chunk`, concatenated in plan order by one writer."""
     shards = {}
     for shard in _plan(options):
-        items = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items]
+        items = [(convert.source_path(options.dataset_path, c.name), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items]
         results = convert.process_chunk(options.schema, options.image_options, items)
         shards[shard.filename] = b"".join(r[1] for r in results if r[0] == "ok")
     return shards

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
@@ -92,13 +92,15 @@ def _is_hidden(name: str) -> bool:
 UNREADABLE_FOLDER = "unreadable folder"
 
 
-def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = False) -> Iterator[tuple[Path, str | None]]:
+def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = False,
+                as_text: bool = False) -> Iterator[tuple[Path | str, str | None]]:
     """Every non-directory entry below `folder` with the reason it cannot be used when its directory
     entry alone tells (None: a candidate), in os.walk's order (a folder's files sorted, then its links
     to folders, then its subfolders), following no directory links. `os.scandir` gives each entry's
     type from the listing itself, so a regular file costs no stat call here (1.28 million of them
     would cost seconds). A folder that cannot be listed goes to `unreadable`, so its files are
-    reported, not lost. A gs:// or s3:// folder comes from its store's one listing."""
+    reported, not lost. A gs:// or s3:// folder comes from its store's one listing. `as_text` gives
+    a local file as the path string the listing already made (no Path object: see `scan_tree`)."""
     if isinstance(folder, RemotePath):
         for path in folder.walk_files():
             yield path, "hidden file" if hidden else _unusable_reason(path, folder)
@@ -111,15 +113,16 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = Fals
         return
     child = _child_maker(folder)
     subfolders, folder_links = [], []
+    item = (lambda entry: entry.path) if as_text else (lambda entry: child(entry.name))
     for entry in entries:
         if _entry_is_dir(entry):
             (folder_links if entry.is_symlink() else subfolders).append(entry)
         else:
-            yield child(entry.name), _entry_reason(entry, hidden or _is_hidden(entry.name))
+            yield item(entry), _entry_reason(entry, hidden or _is_hidden(entry.name))
     for entry in folder_links:
-        yield child(entry.name), _entry_reason(entry, hidden or _is_hidden(entry.name))
+        yield item(entry), _entry_reason(entry, hidden or _is_hidden(entry.name))
     for entry in subfolders:
-        yield from _walk_files(child(entry.name), unreadable, hidden or _is_hidden(entry.name))
+        yield from _walk_files(child(entry.name), unreadable, hidden or _is_hidden(entry.name), as_text)
 
 
 def _child_maker(folder: Path):
@@ -156,9 +159,15 @@ def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
     return bool(subdirs) and all(d.name in SPLIT_NAMES for d in subdirs)
 
 
-def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> FolderTree:
+def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None,
+              on_file: Callable[[str | RemotePath, str, int, str], None] | None = None) -> FolderTree:
     """Scans an image tree (a local folder, gs:// or s3://). `labels` (from a labels file) fixes the
-    label order; else sorted folder names."""
+    label order; else sorted folder names.
+
+    With `on_file(path, split, label, label_text)` every usable file goes to it as it is listed (a
+    local one as a path string) instead of into the tree, whose `files` is then empty: a listing of
+    millions of files (`convert`) need not hold a Path and an ImageFile for each, about 370 bytes a
+    file beside what the caller keeps."""
     root = as_path(root)
     if not root.exists():
         raise UsageError(f"dataset path {str(root)!r} does not exist")
@@ -206,11 +215,15 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None) -> Folder
 
     files: list[ImageFile] = []
     for split, class_dir in class_dirs:
-        for path, reason in _walk_files(class_dir, skipped):
+        label_text = class_dir.name  # one string a class, not one a file
+        label = index[label_text]
+        for path, reason in _walk_files(class_dir, skipped, as_text=on_file is not None):
             if reason:
-                skipped.append(SkippedFile(path, reason))
+                skipped.append(SkippedFile(Path(path) if isinstance(path, str) else path, reason))
+            elif on_file is not None:
+                on_file(path, split, label, label_text)
             else:
-                files.append(ImageFile(path, split, index[class_dir.name], class_dir.name))
+                files.append(ImageFile(path, split, label, label_text))
     if not class_dirs:
         raise DataError(f"dataset path {str(root)!r} has no class folders; expected a {{label}}/* or {{split}}/{{label}}/* tree")
     return FolderTree(root, tuple(labels), tuple(files), tuple(skipped), has_splits)

@@ -34,7 +34,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
     ConvertOptions, ConvertReport, PlannedShard, Progress, _build_manifest, _fetch_chunk, _file_entry,
-    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record,
+    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
 from stallscope.records.schema import get_schema
@@ -339,9 +339,11 @@ def _write_plan_files(options: ConvertOptions, state_dir: Path | RemotePath,
         folder.mkdir()
         save = write_json_atomic
     remote_input = is_remote(str(options.dataset_path))
+    root = location.as_path(options.dataset_path)
     tasks = []
     for shard in pending:
-        items = [[os.fsencode(c.path).hex(), c.name.hex(), c.label, os.fsencode(c.label_text).hex()] for c in shard.items]
+        items = [[os.fsencode(source_path(root, c.name)).hex(), c.name.hex(), c.label, os.fsencode(c.label_text).hex()]
+                 for c in shard.items]
         save(folder / f"{shard.filename}.json", {"fingerprint": shard.fingerprint, "remote_input": remote_input, "items": items})
         tasks.append(ShardTask(shard.filename, shard.fingerprint, str(options.output_path), str(state_dir),
                                options.schema, options.image_options))

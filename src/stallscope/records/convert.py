@@ -37,7 +37,7 @@ from typing import Any
 
 from stallscope.config import require_choice, require_positive, to_dict, usable_cores
 from stallscope.data import images
-from stallscope.data.folders import DATASET_INDEX, FolderTree, ImageFile, read_labels_file, scan_tree
+from stallscope.data.folders import DATASET_INDEX, FolderTree, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
@@ -124,9 +124,10 @@ class ConvertOptions:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Candidate:
-    """One file the scan placed in a class folder, with the identity a resumed run compares."""
+    """One file the scan placed in a class folder, with the identity a resumed run compares. Its path
+    is the root's joined with `name` (`source_path`): a Path object for each of a million files would
+    hold three times what the rest of the candidate does."""
 
-    path: Path
     name: bytes  # path relative to the dataset root, as the file system spells it
     split: str
     label: int
@@ -184,37 +185,37 @@ def _file_entry(name: bytes, **fields: Any) -> dict[str, Any]:
 # --- planning ---------------------------------------------------------------------------------
 
 
-def _candidates(root: Path, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
-    """One stat per file (the size and mtime a resumed run compares); its name relative to the root is
-    cut from the path's bytes rather than computed with Path.relative_to (several microseconds a file).
-    A tree in a bucket is stat'ed from its store's listing."""
+class _Candidates:
+    """`scan_tree`'s `on_file`: each file stat'ed (the size and mtime a resumed run compares) as it is
+    listed and kept as a Candidate, its name relative to the root cut from the path's bytes rather
+    than computed with Path.relative_to (several microseconds a file). A tree in a bucket is stat'ed
+    from its store's listing. A file that cannot be stat'ed goes to `skipped` with its reason."""
+
+    def __init__(self, root: Path | RemotePath, skipped: list[dict[str, Any]]) -> None:
+        self.root = root
+        self.skipped = skipped
+        self.found: list[Candidate] = []
+        self._prefix = os.fsencode(os.path.join(root, "")) if not isinstance(root, RemotePath) else b""
+
+    def __call__(self, path: str | RemotePath, split: str, label: int, label_text: str) -> None:
+        if isinstance(path, RemotePath):
+            name, where = os.fsencode(path.relative_to(self.root)), path
+        else:
+            where = os.fsencode(path)  # a root of "." lists its files without the "./":
+            name = where[len(self._prefix):] if where.startswith(self._prefix) else os.fsencode(os.path.relpath(path, self.root))
+        try:
+            stat = where.stat() if isinstance(where, RemotePath) else os.stat(where)
+        except OSError as exc:
+            self.skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
+            return
+        self.found.append(Candidate(name, split, label, label_text, stat.st_size, stat.st_mtime_ns))
+
+
+def source_path(root: Path | RemotePath, name: bytes) -> str:
+    """Where a candidate's file is, as a worker opens it: the dataset root joined with its name."""
     if isinstance(root, RemotePath):
-        return _remote_candidates(root, files, skipped)
-    prefix = os.fsencode(os.path.join(root, ""))
-    out = []
-    for f in files:
-        path = os.fsencode(f.path)
-        name = path[len(prefix):] if path.startswith(prefix) else os.fsencode(f.path.relative_to(root))
-        try:
-            stat = os.stat(path)
-        except OSError as exc:
-            skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
-            continue
-        out.append(Candidate(f.path, name, f.split, f.label, f.label_text, stat.st_size, stat.st_mtime_ns))
-    return out
-
-
-def _remote_candidates(root: RemotePath, files: Iterable[ImageFile], skipped: list[dict[str, Any]]) -> list[Candidate]:
-    out = []
-    for f in files:
-        name = os.fsencode(f.path.relative_to(root))
-        try:
-            stat = f.path.stat()
-        except OSError as exc:
-            skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
-            continue
-        out.append(Candidate(f.path, name, f.split, f.label, f.label_text, stat.st_size, stat.st_mtime_ns))
-    return out
+        return str(root / os.fsdecode(name))
+    return os.fsdecode(os.path.join(os.fsencode(root), name))
 
 
 def _shard_counts(options: ConvertOptions, splits: Iterable[str]) -> dict[str, int | None]:
@@ -399,9 +400,11 @@ def segments_per_shard(shards: list[PlannedShard], workers: int) -> list[int]:
 
 def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path, workers: int) -> Iterator[SegmentTask]:
     """The tasks in plan order, built lazily: a task holds its images' paths, never their bytes."""
+    root = as_path(options.dataset_path)
     for shard, parts in zip(shards, segments_per_shard(shards, workers)):
         for part, span in enumerate(sharding.ranges_by_count(len(shard.items), parts)):
-            work = tuple((str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop])
+            work = tuple((source_path(root, c.name), c.name, c.label, os.fsencode(c.label_text))
+                         for c in shard.items[span.start:span.stop])
             yield SegmentTask(options.schema, options.image_options, str(options.output_path), str(state_dir),
                               shard.filename, shard.fingerprint, part, parts, work)
 
@@ -523,11 +526,13 @@ def _write_fetched(options: ConvertOptions, shards: list[PlannedShard], state_di
     """A tree in a bucket: the parent fetches each chunk's bytes ahead, workers check and encode them,
     and the parent writes the shards in plan order (the workers need no store client)."""
     out = Path(options.output_path)
+    root = as_path(options.dataset_path)
 
     def tasks() -> Iterator[tuple]:
         for shard in shards:
             for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
-                work = [(str(c.path), c.name, c.label, os.fsencode(c.label_text)) for c in shard.items[span.start:span.stop]]
+                work = [(source_path(root, c.name), c.name, c.label, os.fsencode(c.label_text))
+                        for c in shard.items[span.start:span.stop]]
                 yield (options.schema, options.image_options, work)
 
     chunk_results = _ordered_map(process_chunk, _fetched_ahead(tasks()), options.resolved_workers)
@@ -695,8 +700,10 @@ class ConversionPlan:
 def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
+    unstattable: list[dict[str, Any]] = []
+    found = _Candidates(as_path(options.dataset_path), unstattable)
     try:
-        tree = scan_tree(options.dataset_path, labels)
+        tree = scan_tree(options.dataset_path, labels, on_file=found)
     except StorageError as exc:
         raise StorageError(f"--dataset_path: {exc}") from None
     for label in tree.labels:
@@ -708,7 +715,8 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     skipped: list[dict[str, Any]] = [
         _file_entry(os.fsencode(s.path.relative_to(root)), reason=s.reason) for s in tree.skipped
     ]
-    candidates = _candidates(root, tree.files, skipped)
+    skipped.extend(unstattable)
+    candidates = found.found
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
     return ConversionPlan(tree, candidates, skipped, plan_shards(options, candidates, tree.labels))
