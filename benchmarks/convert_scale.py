@@ -13,11 +13,15 @@ converter's peak memory against the number of images.
             Flat memory means the peak does not grow with the images' bytes: what grows is the listing
             (a name and a few numbers per file), reported as bytes per file.
 
+  listing --store gcs|s3   the same tree served by the storage emulator as a bucket on loopback
+            (`stallscope storage serve`): the listing is the store's, page by page, as `convert
+            gs://...` lists a real bucket, and the plan is made from it.
+
 Every tree is made in a temporary folder under `--work` (default: /dev/shm where it exists, since a
 million files are made there in about 30 s instead of 15 min on a busy disk; the listing then runs
 on warm metadata, as any listing after the first does) and removed at the end.
 
-  python benchmarks/convert_scale.py listing [--files 1281167 --classes 1000 --shards 1024 --rate 2500]
+  python benchmarks/convert_scale.py listing [--files 1281167 --classes 1000 --shards 1024 --rate 3000 --store gcs|s3]
   python benchmarks/convert_scale.py memory [--sizes 10000,100000 --classes 100]
 """
 
@@ -79,10 +83,15 @@ def listing(args: argparse.Namespace, work: Path) -> None:
     started = time.perf_counter()
     make_tree(src, args.files, args.classes)
     print(f"made {args.files:,} empty files in {args.classes:,} class folders in {time.perf_counter() - started:.1f} s")
-    cmd = [sys.executable, __file__, "plan-child", str(src), str(work / "out"), str(args.shards)]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        sys.exit(f"listing failed:\n{result.stderr}")
+    if args.store:
+        from stallscope.storage.emulator import emulate
+
+        # The folder served as a bucket on loopback: the child lists it page by page, as from a real store.
+        with emulate(src, kind=args.store, max_duration_s=1800) as store:
+            print(f"served as {store.url} (emulated, no latency)")
+            result = _plan_in_child(store.url, work, args.shards, store.env)
+    else:
+        result = _plan_in_child(str(src), work, args.shards, None)
     timing = json.loads(result.stdout.strip().splitlines()[-1])
     seconds = timing["seconds"]
     print(f"listing + stat + plan of {timing['candidates']:,} files into {timing['shards']} shards: {seconds:.1f} s "
@@ -92,6 +101,14 @@ def listing(args: argparse.Namespace, work: Path) -> None:
         total = seconds * IMAGENET_TRAIN_FILES / timing["candidates"] + IMAGENET_TRAIN_FILES / args.rate
         print(f"ImageNet train ({IMAGENET_TRAIN_FILES:,} images) at {args.rate:,.0f} images/s: about {total / 60:.0f} min "
               f"({total / 3600:.2f} h) including the listing")
+
+
+def _plan_in_child(src: str, work: Path, shards: int, env: dict[str, str] | None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, __file__, "plan-child", src, str(work / "out"), str(shards)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, **env} if env else None)
+    if result.returncode != 0:
+        sys.exit(f"listing failed:\n{result.stderr}")
+    return result
 
 
 def peak_and_seconds(report: str) -> tuple[int, float]:
@@ -140,6 +157,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=IMAGENET_TRAIN_FILES, help="listing: files in the tree")
     parser.add_argument("--classes", type=int, default=None, help="class folders (listing: 1000, memory: 100)")
     parser.add_argument("--shards", type=int, default=None, help="shards (listing: 1024, memory: 16)")
+    parser.add_argument("--store", choices=("gcs", "s3"), default=None,
+                        help="listing: list the tree through the emulated store (gs:// or s3://) instead of the file system")
     parser.add_argument("--rate", type=float, default=None, help="listing: a measured images/s for the ImageNet estimate")
     parser.add_argument("--sizes", default="10000,100000", help="memory: numbers of images, comma-separated")
     parser.add_argument("--work", default="/dev/shm" if os.path.isdir("/dev/shm") else None,

@@ -298,3 +298,18 @@ def test_shards_without_a_manifest_are_counted_and_labelled_from_the_bucket(s3_e
     assert source.num_examples == local.num_examples == 24 and source.schema == local.schema
     assert source.labels == ("0", "1", "2") and source.total_bytes == local.total_bytes
     assert [str(p) for p in source.files] == [f"s3://{BUCKET}/bare/{p.name}" for p in local.files]
+
+
+def test_a_listing_gives_each_folders_objects_sorted_and_keeps_up_with_changes():
+    """A walk of one folder is a slice of the listing's sorted names: names that share the folder's
+    text but not its slash ("a-b/", "a.txt", "ab/") sort around it and stay out."""
+    info = location.ObjectInfo(size=1, mtime_ns=0)
+    names = ["a/x", "a/b/y", "a-b/z", "a.txt", "ab/w", "a/.hidden/q", "a0", "", "b/a/x"]
+    listing = location.Listing(as_path("gs://bucket/tree"), {name: info for name in names})
+    assert listing.names_under("a") == ["a/.hidden/q", "a/b/y", "a/x"]
+    assert listing.names_under("a/b") == ["a/b/y"]
+    assert listing.names_under("b") == ["b/a/x"] and listing.names_under("c") == []
+    assert listing.names_under("") == sorted(set(names) - {""})  # the root's own object is not below it
+    listing.add("a/c", info)
+    listing.remove("a/x")
+    assert listing.names_under("a") == ["a/.hidden/q", "a/b/y", "a/c"]

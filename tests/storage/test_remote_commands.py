@@ -4,6 +4,7 @@ server, and gs:// failing fast where no store answers."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -100,6 +101,27 @@ def test_convert_from_a_bucket_gives_the_shards_of_the_local_tree(s3_env, tmp_pa
     manifest = json.loads((tmp_path / "remote" / "manifest.json").read_text())
     assert manifest["source"] == f"s3://{BUCKET}/tree"
 
+
+def test_convert_from_a_bucket_skips_hidden_objects_as_the_local_tree_does(s3_env, tmp_path, capsys):
+    """A listing holds objects only, so a name alone rules one out: the same files, by the same
+    reasons, as the file system's walk of the same tree."""
+    tree = tmp_path / "hidden-tree"
+    shutil.copytree(s3_env["tree"], tree)
+    first_class = sorted(p for p in tree.iterdir() if p.is_dir())[0]
+    (first_class / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (first_class / ".cache").mkdir()
+    shutil.copy(next(first_class.glob("*.jpg")), first_class / ".cache" / "copy.jpg")
+    for path in sorted(p for p in tree.rglob("*") if p.is_file()):
+        s3_env["client"].upload_file(str(path), BUCKET, f"hidden-tree/{path.relative_to(tree).as_posix()}")
+
+    options = ["--shards", "2", "--workers", "2", "--no-progress"]
+    assert main(["convert", str(tree), "--output_path", str(tmp_path / "local"), *options]) == 0
+    assert main(["convert", f"s3://{BUCKET}/hidden-tree", "--output_path", str(tmp_path / "remote"), *options]) == 0
+    local, remote = (json.loads((tmp_path / side / "manifest.json").read_text()) for side in ("local", "remote"))
+    hidden = sorted(e["path"] for e in local["skipped"] if e["reason"] == "hidden file")
+    assert len(hidden) == 2
+    assert remote["skipped"] == local["skipped"]
+    assert _shard_bytes(tmp_path / "local") == _shard_bytes(tmp_path / "remote")
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -102,8 +102,11 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = Fals
     reported, not lost. A gs:// or s3:// folder comes from its store's one listing. `as_text` gives
     a local file as the path string the listing already made (no Path object: see `scan_tree`)."""
     if isinstance(folder, RemotePath):
+        # A listing holds objects only, never links or folders: only a hidden name rules one out here.
+        # Read from the text: pathlib's relative_to and a lookup for each of a million objects cost minutes.
+        start = len(str(folder)) + 1
         for path in folder.walk_files():
-            yield path, "hidden file" if hidden else _unusable_reason(path, folder)
+            yield path, "hidden file" if hidden or any(map(_is_hidden, str(path)[start:].split("/"))) else None
         return
     try:
         with os.scandir(folder) as listing:

@@ -196,10 +196,11 @@ class _Candidates:
         self.skipped = skipped
         self.found: list[Candidate] = []
         self._prefix = os.fsencode(os.path.join(root, "")) if not isinstance(root, RemotePath) else b""
+        self._root_text = str(root)
 
     def __call__(self, path: str | RemotePath, split: str, label: int, label_text: str) -> None:
-        if isinstance(path, RemotePath):
-            name, where = os.fsencode(path.relative_to(self.root)), path
+        if isinstance(path, RemotePath):  # listed below the root: its name is the text after the root's
+            name, where = os.fsencode(str(path)[len(self._root_text) + 1:]), path
         else:
             where = os.fsencode(path)  # a root of "." lists its files without the "./":
             name = where[len(self._prefix):] if where.startswith(self._prefix) else os.fsencode(os.path.relpath(path, self.root))

@@ -16,6 +16,7 @@ does not answer) is a `StorageError`: one line, raised within the storage timeou
 from __future__ import annotations
 
 import abc
+import bisect
 import concurrent.futures
 import dataclasses
 import logging
@@ -117,8 +118,7 @@ class RemotePath(PurePosixPath):
     def walk_files(self) -> Iterator["RemotePath"]:
         """Every object below this folder, sorted."""
         listing, rel = _listing_and_rel(self)
-        start = f"{rel}/" if rel else ""
-        yield from (listing.root / name for name in sorted(listing.files) if name.startswith(start) and name != rel)
+        yield from (listing.root / name for name in listing.names_under(rel))
 
     def stat(self) -> os.stat_result:
         info = _lookup(self)
@@ -186,11 +186,25 @@ class Listing:
     root: RemotePath
     files: dict[str, ObjectInfo]
     dirs: set[str] = dataclasses.field(default_factory=set)
+    _sorted: list[str] | None = dataclasses.field(default=None, init=False, repr=False)  # files' names, sorted
 
     def __post_init__(self) -> None:
         for name in self.files:
             if name:  # "" is the root itself, an object
                 self._add_parents(name)
+
+    def names_under(self, rel: str) -> list[str]:
+        """The names of the objects below folder `rel`, sorted. The sorted names are kept until the
+        listing changes, and a folder's are found by bisection: a walk of each of ImageNet's 1,000
+        class folders sorted every one of its 1.28 million names a time (minutes, growing with the
+        square of the tree)."""
+        names = self._sorted
+        if names is None:
+            names = self._sorted = sorted(self.files)
+        if not rel:
+            return [name for name in names if name]  # "" is the root itself, an object
+        # Every name that starts with "rel/" sorts from "rel/" to before "rel0" ("0" follows "/").
+        return names[bisect.bisect_left(names, f"{rel}/"):bisect.bisect_left(names, f"{rel}0")]
 
     def _add_parents(self, name: str) -> None:
         parts = name.split("/")[:-1]
@@ -199,12 +213,15 @@ class Listing:
         self.dirs.add("")
 
     def add(self, name: str, info: ObjectInfo) -> None:
+        if name not in self.files:
+            self._sorted = None
         self.files[name] = info
         if name:
             self._add_parents(name)
 
     def remove(self, name: str) -> None:
-        self.files.pop(name, None)
+        if self.files.pop(name, None) is not None:
+            self._sorted = None
 
     def children(self, rel: str) -> list[str]:
         start = f"{rel}/" if rel else ""
@@ -217,10 +234,19 @@ _LOCK = threading.RLock()
 
 
 def _cached_listing(path: RemotePath) -> tuple[Listing, str] | None:
+    """The held listing whose root is `path` or above it, and `path` relative to that root. Compared as
+    text (`scheme://bucket/key`, normalised as every RemotePath is): a stat of each of a million listed
+    objects went through pathlib's parents and relative_to, twice a file in a scan."""
+    text = str(path)
     with _LOCK:
         for root, listing in _LISTINGS.items():
-            if type(root) is type(path) and (root == path or root in path.parents):
-                return listing, path.relative_to(root).as_posix() if root != path else ""
+            if type(root) is not type(path):
+                continue
+            base = str(root)
+            if text == base:
+                return listing, ""
+            if text.startswith(base) and text[len(base)] == "/":
+                return listing, text[len(base) + 1:]
     return None
 
 
