@@ -21,7 +21,7 @@ Every tree is made in a temporary folder under `--work` (default: /dev/shm where
 million files are made there in about 30 s instead of 15 min on a busy disk; the listing then runs
 on warm metadata, as any listing after the first does) and removed at the end.
 
-  python benchmarks/convert_scale.py listing [--files 1281167 --classes 1000 --shards 1024 --rate 3000 --store gcs|s3]
+  python benchmarks/convert_scale.py listing [--files 1281167 --classes 1000 --shards 1024 --rate 3000 --store gcs|s3 --latency-ms 50]
   python benchmarks/convert_scale.py memory [--sizes 10000,100000 --classes 100]
 """
 
@@ -74,8 +74,9 @@ def plan_child(src: str, out: str, shards: int) -> None:
     started = time.perf_counter()
     plan = plan_conversion(ConvertOptions(src, out, shards=shards))
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"seconds": seconds, "candidates": len(plan.candidates), "shards": len(plan.shards), "peak": peak}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime, "candidates": len(plan.candidates),
+                      "shards": len(plan.shards), "peak": usage.ru_maxrss * 1024}))
 
 
 def listing(args: argparse.Namespace, work: Path) -> None:
@@ -87,8 +88,8 @@ def listing(args: argparse.Namespace, work: Path) -> None:
         from stallscope.storage.emulator import emulate
 
         # The folder served as a bucket on loopback: the child lists it page by page, as from a real store.
-        with emulate(src, kind=args.store, max_duration_s=1800) as store:
-            print(f"served as {store.url} (emulated, no latency)")
+        with emulate(src, kind=args.store, latency_s=args.latency_ms / 1000, max_duration_s=1800) as store:
+            print(f"served as {store.url} (emulated, {args.latency_ms:g} ms a request)")
             result = _plan_in_child(store.url, work, args.shards, store.env)
     else:
         result = _plan_in_child(str(src), work, args.shards, None)
@@ -96,7 +97,8 @@ def listing(args: argparse.Namespace, work: Path) -> None:
     seconds = timing["seconds"]
     print(f"listing + stat + plan of {timing['candidates']:,} files into {timing['shards']} shards: {seconds:.1f} s "
           f"({timing['candidates'] / seconds:,.0f} files/s, target < 30 s for {IMAGENET_TRAIN_FILES:,}); "
-          f"peak RSS {timing['peak'] / 2**20:.0f} MiB ({timing['peak'] / timing['candidates']:.0f} bytes a file)")
+          f"peak RSS {timing['peak'] / 2**20:.0f} MiB ({timing['peak'] / timing['candidates']:.0f} bytes a file); "
+          f"the listing process's CPU {timing['cpu']:.1f} s (imports included)")
     if args.rate:
         total = seconds * IMAGENET_TRAIN_FILES / timing["candidates"] + IMAGENET_TRAIN_FILES / args.rate
         print(f"ImageNet train ({IMAGENET_TRAIN_FILES:,} images) at {args.rate:,.0f} images/s: about {total / 60:.0f} min "
@@ -159,6 +161,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=None, help="shards (listing: 1024, memory: 16)")
     parser.add_argument("--store", choices=("gcs", "s3"), default=None,
                         help="listing: list the tree through the emulated store (gs:// or s3://) instead of the file system")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="listing --store: the emulated store's latency per request (a real bucket's page: 30-100 ms)")
     parser.add_argument("--rate", type=float, default=None, help="listing: a measured images/s for the ImageNet estimate")
     parser.add_argument("--sizes", default="10000,100000", help="memory: numbers of images, comma-separated")
     parser.add_argument("--work", default="/dev/shm" if os.path.isdir("/dev/shm") else None,

@@ -252,16 +252,18 @@ def test_convert_from_gs_gives_the_shards_of_the_local_tree_over_kept_alive_conn
     assert counted.requests - counted.connections >= 64, counted
 
 
-def test_a_gs_listing_is_one_paged_request_with_every_size(served, gs_store):
+def test_a_gs_listing_is_one_paged_request_a_folder_with_every_size(served, gs_store):
     """TF's client lists names, then asks each object's size (a request and a TLS handshake each);
-    the listing through obstore carries the sizes: one request for these 24 objects."""
+    the listing through obstore carries the sizes: one request for the tree's top and one for each of
+    its 3 folders, for these 24 objects."""
     root = location.as_path("gs://data/tree")
     before = gs_store.counters()
     listing = _gs().list(root)
     after = gs_store.counters()
     local = {p.relative_to(served / "tree").as_posix(): p.stat().st_size for p in (served / "tree").rglob("*.jpg")}
     assert {name: info.size for name, info in listing.files.items()} == local and len(local) == 24
-    assert after.requests - before.requests == 1 and after.lists - before.lists == 1
+    folders = 1 + len([p for p in (served / "tree").iterdir() if p.is_dir()])
+    assert folders == 4 and after.requests - before.requests == folders and after.lists - before.lists == folders
     one = _gs().list(location.as_path("gs://data/tree/class_00/img_000.jpg"))  # an object, not a folder
     assert list(one.files) == [""] and one.files[""].size == local["class_00/img_000.jpg"]
     assert _gs().list(location.as_path("gs://data/nothing-here")).files == {}

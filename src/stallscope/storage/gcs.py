@@ -26,7 +26,8 @@ from typing import TypeVar
 from stallscope.storage import gcs_objects
 from stallscope.storage.obstore_reading import storage_error_text
 from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
+    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, list_by_folders, short, with_deadline,
+    with_silence_limit,
 )
 
 logger = logging.getLogger(__name__)
@@ -216,11 +217,15 @@ class GcsStore(Store):
         try:
             store = self.objects().store(root.bucket)
 
-            def walk() -> None:
-                for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
-                    files.update(listed_objects(prefix, page))
+            def folder(sub: str) -> tuple[list, list[str]]:
+                found = obstore.list_with_delimiter(store, sub or None)
+                return found["objects"], found["common_prefixes"]
 
-            with_deadline(walk, deadline(), str(root))
+            def walk(heard: Callable[[], None]) -> None:
+                for objects in list_by_folders(folder, prefix, heard):
+                    files.update(listed_objects(prefix, objects))
+
+            with_silence_limit(walk, deadline(), str(root))
             without_folders(files)
             if not files and prefix:
                 meta = with_deadline(lambda: obstore.head(store, prefix), deadline(), str(root))

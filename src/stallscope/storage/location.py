@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import ClassVar, TypeVar
@@ -372,23 +373,65 @@ def no_answer(what: object, seconds: float) -> StorageError:
 def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     """`fn()`, or a StorageError when it has not returned within `seconds` (it runs on in a daemon
     thread; see `abandoned_requests`)."""
+    return with_silence_limit(lambda heard: fn(), seconds, what)
+
+
+def with_silence_limit(fn: Callable[[Callable[[], None]], T], seconds: float, what: str) -> T:
+    """`fn(heard)`, or a StorageError once `seconds` pass without `fn` calling `heard()` (it runs on in a
+    daemon thread; see `abandoned_requests`). A listing calls it for each answer: ImageNet train's
+    listing takes minutes of answers, each within the timeout, and only a store that stops answering
+    is silent (a limit on the whole listing failed it past 35 s)."""
     box: dict[str, object] = {}
+    last_heard = [time.monotonic()]
+
+    def heard() -> None:
+        last_heard[0] = time.monotonic()
 
     def call() -> None:
         try:
-            box["value"] = fn()
+            box["value"] = fn(heard)
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
     thread = threading.Thread(target=call, name="storage-deadline", daemon=True)
     thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        _settings["abandoned"] = True
-        raise no_answer(what, seconds)
+    while True:
+        thread.join(max(0.0, last_heard[0] + seconds - time.monotonic()))
+        if not thread.is_alive():
+            break
+        if time.monotonic() - last_heard[0] >= seconds:
+            _settings["abandoned"] = True
+            raise no_answer(what, seconds)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+# Folders of a tree listed at once (`list_by_folders`); each is one chain of pages.
+FOLDERS_IN_FLIGHT = 16
+
+
+def list_by_folders(list_folder: Callable[[str], tuple[list, list[str]]], top: str,
+                    heard: Callable[[], None]) -> Iterator[list]:
+    """Every object below the folder `top`, one folder at a time: `list_folder(prefix)` gives a
+    folder's objects and its subfolders' prefixes (a listing with a delimiter, paged by the client),
+    FOLDERS_IN_FLIGHT folders are listed at once, and each folder's objects are yielded as they come in,
+    with `heard()` called. A flat listing is one chain of pages, each asked for when the one before is
+    in: ImageNet train's 1,282 pages at a bucket's 50-100 ms a page take minutes, its 1,000 class
+    folders listed 16 at a time a tenth of that."""
+    with concurrent.futures.ThreadPoolExecutor(FOLDERS_IN_FLIGHT, thread_name_prefix="storage-list") as pool:
+        running = {pool.submit(list_folder, top)}
+        try:
+            while running:
+                done, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    objects, folders = future.result()
+                    heard()
+                    running.update(pool.submit(list_folder, folder) for folder in folders)
+                    yield objects
+        finally:
+            for future in running:
+                future.cancel()
 
 
 class Store(abc.ABC):
@@ -424,8 +467,8 @@ class Store(abc.ABC):
 
 
 def deadline() -> float:
-    """How long the first request of a listing may take before the store is called silent: the
-    timeout plus a margin for the client's own connect/read timeouts to report first."""
+    """How long a listing may go without an answer before the store is called silent: the timeout
+    plus a margin for the client's own connect/read timeouts to report first."""
     return storage_timeout() + 5.0
 
 

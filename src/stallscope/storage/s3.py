@@ -25,7 +25,8 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.storage import s3_objects
 from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, short, storage_timeout, with_deadline,
+    Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, list_by_folders, short, storage_timeout,
+    with_silence_limit,
 )
 from stallscope.storage.obstore_reading import storage_error_text
 from stallscope.storage.s3_reading import reader_name
@@ -165,22 +166,32 @@ class S3Store(Store):
             raise self.error(path, exc, action) from None
 
     def list(self, root: RemotePath) -> Listing:
+        """Every object under `root`, its folders listed several at a time (`list_by_folders`),
+        folder placeholders ("a/") left out, as a flat listing without folders gives them."""
         fs = self.fs()
         key = f"{root.bucket}/{root.key}".rstrip("/")
 
-        def find() -> dict:
-            return fs.find(key, detail=True, withdirs=False)
+        def folder(prefix: str) -> tuple[list, list[str]]:
+            try:
+                entries = fs.ls(prefix, detail=True, refresh=True)
+            except FileNotFoundError:  # nothing under the prefix
+                return [], []
+            return ([e for e in entries if e["type"] != "directory"],
+                    [e["name"].rstrip("/") for e in entries if e["type"] == "directory"])
 
-        found = with_deadline(lambda: self._call(root, find), deadline(), str(root))
-        if not found:
+        files: dict[str, ObjectInfo] = {}
+
+        def walk(heard: Callable[[], None]) -> None:
+            for objects in list_by_folders(folder, key, heard):  # each folder's, kept as sizes and times only
+                for info in objects:
+                    modified = info.get("LastModified")
+                    mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
+                    files[info["name"][len(key):].lstrip("/")] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
+
+        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), deadline(), str(root))
+        if not files:
             self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
             return Listing(root, {})  # an empty prefix: it does not exist (yet)
-        files = {}
-        for name, info in found.items():
-            rel = name[len(key):].lstrip("/")
-            modified = info.get("LastModified")
-            mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
-            files[rel] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
         logger.info("%s: listed %d objects", root, len(files))
         return Listing(root, files)
 

@@ -1,0 +1,97 @@
+"""A tree in a bucket is listed folder by folder, several folders at once, and a listing fails only
+when the store stops answering: ImageNet train's listing is minutes of pages, each in time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.storage import gcs, location, s3
+from stallscope.storage.emulator import emulate
+from stallscope.storage.location import StorageError, list_by_folders, with_silence_limit
+
+LIMIT_S = 120
+
+
+def test_every_folder_is_listed_once_and_several_at_once():
+    """A real walk over an in-memory tree of 3 levels: every object once, each folder asked once,
+    more than one folder in flight and never more than FOLDERS_IN_FLIGHT."""
+    tree = {"": ["a", "b"], "a": [f"a/{i}" for i in range(20)], "b": ["b/x"], "b/x": []}
+    tree.update({f"a/{i}": [] for i in range(20)})
+    asked: list[str] = []
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def list_folder(prefix: str) -> tuple[list, list[str]]:
+        with lock:
+            asked.append(prefix)
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.02)  # a request's round trip, so that folders overlap
+        with lock:
+            in_flight[0] -= 1
+        return [f"{prefix}/object"], tree[prefix]
+
+    heard = []
+    objects = [o for found in list_by_folders(list_folder, "", lambda: heard.append(1)) for o in found]
+    assert sorted(asked) == sorted(tree) and len(asked) == len(tree)
+    assert sorted(objects) == sorted(f"{p}/object" for p in tree)
+    assert len(heard) == len(tree)
+    assert 1 < most[0] <= location.FOLDERS_IN_FLIGHT
+
+
+def test_a_listing_that_keeps_answering_outlives_the_limit_and_a_silent_one_does_not():
+    def answering(heard) -> str:
+        for _ in range(8):  # 0.8 s in all, an answer every 0.1 s: twice the limit, never silent for it
+            time.sleep(0.1)
+            heard()
+        return "listed"
+
+    assert with_silence_limit(answering, 0.4, "gs://b/tree") == "listed"
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"gs://b/tree: the store did not answer within 0 s"):
+        with_silence_limit(lambda heard: time.sleep(3), 0.3, "gs://b/tree")
+    assert time.monotonic() - started < 2.5  # given up at the limit, not when the call ends
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    """12 class folders of 3 small files each, and one file at the top."""
+    root = tmp_path / "served" / "tree"
+    for c in range(12):
+        folder = root / f"class{c:02d}"
+        folder.mkdir(parents=True)
+        for i in range(3):
+            (folder / f"{i}.jpg").write_bytes(b"x" * (c + i + 1))
+    (root / "top.txt").write_bytes(b"top")
+    return root
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_time(tree, kind, monkeypatch):
+    """One folder at a time at 0.15 s a request: 13 listings, about 2 s, against a limit of 1 s on
+    silence. A limit on the whole listing failed it."""
+    with emulate(tree.parent, kind=kind, latency_s=0.15, max_duration_s=LIMIT_S) as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        if kind == "s3":
+            monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+            monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+        location.set_timeout(10)  # fresh clients, made with this endpoint
+        location.forget_listings()
+        monkeypatch.setattr(location, "FOLDERS_IN_FLIGHT", 1)
+        monkeypatch.setattr(gcs if kind == "gcs" else s3, "deadline", lambda: 1.0)
+        try:
+            root = location.as_path(f"{store.url}/tree")
+            started = time.monotonic()
+            listed = {p.relative_to(root).as_posix(): p.stat().st_size for p in root.walk_files()}
+            took = time.monotonic() - started
+            lists = store.counters().lists
+        finally:
+            location.forget_listings()
+            location.set_timeout(location.DEFAULT_TIMEOUT_S)
+    assert listed == {p.relative_to(tree).as_posix(): p.stat().st_size for p in tree.rglob("*") if p.is_file()}
+    assert lists >= 13 and took > 1.0  # each folder listed on its own, and longer than the limit in all
