@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import gcs, location, s3_reading
+from stallscope.storage import gcs, location, obstore_reading, s3_reading
 from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
 
 from .conftest import BUCKET
@@ -27,12 +27,12 @@ def test_a_gs_listing_through_obstore_takes_folder_objects_for_folders():
 
     page = [meta("data"), meta("data/a"), meta("data/a/b"), meta("data/a/b/x.jpg", 7), meta("data/c.jpg", 9),
             meta("data/empty")]
-    files = gcs.listed_objects("data", page)
-    gcs.without_folders(files)
+    files = obstore_reading.listed_objects("data", page)
+    obstore_reading.without_folders(files)
     assert {name: info.size for name, info in files.items()} == {"a/b/x.jpg": 7, "c.jpg": 9, "empty": 0}
     assert files["c.jpg"].mtime_ns == int(when.timestamp() * 1e9)
-    whole = gcs.listed_objects("", [meta("a"), meta("a/x.jpg", 3)])  # a whole bucket
-    gcs.without_folders(whole)
+    whole = obstore_reading.listed_objects("", [meta("a"), meta("a/x.jpg", 3)])  # a whole bucket
+    obstore_reading.without_folders(whole)
     assert list(whole) == ["a/x.jpg"]
 
 

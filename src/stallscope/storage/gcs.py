@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from stallscope.storage import gcs_objects
-from stallscope.storage.obstore_reading import storage_error_text
+from stallscope.storage.obstore_reading import list_tree, storage_error_text
 from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, list_by_folders, short, with_deadline,
-    with_silence_limit,
+    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
 )
 
 logger = logging.getLogger(__name__)
@@ -82,30 +81,6 @@ def gcs_block_note() -> str:
     if not value:
         return f"{GCS_BLOCK_VAR} unset: a 64 MB buffer per object"
     return f"{GCS_BLOCK_VAR}={value}" + (", set by stallscope" if GCS_BLOCK_VAR in _set_by_us else "")
-
-
-def listed_objects(prefix: str, page) -> dict[str, ObjectInfo]:
-    """{name below `prefix`: its size and time} of a page of obstore's listing. A folder object
-    ("PREFIX/", "PREFIX/a/": what TF's makedirs and the console write) comes without its slash, so
-    the prefix's own is dropped here and the others by `without_folders`."""
-    found = {}
-    for meta in page:
-        if meta["path"] == prefix:
-            continue
-        found[meta["path"][len(prefix) + 1:] if prefix else meta["path"]] = object_info(meta)
-    return found
-
-
-def object_info(meta) -> ObjectInfo:
-    """The size and time of obstore's description of an object (a listing's entry, a HEAD)."""
-    return ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
-
-
-def without_folders(files: dict[str, ObjectInfo]) -> None:
-    """Drops the names that have objects below them: folder objects, as TF's listing takes them."""
-    folders = {name.rsplit("/", depth)[0] for name in files for depth in range(1, name.count("/") + 1)}
-    for folder in folders & set(files):
-        del files[folder]
 
 
 class GcsStore(Store):
@@ -210,30 +185,10 @@ class GcsStore(Store):
     def _list_pooled(self, root: RemotePath) -> Listing | None:
         """The listing through obstore; None where obstore cannot take these keys (TF's then lists
         them); the store's own failures are one line, as TF's are."""
-        import obstore
-
-        prefix = root.key.strip("/")
-        files: dict[str, ObjectInfo] = {}
         try:
-            store = self.objects().store(root.bucket)
-
-            def folder(sub: str) -> tuple[list, list[str]]:
-                found = obstore.list_with_delimiter(store, sub or None)
-                return found["objects"], found["common_prefixes"]
-
-            def walk(heard: Callable[[], None]) -> None:
-                for objects in list_by_folders(folder, prefix, heard):
-                    files.update(listed_objects(prefix, objects))
-
-            with_silence_limit(walk, deadline(), str(root))
-            without_folders(files)
-            if not files and prefix:
-                meta = with_deadline(lambda: obstore.head(store, prefix), deadline(), str(root))
-                return Listing(root, {"": object_info(meta)})
+            files = list_tree(self.objects().store(root.bucket), root.key.strip("/"), str(root))
         except StorageError:
             raise
-        except FileNotFoundError:
-            pass  # no object at the prefix itself: an empty listing, as TF's
         except Exception as exc:  # noqa: BLE001 - the store's failures are one line; obstore's own, TF's turn
             failure = self.error(root, exc)
             if str(failure).startswith(f"{root}: gs:// failed"):

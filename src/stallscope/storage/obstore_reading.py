@@ -20,9 +20,63 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stallscope.storage import request_tally
-from stallscope.storage.location import RemotePath, StorageError, deadline, no_answer
+from stallscope.storage.location import (
+    ObjectInfo, RemotePath, StorageError, deadline, list_by_folders, no_answer, with_deadline, with_silence_limit,
+)
 
 REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
+
+
+def list_tree(store, prefix: str, what: str) -> dict[str, ObjectInfo]:
+    """Every object below `prefix` ("" for the bucket) with its size and time, listed folder by folder
+    (`location.list_by_folders`), folder objects left out; an object at the prefix itself is {"": it},
+    nothing there {}. Fails only when the store stops answering for `deadline()`; its other errors come
+    as obstore raised them, for the store to put in one line."""
+    import obstore
+
+    files: dict[str, ObjectInfo] = {}
+
+    def folder(sub: str) -> tuple[list, list[str]]:
+        found = obstore.list_with_delimiter(store, sub or None)
+        return found["objects"], found["common_prefixes"]
+
+    def walk(heard: Callable[[], None]) -> None:
+        for objects in list_by_folders(folder, prefix, heard):
+            files.update(listed_objects(prefix, objects))
+
+    with_silence_limit(walk, deadline(), what)
+    without_folders(files)
+    if files or not prefix:
+        return files
+    try:
+        return {"": object_info(with_deadline(lambda: obstore.head(store, prefix), deadline(), what))}
+    except FileNotFoundError:
+        return {}  # no object at the prefix itself: an empty listing, as TF's
+
+
+def listed_objects(prefix: str, page) -> dict[str, ObjectInfo]:
+    """{name below `prefix`: its size and time} of a page of obstore's listing. A folder object
+    ("PREFIX/", "PREFIX/a/": what TF's makedirs and the console write) comes without its slash, so
+    the prefix's own is dropped here and the others by `without_folders`."""
+    found = {}
+    for meta in page:
+        if meta["path"] == prefix:
+            continue
+        found[meta["path"][len(prefix) + 1:] if prefix else meta["path"]] = object_info(meta)
+    return found
+
+
+def object_info(meta) -> ObjectInfo:
+    """The size and time of obstore's description of an object (a listing's entry, a HEAD)."""
+    return ObjectInfo(int(meta["size"]), int(meta["last_modified"].timestamp() * 1e9))
+
+
+def without_folders(files: dict[str, ObjectInfo]) -> None:
+    """Drops the names that have objects below them: folder objects, as TF's listing takes them."""
+    folders = {name.rsplit("/", depth)[0] for name in files for depth in range(1, name.count("/") + 1)}
+    for folder in folders & set(files):
+        del files[folder]
+
 
 
 @functools.cache

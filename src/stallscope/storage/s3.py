@@ -28,7 +28,7 @@ from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, list_by_folders, short, storage_timeout,
     with_silence_limit,
 )
-from stallscope.storage.obstore_reading import storage_error_text
+from stallscope.storage.obstore_reading import list_tree, storage_error_text
 from stallscope.storage.s3_reading import reader_name
 
 logger = logging.getLogger(__name__)
@@ -167,8 +167,21 @@ class S3Store(Store):
 
     def list(self, root: RemotePath) -> Listing:
         """Every object under `root`, its folders listed several at a time (`list_by_folders`),
-        folder placeholders ("a/") left out, as a flat listing without folders gives them."""
+        folder placeholders ("a/") left out: through obstore where it is the reader (a tenth of s3fs's
+        CPU: ImageNet train's 1.28 million objects from the emulated store took 104 s of CPU through
+        s3fs), else through s3fs."""
         fs = self.fs()
+        if reader_name() == "obstore":
+            try:
+                files = list_tree(self.objects().store(root.bucket), root.key.strip("/"), str(root))
+            except StorageError:
+                raise
+            except Exception as exc:  # obstore's failures, one line
+                raise self.error(root, exc) from None
+            if not files:
+                self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
+            logger.info("%s: listed %d objects", root, len(files))
+            return Listing(root, files)
         key = f"{root.bucket}/{root.key}".rstrip("/")
 
         def folder(prefix: str) -> tuple[list, list[str]]:
