@@ -78,7 +78,6 @@ def without_folders(files: dict[str, ObjectInfo]) -> None:
         del files[folder]
 
 
-
 @functools.cache
 def installed() -> bool:
     """True where obstore (the storage extra) is installed; asked once (a lookup costs ~30 us, and the

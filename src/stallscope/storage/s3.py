@@ -167,9 +167,9 @@ class S3Store(Store):
 
     def list(self, root: RemotePath) -> Listing:
         """Every object under `root`, its folders listed several at a time (`list_by_folders`),
-        folder placeholders ("a/") left out: through obstore where it is the reader (a tenth of s3fs's
-        CPU: ImageNet train's 1.28 million objects from the emulated store took 104 s of CPU through
-        s3fs), else through s3fs."""
+        folder placeholders ("a/") left out: through obstore where it is the reader (ImageNet train's
+        1.28 million objects from the emulated store, listed and planned: 19 s of CPU, against 104 s
+        through s3fs), else through s3fs."""
         fs = self.fs()
         if reader_name() == "obstore":
             try:
