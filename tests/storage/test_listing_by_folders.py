@@ -99,3 +99,48 @@ def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_ti
             location.set_timeout(location.DEFAULT_TIMEOUT_S)
     assert listed == {p.relative_to(tree).as_posix(): p.stat().st_size for p in tree.rglob("*") if p.is_file()}
     assert lists >= 13 and took > 1.0  # each folder listed on its own, and longer than the limit in all
+
+
+def test_one_long_answer_is_waited_for_while_the_store_answers_a_probe():
+    """A folder of half a million objects is one call of many pages: once the listing has heard an
+    answer, a silence asks the probe, and a store that answers it is waited for. A store that stops
+    answering the probe too is given up."""
+    def listing(heard) -> str:
+        heard()  # the top folder's listing
+        time.sleep(1.5)  # one large folder: no answer for three times the limit
+        return "listed"
+
+    asked = []
+    assert with_silence_limit(listing, 0.5, "gs://b/tree", probe=lambda: asked.append(1)) == "listed"
+    assert len(asked) >= 2
+    with pytest.raises(StorageError, match="did not answer"):
+        with_silence_limit(listing, 0.5, "gs://b/tree", probe=lambda: time.sleep(5))
+    with pytest.raises(StorageError, match="did not answer"):  # nothing heard yet: no probe
+        with_silence_limit(lambda heard: time.sleep(1.5), 0.5, "gs://b/tree", probe=lambda: asked.append(1))
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_answers(tmp_path, kind, monkeypatch):
+    """6,000 objects in one folder at 0.4 s a request: six pages in one call, past a limit of 2 s (a
+    probe on a new connection, as gs:// makes it, takes a CONNECT and a GET: 0.8 s)."""
+    if not obstore_reading.installed():
+        pytest.skip("obstore (the storage extra) probes the store while a large folder is listed")
+    folder = tmp_path / "served" / "tree" / "big"
+    folder.mkdir(parents=True)
+    for i in range(6000):
+        (folder / f"{i:05d}.jpg").touch()
+    with emulate(tmp_path / "served", kind=kind, latency_s=0.4, max_duration_s=LIMIT_S) as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+        monkeypatch.delenv(s3_reading.READER_ENV, raising=False)
+        location.set_timeout(10)
+        location.forget_listings()
+        monkeypatch.setattr(obstore_reading, "deadline", lambda: 2.0)
+        try:
+            listed = list(location.as_path(f"{store.url}/tree").walk_files())
+        finally:
+            location.forget_listings()
+            location.set_timeout(location.DEFAULT_TIMEOUT_S)
+    assert len(listed) == 6000

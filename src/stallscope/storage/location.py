@@ -376,16 +376,24 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     return with_silence_limit(lambda heard: fn(), seconds, what)
 
 
-def with_silence_limit(fn: Callable[[Callable[[], None]], T], seconds: float, what: str) -> T:
+def with_silence_limit(fn: Callable[[Callable[[], None]], T], seconds: float, what: str,
+                       probe: Callable[[], object] | None = None) -> T:
     """`fn(heard)`, or a StorageError once `seconds` pass without `fn` calling `heard()` (it runs on in a
     daemon thread; see `abandoned_requests`). A listing calls it for each answer: ImageNet train's
     listing takes minutes of answers, each within the timeout, and only a store that stops answering
-    is silent (a limit on the whole listing failed it past 35 s)."""
+    is silent (a limit on the whole listing failed it past 35 s).
+
+    One answer can take longer than the limit: a folder of half a million objects is a thousand
+    pages inside one call. So once `fn` has heard one answer, a silence asks `probe()`, a request of
+    its own: a store that answers it within `seconds` is not silent, and the wait goes on (a request
+    that stalls inside `fn` still ends at its client's own timeout)."""
     box: dict[str, object] = {}
     last_heard = [time.monotonic()]
+    answers = [0]
 
     def heard() -> None:
         last_heard[0] = time.monotonic()
+        answers[0] += 1
 
     def call() -> None:
         try:
@@ -400,11 +408,29 @@ def with_silence_limit(fn: Callable[[Callable[[], None]], T], seconds: float, wh
         if not thread.is_alive():
             break
         if time.monotonic() - last_heard[0] >= seconds:
+            if probe is not None and answers[0] and _answers(probe, seconds):
+                last_heard[0] = time.monotonic()
+                continue
             _settings["abandoned"] = True
             raise no_answer(what, seconds)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def _answers(probe: Callable[[], object], seconds: float) -> bool:
+    """Whether `probe()` returns within `seconds` (an answer, whatever it says)."""
+    done = threading.Event()
+
+    def ask() -> None:
+        try:
+            probe()
+            done.set()
+        except Exception:  # noqa: BLE001 - refused or unreachable: no answer
+            pass
+
+    threading.Thread(target=ask, name="storage-probe", daemon=True).start()
+    return done.wait(seconds)
 
 
 # Folders of a tree listed at once (`list_by_folders`); each is one chain of pages.

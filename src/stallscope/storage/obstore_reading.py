@@ -44,7 +44,15 @@ def list_tree(store, prefix: str, what: str) -> dict[str, ObjectInfo]:
         for objects in list_by_folders(folder, prefix, heard):
             files.update(listed_objects(prefix, objects))
 
-    with_silence_limit(walk, deadline(), what)
+    def probe() -> None:  # a HEAD the store answers, found, missing or refused, while a large folder is listed
+        from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
+
+        try:
+            obstore.head(store, f"{prefix}/.stallscope-probe" if prefix else ".stallscope-probe")
+        except (FileNotFoundError, NotFoundError, PermissionDeniedError, UnauthenticatedError):
+            pass
+
+    with_silence_limit(walk, deadline(), what, probe)
     without_folders(files)
     if files or not prefix:
         return files
