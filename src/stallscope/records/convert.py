@@ -191,9 +191,9 @@ class _Candidates:
     than computed with Path.relative_to (several microseconds a file). A tree in a bucket is stat'ed
     from its store's listing. A file that cannot be stat'ed goes to `skipped` with its reason."""
 
-    def __init__(self, root: Path | RemotePath, skipped: list[dict[str, Any]]) -> None:
+    def __init__(self, root: Path | RemotePath) -> None:
         self.root = root
-        self.skipped = skipped
+        self.skipped: list[dict[str, Any]] = []
         self.found: list[Candidate] = []
         self._prefix = os.fsencode(os.path.join(root, "")) if not isinstance(root, RemotePath) else b""
         self._root_text = str(root)
@@ -701,8 +701,7 @@ class ConversionPlan:
 def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
-    unstattable: list[dict[str, Any]] = []
-    found = _Candidates(as_path(options.dataset_path), unstattable)
+    found = _Candidates(as_path(options.dataset_path))
     try:
         tree = scan_tree(options.dataset_path, labels, on_file=found)
     except StorageError as exc:
@@ -716,7 +715,7 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     skipped: list[dict[str, Any]] = [
         _file_entry(os.fsencode(s.path.relative_to(root)), reason=s.reason) for s in tree.skipped
     ]
-    skipped.extend(unstattable)
+    skipped.extend(found.skipped)  # files listed but not stat'ed
     candidates = found.found
     if not candidates:
         raise DataError(f"dataset path {str(root)!r}: no files in its class folders ({len(skipped)} other file(s) skipped)")
