@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             ("tuned (records)", preset("tuned"), records),
             ("tuned (records, max side 256)", preset("tuned"), small),
         ]
-        encoded = [p.read_bytes() for p in files.files]
+        encoded = [Path(p).read_bytes() for p in files.files]
         decode_label = "decode limit (in memory, all cores)"
         results: dict[str, Measurement] = {label: Measurement() for label, _, _ in runs}
         results[decode_label] = Measurement()

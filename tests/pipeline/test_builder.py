@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -174,7 +177,7 @@ def test_hooks_run_at_their_points_and_unknown_points_are_rejected(coloured_tree
 
 def test_decode_limit_dataset_yields_resized_batches(coloured_tree):
     source = open_source("files", coloured_tree)
-    encoded = [p.read_bytes() for p in source.files]
+    encoded = [Path(p).read_bytes() for p in source.files]
     batch = next(iter(build_decode_limit_dataset(encoded, image_size=SIZE, batch_size=8, parallelism=AUTOTUNE)))
     assert batch.shape == (8, SIZE, SIZE, 3) and batch.dtype == tf.float32
 
@@ -278,3 +281,14 @@ def test_a_python_reader_is_refused_on_a_tf_data_service_in_one_line(url, gcs_re
     # `tuned` on gs:// keeps TF's reader where a service reads
     assert tuned_for_source(PRESETS["tuned"].replace(data_service="127.0.0.1:5000"), source).gcs_reader == \
         ("tf" if url.startswith("gs://") else "pooled")
+
+
+def test_an_image_whose_name_is_not_utf8_is_read_like_the_others(image_tree_factory):
+    root = image_tree_factory(classes=2, per_class=3)
+    odd = os.path.join(os.fsencode(root / "class_00"), b"caf\xe9.jpg")  # Latin-1, as old cameras and zips write
+    os.rename(root / "class_00" / "img_000.jpg", odd)
+    source = open_source("files", root)
+    assert os.fsencode(source.files[0]) == odd  # the name as the file system spells it
+
+    images, labels = collect(build_dataset(small(PRESETS["seed"]), source))
+    assert len(images) == 6 and sorted(labels.argmax(axis=1).tolist()) == [0, 0, 0, 1, 1, 1]

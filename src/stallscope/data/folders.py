@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
@@ -48,10 +48,15 @@ class FolderTree:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return tuple(sorted({f.split for f in self.files}, key=_split_order))
+        return ordered_splits({f.split for f in self.files})
 
     def split_files(self, split: str) -> tuple[ImageFile, ...]:
         return tuple(f for f in self.files if f.split == split)
+
+
+def ordered_splits(names: Iterable[str]) -> tuple[str, ...]:
+    """Split names in the order reports list them: train, validation, ... first, then the rest by name."""
+    return tuple(sorted(names, key=_split_order))
 
 
 def _split_order(name: str) -> tuple[int, str]:

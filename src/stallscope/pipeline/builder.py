@@ -27,6 +27,7 @@ TF's static rewrites and threading knobs are set through `tf.data.Options` (see 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -210,8 +211,12 @@ def _shuffled_paths(config: PipelineConfig, source: DataSource) -> bool:
 def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, separate_read: bool):
     """(dataset, element kind): "path" elements (path, label, path), "encoded" (bytes, label, path) or
     "remote path" (path, label: stallscope's reader fetches them later)."""
-    paths = [str(p) for p in source.files]
-    dataset = tf.data.Dataset.from_tensor_slices((paths, list(source.file_labels)))
+    # As bytes, the name the file system spells (a name that is not UTF-8 is no error), and tensors
+    # made here: from_tensor_slices turns a list into a fixed-width numpy array first (1.5 s against
+    # 0.25 s for ImageNet's 1.28 million paths).
+    paths = [os.fsencode(str(p)) for p in source.files]
+    dataset = tf.data.Dataset.from_tensor_slices((tf.constant(paths, dtype=tf.string),
+                                                  tf.constant(source.file_labels, dtype=tf.int32)))
     if config.shuffle_files:
         dataset = dataset.shuffle(len(paths), seed=file_seed, reshuffle_each_iteration=True)
     elif config.shuffle_buffer and config.shuffle_at == "encoded" and _shuffled_paths(config, source):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import os
 import struct
 from pathlib import Path
 
 from stallscope.config import require_choice
-from stallscope.data.folders import DEFAULT_SPLIT, read_labels_file, scan_tree
+from stallscope.data.folders import DEFAULT_SPLIT, ordered_splits, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import unfinished_conversion
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
@@ -33,7 +34,8 @@ RECORD_SUFFIX = ".tfrecord"
 class DataSource:
     """One split of a data set, resolved to files.
 
-    files: image files (kind "files") or record shards (kind "records"), sorted.
+    files: image files (kind "files": a local one as its path string, no Path per image; one in a bucket
+        as its RemotePath) or record shards (kind "records": Paths or RemotePaths), in listing order.
     file_labels: label index per image file (files only; empty for records).
     schema: the record schema name ("standard" or "seed"; "" for files).
     total_bytes: bytes on disk of `files`, for I/O-per-image figures.
@@ -45,7 +47,7 @@ class DataSource:
     path: Path
     split: str
     labels: tuple[str, ...]
-    files: tuple[Path, ...]
+    files: tuple[str | Path | RemotePath, ...]
     file_labels: tuple[int, ...]
     schema: str
     num_examples: int
@@ -88,46 +90,83 @@ def available_splits(kind: str, path) -> tuple[str, ...]:
     require_choice("source", kind, SOURCE_KINDS)
     path = as_path(path)
     if kind == "files":
-        tree = scan_tree(path)
-        return tree.splits if tree.has_splits else (DEFAULT_SPLIT,)
+        found = _SplitImages(None)
+        tree = scan_tree(path, on_file=found)
+        return ordered_splits(found.splits) if tree.has_splits else (DEFAULT_SPLIT,)
     if (path / MANIFEST_NAME).exists():
         return tuple(load_manifest(path).splits)
     prefixed = sorted({p.name.split("-", 1)[0] for p in path.iterdir() if "-" in p.name and p.name.endswith(RECORD_SUFFIX)})
     return tuple(prefixed) or (DEFAULT_SPLIT,)
 
 
+class _SplitImages:
+    """`scan_tree`'s `on_file` for a files source: the images of one split kept as they are listed, a
+    local one as its path string, with its label and its size (stat'ed here, as `du` would). A Path and
+    an ImageFile per file held about 560 bytes each and took seconds to make: 725 MB and 10.8 s for
+    ImageNet's 1.28 million training images."""
+
+    def __init__(self, split: str | None) -> None:
+        self.split = split  # None: no files kept, only the splits that have any
+        self.splits: set[str] = set()
+        self.paths: list[str | RemotePath] = []
+        self.labels: list[int] = []
+        self.total_bytes = 0
+        self.ignored: list[Path | RemotePath] = []  # files of the split that are not images by name or cannot be stat'ed
+
+    def __call__(self, path: str | RemotePath, split: str, label: int, label_text: str) -> None:
+        self.splits.add(split)
+        if split != self.split:
+            return
+        size = _image_size(path)
+        if size is None:
+            self.ignored.append(Path(path) if isinstance(path, str) else path)
+            return
+        self.paths.append(path)
+        self.labels.append(label)
+        self.total_bytes += size
+
+
+def _image_size(path: str | RemotePath) -> int | None:
+    """An image file's bytes; None for a name that is not an image's (read as Path.suffix reads a name
+    that is not hidden) or a file gone, or not ours to read, since the listing."""
+    if not str(path)[-5:].lower().endswith(IMAGE_SUFFIXES):
+        return None
+    try:
+        return path.stat().st_size if isinstance(path, RemotePath) else os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def _open_files(root: Path, split: str, labels: tuple[str, ...] | None) -> DataSource:
-    tree = scan_tree(root, labels)
-    available = tree.splits if tree.has_splits else (DEFAULT_SPLIT,)
+    found = _SplitImages(split)
+    tree = scan_tree(root, labels, on_file=found)
+    available = ordered_splits(found.splits) if tree.has_splits else (DEFAULT_SPLIT,)
     if split not in available:
         raise UsageError(
             f"--split: {str(root)!r} has no split {split!r}; it has {', '.join(available) or 'none'}"
             + ("" if tree.has_splits else " (a {label}/* tree is the train split)")
         )
-    candidates = tree.split_files(split)
-    images = [f for f in candidates if f.path.suffix.lower() in IMAGE_SUFFIXES]
-    ignored = [f.path for f in candidates if f.path.suffix.lower() not in IMAGE_SUFFIXES]
-    ignored += [s.path for s in tree.skipped if _in_split(s.path, root, split, tree.has_splits)]
+    ignored = found.ignored + [s.path for s in tree.skipped if _in_split(s.path, root, split, tree.has_splits)]
     if ignored:
         logger.warning(
             "%s: ignoring %d file(s) that are not images by name (%s) or cannot be read, e.g. %s",
             root, len(ignored), "/".join(IMAGE_SUFFIXES), ignored[0],
         )
-    if not images:
+    if not found.paths:
         raise DataError(
             f"{root}: split {split!r} holds no image files ({', '.join(IMAGE_SUFFIXES)}); "
-            f"found {len(candidates)} other file(s)"
+            f"found {len(found.ignored)} other file(s)"
         )
     return DataSource(
         kind="files",
         path=root,
         split=split,
         labels=tree.labels,
-        files=tuple(f.path for f in images),
-        file_labels=tuple(f.label for f in images),
+        files=tuple(found.paths),
+        file_labels=tuple(found.labels),
         schema="",
-        num_examples=len(images),
-        total_bytes=sum(f.path.stat().st_size for f in images),
+        num_examples=len(found.paths),
+        total_bytes=found.total_bytes,
         ignored=tuple(ignored),
     )
 
