@@ -105,13 +105,15 @@ def _walk_files(folder: Path, unreadable: list[SkippedFile], hidden: bool = Fals
     type from the listing itself, so a regular file costs no stat call here (1.28 million of them
     would cost seconds). A folder that cannot be listed goes to `unreadable`, so its files are
     reported, not lost. A gs:// or s3:// folder comes from its store's one listing. `as_text` gives
-    a local file as the path string the listing already made (no Path object: see `scan_tree`)."""
+    a file as the text the listing already made, a local path or `scheme://bucket/key` (no Path or
+    RemotePath object: see `scan_tree`)."""
     if isinstance(folder, RemotePath):
         # A listing holds objects only, never links or folders: only a hidden name rules one out here.
         # Read from the text: pathlib's relative_to and a lookup for each of a million objects cost minutes.
         start = len(str(folder)) + 1
-        for path in folder.walk_files():
-            yield path, "hidden file" if hidden or any(map(_is_hidden, str(path)[start:].split("/"))) else None
+        for text in folder.walk_file_texts():
+            reason = "hidden file" if hidden or any(map(_is_hidden, text[start:].split("/"))) else None
+            yield (text if as_text else as_path(text)), reason
         return
     try:
         with os.scandir(folder) as listing:
@@ -168,14 +170,15 @@ def _is_split_layout(root: Path, subdirs: list[Path]) -> bool:
 
 
 def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None,
-              on_file: Callable[[str | RemotePath, str, int, str], None] | None = None) -> FolderTree:
+              on_file: Callable[[str, str, int, str], None] | None = None) -> FolderTree:
     """Scans an image tree (a local folder, gs:// or s3://). `labels` (from a labels file) fixes the
     label order; else sorted folder names.
 
-    With `on_file(path, split, label, label_text)` every usable file goes to it as it is listed (a
-    local one as a path string) instead of into the tree, whose `files` is then empty: a listing of
-    millions of files (`convert`) need not hold a Path and an ImageFile for each, about 370 bytes a
-    file beside what the caller keeps."""
+    With `on_file(path, split, label, label_text)` every usable file goes to it as it is listed, as
+    text (a local path, or `scheme://bucket/key`), instead of into the tree, whose `files` is then
+    empty: a listing of millions of files (`convert`, a files source) need not hold a Path and an
+    ImageFile for each, about 370 bytes a file beside what the caller keeps. A file in a store is
+    stat'ed from the listing with `location.listed_info(text)`."""
     root = as_path(root)
     if not root.exists():
         raise UsageError(f"dataset path {str(root)!r} does not exist")
@@ -227,7 +230,7 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None,
         label = index[label_text]
         for path, reason in _walk_files(class_dir, skipped, as_text=on_file is not None):
             if reason:
-                skipped.append(SkippedFile(Path(path) if isinstance(path, str) else path, reason))
+                skipped.append(SkippedFile(as_path(path), reason))
             elif on_file is not None:
                 on_file(path, split, label, label_text)
             else:

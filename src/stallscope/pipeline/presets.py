@@ -155,9 +155,9 @@ def pool_for_quota(config: PipelineConfig, limits: "CpuLimits") -> PipelineConfi
 
 def tuned_for_source(config: PipelineConfig, source: "DataSource", limits: "CpuLimits | None" = None) -> PipelineConfig:
     """`tuned_for_store` for the store `source` lives in."""
-    from stallscope.storage.location import RemotePath
+    from stallscope.storage.location import RemotePath, as_path
 
-    first = source.files[0] if source.files else None
+    first = as_path(source.files[0]) if source.files else None  # a files source holds its images as text
     return tuned_for_store(config, source.kind, first.scheme if isinstance(first, RemotePath) else "file", limits)
 
 

@@ -20,7 +20,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.records.completeness import unfinished_conversion
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
 from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
-from stallscope.storage.location import RemotePath, StorageError, as_path
+from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ RECORD_SUFFIX = ".tfrecord"
 class DataSource:
     """One split of a data set, resolved to files.
 
-    files: image files (kind "files": a local one as its path string, no Path per image; one in a bucket
-        as its RemotePath) or record shards (kind "records": Paths or RemotePaths), in listing order.
+    files: image files (kind "files": each as text, a local path or `scheme://bucket/key`, with no Path
+        object per image) or record shards (kind "records": Paths or RemotePaths), in listing order.
     file_labels: label index per image file (files only; empty for records).
     schema: the record schema name ("standard" or "seed"; "" for files).
     total_bytes: bytes on disk of `files`, for I/O-per-image figures.
@@ -100,45 +100,50 @@ def available_splits(kind: str, path) -> tuple[str, ...]:
 
 
 class _SplitImages:
-    """`scan_tree`'s `on_file` for a files source: the images of one split kept as they are listed, a
-    local one as its path string, with its label and its size (stat'ed here, as `du` would). A Path and
-    an ImageFile per file held about 560 bytes each and took seconds to make: 725 MB and 10.8 s for
-    ImageNet's 1.28 million training images."""
+    """`scan_tree`'s `on_file` for a files source: the images of one split kept as they are listed, as
+    text (a local path, or `scheme://bucket/key` in a store), with their labels and sizes (stat'ed here
+    as `du` would, or read from the store's listing). A Path or RemotePath and an ImageFile per file held
+    about 560 bytes each and took seconds to make: 725 MB and 10.8 s for ImageNet's 1.28 million
+    training images on a local disk."""
 
-    def __init__(self, split: str | None) -> None:
+    def __init__(self, split: str | None, remote: bool = False) -> None:
         self.split = split  # None: no files kept, only the splits that have any
+        self.remote = remote
         self.splits: set[str] = set()
-        self.paths: list[str | RemotePath] = []
+        self.paths: list[str] = []
         self.labels: list[int] = []
         self.total_bytes = 0
         self.ignored: list[Path | RemotePath] = []  # files of the split that are not images by name or cannot be stat'ed
 
-    def __call__(self, path: str | RemotePath, split: str, label: int, label_text: str) -> None:
+    def __call__(self, path: str, split: str, label: int, label_text: str) -> None:
         self.splits.add(split)
         if split != self.split:
             return
-        size = _image_size(path)
+        size = _image_size(path, self.remote)
         if size is None:
-            self.ignored.append(Path(path) if isinstance(path, str) else path)
+            self.ignored.append(as_path(path))
             return
         self.paths.append(path)
         self.labels.append(label)
         self.total_bytes += size
 
 
-def _image_size(path: str | RemotePath) -> int | None:
+def _image_size(path: str, remote: bool) -> int | None:
     """An image file's bytes; None for a name that is not an image's (read as Path.suffix reads a name
     that is not hidden) or a file gone, or not ours to read, since the listing."""
-    if not str(path)[-5:].lower().endswith(IMAGE_SUFFIXES):
+    if not path[-5:].lower().endswith(IMAGE_SUFFIXES):
         return None
+    if remote:
+        info = listed_info(path)
+        return info.size if info is not None else None
     try:
-        return path.stat().st_size if isinstance(path, RemotePath) else os.stat(path).st_size
+        return os.stat(path).st_size
     except OSError:
         return None
 
 
 def _open_files(root: Path, split: str, labels: tuple[str, ...] | None) -> DataSource:
-    found = _SplitImages(split)
+    found = _SplitImages(split, remote=isinstance(root, RemotePath))
     tree = scan_tree(root, labels, on_file=found)
     available = ordered_splits(found.splits) if tree.has_splits else (DEFAULT_SPLIT,)
     if split not in available:

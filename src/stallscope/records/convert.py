@@ -49,7 +49,7 @@ from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
 )
-from stallscope.storage.location import RemotePath, StorageError, as_path, read_many
+from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def _file_entry(name: bytes, **fields: Any) -> dict[str, Any]:
 
 class _Candidates:
     """`scan_tree`'s `on_file`: each file stat'ed (the size and mtime a resumed run compares) as it is
-    listed and kept as a Candidate, its name relative to the root cut from the path's bytes rather
+    listed and kept as a Candidate, its name relative to the root cut from the path's text rather
     than computed with Path.relative_to (several microseconds a file). A tree in a bucket is stat'ed
     from its store's listing. A file that cannot be stat'ed goes to `skipped` with its reason."""
 
@@ -195,17 +195,23 @@ class _Candidates:
         self.root = root
         self.skipped: list[dict[str, Any]] = []
         self.found: list[Candidate] = []
-        self._prefix = os.fsencode(os.path.join(root, "")) if not isinstance(root, RemotePath) else b""
+        self._remote = isinstance(root, RemotePath)
+        self._prefix = os.fsencode(os.path.join(root, "")) if not self._remote else b""
         self._root_text = str(root)
 
-    def __call__(self, path: str | RemotePath, split: str, label: int, label_text: str) -> None:
-        if isinstance(path, RemotePath):  # listed below the root: its name is the text after the root's
-            name, where = os.fsencode(str(path)[len(self._root_text) + 1:]), path
-        else:
-            where = os.fsencode(path)  # a root of "." lists its files without the "./":
-            name = where[len(self._prefix):] if where.startswith(self._prefix) else os.fsencode(os.path.relpath(path, self.root))
+    def __call__(self, path: str, split: str, label: int, label_text: str) -> None:
+        if self._remote:  # `scheme://bucket/key` below the root: its name is the text after the root's
+            name = os.fsencode(path[len(self._root_text) + 1:])
+            info = listed_info(path)
+            if info is None:  # gone from the listing since the walk (a write or delete in this process)
+                self.skipped.append(_file_entry(name, reason=UNREADABLE, detail=FileNotFoundError.__name__))
+                return
+            self.found.append(Candidate(name, split, label, label_text, info.size, info.mtime_ns))
+            return
+        where = os.fsencode(path)  # a root of "." lists its files without the "./":
+        name = where[len(self._prefix):] if where.startswith(self._prefix) else os.fsencode(os.path.relpath(path, self.root))
         try:
-            stat = where.stat() if isinstance(where, RemotePath) else os.stat(where)
+            stat = os.stat(where)
         except OSError as exc:
             self.skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
             return

@@ -121,6 +121,12 @@ class RemotePath(PurePosixPath):
         listing, rel = _listing_and_rel(self)
         yield from (listing.root / name for name in listing.names_under(rel))
 
+    def walk_file_texts(self) -> Iterator[str]:
+        """`walk_files` as text, `scheme://bucket/key`, with no RemotePath made for each object."""
+        listing, rel = _listing_and_rel(self)
+        base = str(listing.root)
+        yield from (f"{base}/{name}" for name in listing.names_under(rel))
+
     def stat(self) -> os.stat_result:
         info = _lookup(self)
         if not isinstance(info, ObjectInfo):
@@ -234,15 +240,13 @@ _LISTINGS: dict[RemotePath, Listing] = {}
 _LOCK = threading.RLock()
 
 
-def _cached_listing(path: RemotePath) -> tuple[Listing, str] | None:
+def _cached_listing(path: RemotePath | str) -> tuple[Listing, str] | None:
     """The held listing whose root is `path` or above it, and `path` relative to that root. Compared as
-    text (`scheme://bucket/key`, normalised as every RemotePath is): a stat of each of a million listed
-    objects went through pathlib's parents and relative_to, twice a file in a scan."""
+    text (`scheme://bucket/key`, normalised as every RemotePath is, the scheme included): a stat of each
+    of a million listed objects went through pathlib's parents and relative_to, twice a file in a scan."""
     text = str(path)
     with _LOCK:
         for root, listing in _LISTINGS.items():
-            if type(root) is not type(path):
-                continue
             base = str(root)
             if text == base:
                 return listing, ""
@@ -274,9 +278,10 @@ def _lookup(path: RemotePath) -> "ObjectInfo | str | None":
     return _DIR if rel in listing.dirs else None
 
 
-def listed_info(path: RemotePath) -> ObjectInfo | None:
+def listed_info(path: RemotePath | str) -> ObjectInfo | None:
     """The object's size and time as a listing this process already holds says, without asking the
-    store; None when no held listing covers it."""
+    store; None when no held listing covers it. The object may be named by its text, `scheme://bucket/key`
+    as `RemotePath.walk_file_texts` gives it: no RemotePath made for each of a million objects."""
     cached = _cached_listing(path)
     if cached is None:
         return None

@@ -37,7 +37,7 @@ def needs_own_reader(files, gcs_reader: str = "tf") -> bool:
     it), and gs:// with `gcs_reader` "pooled"."""
     if not files:
         return False
-    first = files[0]
+    first = as_path(files[0])  # a files source holds its images as text
     return isinstance(first, S3Path) or (gcs_reader == "pooled" and isinstance(first, RemotePath)
                                          and first.scheme == "gs")
 
@@ -47,12 +47,13 @@ def require_reader(files, gcs_reader: str, data_service: str = "") -> None:
     cannot run: stallscope's reader is a Python function, which a tf.data service's workers do not run."""
     if not needs_own_reader(files, gcs_reader):
         return
+    on_s3 = isinstance(as_path(files[0]), S3Path)
     if data_service:
-        store = "s3://" if isinstance(files[0], S3Path) else "gs:// with --gcs-reader pooled"
+        store = "s3://" if on_s3 else "gs:// with --gcs-reader pooled"
         raise UsageError(f"--data-service: the service's workers cannot run stallscope's reader of {store} "
                          "(a Python function); expected data TF reads itself (a local or shared folder, or "
                          "gs:// with --gcs-reader tf)")
-    if not isinstance(files[0], S3Path):
+    if not on_s3:
         gcs_objects.require_obstore()
 
 
@@ -285,7 +286,7 @@ def records_dataset(shards: list[str]) -> tf.data.Dataset:
 def describe_reader(kind: str, files, *, read_parallelism: int | None, map_parallelism: int | None,
                     private_pool: int | None = None, gcs_reader: str = "tf") -> str:
     """The reader a pipeline over `files` runs, e.g. 's3fs (16 in flight)' or 'TF gs:// (...)'."""
-    first = files[0] if files else None
+    first = as_path(files[0]) if files else None  # a files source holds its images as text
     if needs_own_reader(files, gcs_reader):
         name = reader_name() if isinstance(first, S3Path) else "obstore on gs://"
         if kind == "files":
