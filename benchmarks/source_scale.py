@@ -14,15 +14,19 @@ fresh child process, TensorFlow and Keras imported before the clock starts:
                each epoch, decoded and resized)
 
 Prints each way's seconds to the first batch and the child's peak RSS, and stallscope's ratios to
-the others. The tree is made in a temporary folder under `--work` (default /dev/shm where it exists:
+the others. With `--store gcs|s3` the same tree is also served as a bucket by the storage emulator
+(`stallscope storage serve`, on loopback, on the same cores) and stallscope's way runs from it too: its
+listing page by page, each image sized from the listing, its first batch fetched by stallscope's reader.
+The tree is made in a temporary folder under `--work` (default /dev/shm where it exists:
 a million files are made there in about 15 s) and removed at the end.
 
-  python benchmarks/source_scale.py [--files 1281167 --classes 1000 --repeats 3]
+  python benchmarks/source_scale.py [--files 1281167 --classes 1000 --repeats 3 --store gcs|s3 --latency-ms 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -92,11 +96,21 @@ def child(way: str, tree: str) -> None:
     print(json.dumps({"seconds": seconds, "count": count, "peak": peak, "before": before}))
 
 
-def run_child(way: str, tree: Path) -> dict:
-    result = subprocess.run([sys.executable, __file__, "--child", way, str(tree)], capture_output=True, text=True, check=False)
+def run_child(way: str, tree: str, env: dict[str, str] | None = None) -> dict:
+    result = subprocess.run([sys.executable, __file__, "--child", way, tree], capture_output=True, text=True, check=False,
+                            env={**os.environ, **env} if env else None)
     if result.returncode != 0:
         sys.exit(f"{way} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _timed(ways: list[tuple[str, str, str]], repeats: int, env: dict[str, str] | None) -> dict[str, list[dict]]:
+    """Every (label, way, tree) run `repeats` times, the ways in turn within each repeat."""
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in ways}
+    for _ in range(repeats):
+        for label, way, tree in ways:
+            runs[label].append(run_child(way, tree, env if tree.startswith(("gs://", "s3://")) else None))
+    return runs
 
 
 def main() -> None:
@@ -107,6 +121,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=IMAGENET_TRAIN_FILES)
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each way, in turn; the median is shown")
+    parser.add_argument("--store", choices=("gcs", "s3"), default=None,
+                        help="also stallscope's way from the tree served as a bucket by the storage emulator")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="--store: the emulated store's latency per request")
     parser.add_argument("--work", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                         help="where the temporary folder is made (default: /dev/shm, else the system's)")
     args = parser.parse_args()
@@ -118,18 +135,30 @@ def main() -> None:
         make_tree(tree, args.files, args.classes, content=image)
         print(f"made {args.files:,} files (hard links of one 32x32 JPEG) in {args.classes:,} class folders "
               f"in {time.perf_counter() - started:.1f} s; median of {args.repeats} runs each, in turn")
-        runs: dict[str, list[dict]] = {way: [] for way in WAYS}
-        for _ in range(args.repeats):
-            for way in WAYS:
-                runs[way].append(run_child(way, tree))
-        seconds = {way: statistics.median(r["seconds"] for r in runs[way]) for way in WAYS}
-        print(f"{'way':<12} {'s to 1st batch':>15} {'peak RSS MiB':>13} {'added MiB':>10} {'bytes a file':>13}")
-        for way in WAYS:
-            peak = statistics.median(r["peak"] for r in runs[way])
-            added = statistics.median(r["peak"] - r["before"] for r in runs[way])
-            print(f"{way:<12} {seconds[way]:>15.1f} {peak / 2**20:>13.0f} {added / 2**20:>10.0f} {added / args.files:>13.0f}")
+        ways = [(way, way, str(tree)) for way in WAYS]
+        with contextlib.ExitStack() as stack:
+            env = None
+            if args.store:
+                from stallscope.storage.emulator import emulate
+
+                # Only the tree is served: the bucket's listing holds the images and nothing else.
+                store = stack.enter_context(emulate(tree, kind=args.store, latency_s=args.latency_ms / 1000,
+                                                    max_duration_s=3600))
+                print(f"served as {store.url} (emulated, {args.latency_ms:g} ms a request, on the same cores)")
+                ways.append((f"stallscope {store.url.split(':')[0]}://", "stallscope", store.url))
+                env = store.env
+            runs = _timed(ways, args.repeats, env)
+        seconds = {label: statistics.median(r["seconds"] for r in runs[label]) for label in runs}
+        print(f"{'way':<16} {'s to 1st batch':>15} {'peak RSS MiB':>13} {'added MiB':>10} {'bytes a file':>13}")
+        for label in runs:
+            peak = statistics.median(r["peak"] for r in runs[label])
+            added = statistics.median(r["peak"] - r["before"] for r in runs[label])
+            print(f"{label:<16} {seconds[label]:>15.1f} {peak / 2**20:>13.0f} {added / 2**20:>10.0f} {added / args.files:>13.0f}")
         for other in ("keras", "listing"):
             print(f"stallscope / {other}: {seconds[other] / seconds['stallscope']:.2f}x as fast to the first batch")
+        for label in runs:
+            if label.startswith("stallscope "):
+                print(f"{label} / stallscope from the local tree: {seconds['stallscope'] / seconds[label]:.2f}x as fast")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
