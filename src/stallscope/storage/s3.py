@@ -201,7 +201,13 @@ class S3Store(Store):
                     mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
                     files[info["name"][len(key):].lstrip("/")] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
 
-        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), deadline(), str(root))
+        def probe() -> None:  # a HEAD the store answers, found, missing or refused, while a large folder is listed
+            try:
+                fs.call_s3("head_object", Bucket=root.bucket, Key=f"{root.key}/.stallscope-probe".lstrip("/"))
+            except (FileNotFoundError, PermissionError):
+                pass
+
+        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), deadline(), str(root), probe)
         if not files:
             self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
             return Listing(root, {})  # an empty prefix: it does not exist (yet)
