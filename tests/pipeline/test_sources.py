@@ -133,7 +133,7 @@ def test_bare_records_with_split_prefixes_pick_the_split(tmp_path, record_writer
 
 
 def test_a_files_source_holds_a_path_string_a_file_and_no_path_object(tmp_path):
-    """ImageNet's 1.28 million training images held 725 MB of Paths and ImageFiles before the first step."""
+    """ImageNet's 1.28 million training images held 703 MiB of Paths and ImageFiles before the first step."""
     files = 3000
     root = tmp_path / "tree"
     for c in range(30):

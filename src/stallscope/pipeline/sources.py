@@ -103,7 +103,7 @@ class _SplitImages:
     """`scan_tree`'s `on_file` for a files source: the images of one split kept as they are listed, as
     text (a local path, or `scheme://bucket/key` in a store), with their labels and sizes (stat'ed here
     as `du` would, or read from the store's listing). A Path or RemotePath and an ImageFile per file held
-    about 560 bytes each and took seconds to make: 725 MB and 10.8 s for ImageNet's 1.28 million
+    about 560 bytes each and took seconds to make: 703 MiB and 10.8 s for ImageNet's 1.28 million
     training images on a local disk."""
 
     def __init__(self, split: str | None, remote: bool = False) -> None:
