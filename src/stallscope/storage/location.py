@@ -118,8 +118,7 @@ class RemotePath(PurePosixPath):
 
     def walk_files(self) -> Iterator["RemotePath"]:
         """Every object below this folder, sorted."""
-        listing, rel = _listing_and_rel(self)
-        yield from (listing.root / name for name in listing.names_under(rel))
+        yield from map(as_path, self.walk_file_texts())
 
     def walk_file_texts(self) -> Iterator[str]:
         """`walk_files` as text, `scheme://bucket/key`, with no RemotePath made for each object."""
