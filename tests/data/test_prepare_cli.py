@@ -1,4 +1,4 @@
-"""`stallscope prepare`: the two kinds through the console entry point, summaries and one-line errors."""
+"""`stallscope prepare`: the kinds through the console entry point, summaries and one-line errors."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ def _one_line_error(capsys) -> str:
     return err
 
 
-def test_prepare_help_lists_both_kinds(capsys):
+def test_prepare_help_lists_every_kind(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["prepare", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "imagenet-val" in out and "synthetic" in out and "stallscope prepare synthetic --output" in out
+    assert "imagenet-train" in out and "stallscope prepare imagenet-train ILSVRC2012_img_train.tar" in out
 
 
 def test_prepare_without_a_kind_is_one_line(capsys):
@@ -188,3 +189,47 @@ def test_synthetic_into_a_folder_that_cannot_be_written_is_one_line(tmp_path, ca
     assert main(["prepare", "synthetic", "--output", str(blocker / "data"), *TINY_FLAGS]) == 2
     err = _one_line_error(capsys)
     assert "--output: cannot write" in err and "a-file/data" in err
+
+
+def _class_archive(folder) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for number, jpeg in enumerate(sorted(folder.iterdir())):
+            tar.add(jpeg, arcname=f"{folder.name}_{number}.JPEG")
+    return buffer.getvalue()
+
+
+def test_imagenet_train_from_the_tar_of_class_archives(tmp_path, capsys, image_tree_factory):
+    tree = image_tree_factory(classes=2, per_class=3, size=(32, 24))
+    for index, folder in enumerate(sorted(tree.iterdir())):
+        folder.rename(tree / f"n0000000{index}")
+    archive = tmp_path / "ILSVRC2012_img_train.tar"
+    with tarfile.open(archive, "w") as tar:
+        for folder in sorted(tree.iterdir()):
+            data = _class_archive(folder)
+            info = tarfile.TarInfo(f"{folder.name}.tar")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        bad = tarfile.TarInfo("n09999999.tar")
+        bad.size = 600
+        tar.addfile(bad, io.BytesIO(b"x" * 600))
+
+    assert main(["prepare", "imagenet-train", str(archive), "--output", str(tmp_path / "train")]) == 2
+    captured = capsys.readouterr()
+    assert "6 images in 2 classes, 3-3 per class (ILSVRC2012 train has 1,281,167 in 1,000)" in captured.out
+    assert "6 placed, 0 already in place" in captured.out and "n09999999.tar: damaged" in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "1 class archive(s) damaged, e.g. n09999999.tar" in err
+    assert (tmp_path / "train" / "n00000001" / "n00000001_2.JPEG").is_file()
+
+    assert main(["prepare", "imagenet-train", str(archive), "-o", str(tmp_path / "train")]) == 2
+    assert "0 placed, 6 already in place" in capsys.readouterr().out
+
+
+def test_imagenet_train_errors_are_one_line(tmp_path, capsys):
+    missing = tmp_path / "ILSVRC2012_img_train.tar"
+    assert main(["prepare", "imagenet-train", str(missing), "--output", str(tmp_path / "o")]) == 2
+    assert "does not exist" in _one_line_error(capsys)
+    (tmp_path / "unpacked" / "n01440764").mkdir(parents=True)
+    assert main(["prepare", "imagenet-train", str(tmp_path / "unpacked"), "--output", str(tmp_path / "o")]) == 2
+    assert "look unpacked already" in _one_line_error(capsys)

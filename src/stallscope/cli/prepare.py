@@ -2,12 +2,16 @@
 
   imagenet-val  sort the ILSVRC2012 validation images (the original tar, read as a stream, or a
                 folder of its JPEGs) into one folder per synset, as seed-000's setup.sh does
+  imagenet-train
+                unpack the ILSVRC2012 training images (the 138 GB tar of 1,000 class archives,
+                read in order, or a folder of the class archives) into one folder per synset
   synthetic     make the built-in data set: photo-like JPEGs from the photographs scikit-image
                 and scikit-learn ship, ImageNet-sized, train/validation splits, no download
 
 examples:
   stallscope prepare imagenet-val ILSVRC2012_img_val.tar --output images
   stallscope prepare imagenet-val extracted/ --output images --link
+  stallscope prepare imagenet-train ILSVRC2012_img_train.tar --output imagenet/train
   stallscope prepare synthetic --output data --classes 10 --images-per-class 60
 """
 
@@ -26,6 +30,7 @@ _MAX_LISTED = 10  # unplaced files listed on screen; prepare.json lists every on
 def add_parser(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="kind", metavar="KIND", required=True, parser_class=type(parser))
     _add_imagenet_val(kinds)
+    _add_imagenet_train(kinds)
     _add_synthetic(kinds)
 
 
@@ -51,6 +56,26 @@ def _add_imagenet_val(kinds) -> None:
     how.add_argument("--link", dest="mode", action="store_const", const="link",
                      help="hard-link the files of a SOURCE folder (symbolic link across file systems); saves the space")
     parser.set_defaults(mode="copy", kind_run=_run_imagenet_val)
+    flags.add_common_flags(parser)
+
+
+def _add_imagenet_train(kinds) -> None:
+    parser = kinds.add_parser(
+        "imagenet-train",
+        help="unpack the ILSVRC2012 training images into 1,000 synset folders",
+        description=(
+            "Unpacks ILSVRC2012_img_train.tar, a tar of one archive per class (n01440764.tar ...), into "
+            "DIR/{synset}/, reading both levels in order from the one file: no unpacked copy of the class "
+            "archives first, memory flat in the images. The class archive's name is the label. Files whose bytes are not a "
+            "JPEG are placed and named in the report (convert repairs or reports them). Idempotent: a "
+            "second run keeps the finished files, passing over them without reading them. Writes DIR/prepare.json."
+        ),
+    )
+    parser.add_argument("source", metavar="SOURCE", type=Path,
+                        help="ILSVRC2012_img_train.tar (read in order, never unpacked twice) or a folder of its class archives")
+    flags.add_flag(parser, "output", "-o", type=Path, required=True, metavar="DIR",
+                   help="where the {synset}/ folders go (e.g. imagenet/train, beside imagenet/validation)")
+    parser.set_defaults(kind_run=_run_imagenet_train)
     flags.add_common_flags(parser)
 
 
@@ -113,6 +138,19 @@ def run(args: argparse.Namespace) -> int:
     return args.kind_run(args)
 
 
+def _print_files(sections: dict, report_path: Path) -> None:
+    """Each non-empty list of (name, reason) files, the first few on screen, then where all of them are."""
+    for title, items in sections.items():
+        if not items:
+            continue
+        print(f"  {title:<13} {len(items)}")
+        for item in items[:_MAX_LISTED]:
+            print(f"    {item.name}: {item.reason}")
+        if len(items) > _MAX_LISTED:
+            print(f"    ... and {len(items) - _MAX_LISTED} more (see {report_path.name})")
+    print(f"  report        {report_path}")
+
+
 def _run_imagenet_val(args: argparse.Namespace) -> int:
     from stallscope.data.imagenet import ImagenetValOptions, REPORT_NAME, prepare_imagenet_val
 
@@ -130,17 +168,35 @@ def _run_imagenet_val(args: argparse.Namespace) -> int:
     if report.symlinked:
         line += f" ({report.symlinked} as symbolic links: no hard link possible)"
     print(line + f", {report.seconds:.1f} s ({rate:.0f} files/s)")
-    for title, items in (("not placed", report.unplaced), ("removed", report.removed)):
-        if not items:
-            continue
-        print(f"  {title:<13} {len(items)}")
-        for item in items[:_MAX_LISTED]:
-            print(f"    {item.name}: {item.reason}")
-        if len(items) > _MAX_LISTED:
-            print(f"    ... and {len(items) - _MAX_LISTED} more (see {REPORT_NAME})")
-    print(f"  report        {report.output / REPORT_NAME}")
+    _print_files({"not placed": report.unplaced, "removed": report.removed}, report.output / REPORT_NAME)
     if report.archive_error:
         raise DataError(f"{report.archive_error}; what came before is in place, run again with a whole archive to finish")
+    return 0
+
+
+def _run_imagenet_train(args: argparse.Namespace) -> int:
+    from stallscope.data.imagenet import REPORT_NAME
+    from stallscope.data.imagenet_train import TRAIN_CLASSES, TRAIN_IMAGES, prepare_imagenet_train
+
+    with ProgressBar("unpacking") as bar:
+        report = prepare_imagenet_train(args.source, args.output, progress=bar)
+    rate = (report.placed + report.in_place) / report.seconds if report.seconds > 0 else 0.0
+    how = "tar of class archives" if report.source_kind == "tar" else "folder of class archives"
+    whole = ("the whole ILSVRC2012 train set" if report.is_whole_ilsvrc2012_train
+             else f"ILSVRC2012 train has {TRAIN_IMAGES:,} in {TRAIN_CLASSES:,}")
+    print(f"ILSVRC2012 training images unpacked into {report.output}/{{synset}}/")
+    print(f"  source        {report.source} ({how})")
+    print(f"  tree          {report.images:,} images in {report.classes:,} classes, "
+          f"{report.min_per_class}-{report.max_per_class} per class ({whole})")
+    print(f"  this run      {report.placed:,} placed, {report.in_place:,} already in place, "
+          f"{report.seconds:.1f} s ({rate:.0f} files/s)")
+    _print_files({"damaged": report.damaged, "not placed": report.unplaced, "not JPEG": report.not_jpeg},
+                 report.output / REPORT_NAME)
+    if report.archive_error:
+        raise DataError(f"{report.archive_error}; what came before is in place, run again with a whole archive to finish")
+    if report.damaged:
+        raise DataError(f"{len(report.damaged)} class archive(s) damaged, e.g. {report.damaged[0].name}: "
+                        f"{report.damaged[0].reason}; replace them and run again to finish")
     return 0
 
 

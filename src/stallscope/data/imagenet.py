@@ -15,7 +15,6 @@ are reported with their reason, and `prepare.json` records the outcome.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import importlib.metadata
@@ -26,13 +25,13 @@ import re
 import shutil
 import tarfile
 import time
-import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
 from stallscope.config import require_choice
+from stallscope.data import archives
 from stallscope.data.folders import read_text_file
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
@@ -47,10 +46,8 @@ GROUND_TRUTH_RESOURCE = "datasets/imagenet2012/validation_labels.txt"
 SYNSETS_RESOURCE = "datasets/imagenet2012/labels.txt"
 MODES = ("copy", "link")
 _TMP_PREFIX = ".ILSVRC2012_val_"
-_CHUNK = 1 << 20
 
-# Called as progress(amount, total, unit): unit "B" for a tar (bytes read), "file" for a folder.
-ProgressSink = Callable[[int, "int | None", str], None]
+ProgressSink = archives.ProgressSink
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,22 +86,10 @@ class Unplaced:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True)
-class ImagenetValReport:
-    output: Path
-    source: Path
-    source_kind: str  # "tar" or "folder"
-    mode: str  # "extract", "copy" or "link"
-    ground_truth: str
-    ground_truth_classes: int
-    per_class: dict[str, int]  # images in each synset folder of the output, after the run
-    placed: int  # files this run wrote
-    in_place: int  # files an earlier run had already placed
-    symlinked: int  # of `placed` in link mode: symbolic links where a hard link was impossible
-    unplaced: tuple[Unplaced, ...]
-    removed: tuple[Unplaced, ...]  # files of the output that contradicted the ground truth
-    archive_error: str | None  # the tar broke off here; what came before it is in place
-    seconds: float
+class PerClassCounts:
+    """A prepared tree's numbers, from its `per_class` field: images in each synset folder."""
+
+    per_class: dict[str, int]
 
     @property
     def images(self) -> int:
@@ -121,6 +106,24 @@ class ImagenetValReport:
     @property
     def max_per_class(self) -> int:
         return max(self.per_class.values(), default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagenetValReport(PerClassCounts):
+    output: Path
+    source: Path
+    source_kind: str  # "tar" or "folder"
+    mode: str  # "extract", "copy" or "link"
+    ground_truth: str
+    ground_truth_classes: int
+    per_class: dict[str, int]  # images in each synset folder of the output, after the run
+    placed: int  # files this run wrote
+    in_place: int  # files an earlier run had already placed
+    symlinked: int  # of `placed` in link mode: symbolic links where a hard link was impossible
+    unplaced: tuple[Unplaced, ...]
+    removed: tuple[Unplaced, ...]  # files of the output that contradicted the ground truth
+    archive_error: str | None  # the tar broke off here; what came before it is in place
+    seconds: float
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,52 +238,8 @@ def _target(name: str, truth: GroundTruth, output: Path, tally: _Tally, where: s
     return target
 
 
-def _tmp_path(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
-
-
-def _same_file_data(target: Path, size: int, mtime: float) -> bool:
-    """A finished file from an earlier run: same size and modification time as its source."""
-    try:
-        stat = target.stat()
-    except OSError:
-        return False
-    return stat.st_size == size and int(stat.st_mtime) == int(mtime)
-
-
-class _CountingReader:
-    """Wraps the tar file object to report bytes read, for the progress bar."""
-
-    def __init__(self, raw: IO[bytes], progress: ProgressSink | None, total: int):
-        self._raw, self._progress, self._total = raw, progress, total
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        if self._progress and data:
-            self._progress(len(data), self._total, "B")
-        return data
-
-
-def _checked_tarinfo(problems: list[Exception]) -> type[tarfile.TarInfo]:
-    """tarfile ends a stream quietly at a cut or damaged header after the first member, as if the
-    archive ended there; this TarInfo records that, so a damaged archive is never taken as whole."""
-
-    class CheckedTarInfo(tarfile.TarInfo):
-        @classmethod
-        def fromtarfile(cls, archive):
-            try:
-                return super().fromtarfile(archive)
-            except tarfile.EOFHeaderError:  # the zero block that ends a whole archive
-                raise
-            except tarfile.HeaderError as exc:
-                problems.append(exc)
-                raise
-
-    return CheckedTarInfo
-
-
 def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tally, progress: ProgressSink | None) -> None:
-    damage = (tarfile.TarError, EOFError, zlib.error, OSError)
+    damage = archives.DAMAGE
     try:
         raw = open(source, "rb")
     except OSError as exc:
@@ -289,8 +248,8 @@ def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tall
     header_problems: list[Exception] = []
     with raw:
         try:
-            archive = tarfile.open(fileobj=_CountingReader(raw, progress, source.stat().st_size), mode="r|*",
-                                   tarinfo=_checked_tarinfo(header_problems))
+            archive = tarfile.open(fileobj=archives.CountingReader(raw, progress, source.stat().st_size), mode="r|*",
+                                   tarinfo=archives.checked_tarinfo(header_problems))
         except damage as exc:
             raise DataError(f"{source}: not a tar archive ({exc}); expected ILSVRC2012_img_val.tar or a folder of its JPEGs") from None
         try:
@@ -305,7 +264,7 @@ def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tall
                 target = _target(name, truth, output, tally, member.name)
                 if target is None:
                     continue
-                if _same_file_data(target, member.size, member.mtime):
+                if archives.same_file_data(target, member.size, member.mtime):
                     tally.in_place += 1
                     continue
                 current = member.name
@@ -336,23 +295,16 @@ def _not_jpeg(head: bytes, size: int) -> str | None:
 
 
 def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> str | None:
-    """Streams one member to a temporary name beside its target, then renames it into place; returns
-    why it was not placed when it is not a JPEG."""
+    """Streams one member into place (`archives.place_member`); returns why it was not placed when it
+    is not a JPEG."""
     with archive.extractfile(member) as data:
         head = data.read(4)
         reason = _not_jpeg(head, member.size)
         if reason:
             return reason
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_path(target)
-        try:
-            with open(tmp, "wb") as out:
-                out.write(head)
-                shutil.copyfileobj(data, out, _CHUNK)
-            os.utime(tmp, (member.mtime, member.mtime))
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with archives.writing(target.parent):
+            target.parent.mkdir(parents=True, exist_ok=True)
+        archives.place_member(data, head, member.mtime, target)
     return None
 
 
@@ -402,11 +354,11 @@ def _place_from_folder(source: Path, output: Path, truth: GroundTruth, mode: str
             if mode == "link" and target.exists() and os.path.samefile(path, target):
                 tally.in_place += 1
                 continue
-            if mode == "copy" and not target.is_symlink() and _same_file_data(target, stat.st_size, stat.st_mtime):
+            if mode == "copy" and not target.is_symlink() and archives.same_file_data(target, stat.st_size, stat.st_mtime):
                 tally.in_place += 1
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _tmp_path(target)
+            tmp = archives.tmp_path(target)
             try:
                 tally.symlinked += _link_or_copy(path, tmp, mode)
                 os.replace(tmp, target)
@@ -446,30 +398,6 @@ def _tidy_output(output: Path, truth: GroundTruth) -> tuple[dict[str, int], list
     return dict(per_class), removed
 
 
-def _first_missing(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet: what `mkdir(parents=True)` will create."""
-    missing = None
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
-
-
-def _remove_empty_created(output: Path, first_created: Path | None) -> None:
-    """After a failed run: removes the folders this run created, only where they are still empty."""
-    if first_created is None:
-        return
-    for dirpath, _, _ in os.walk(output, topdown=False):  # innermost first
-        with contextlib.suppress(OSError):
-            os.rmdir(dirpath)
-    for folder in (output, *output.parents):
-        if not (folder == first_created or first_created in folder.parents):
-            break
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
 def prepare_imagenet_val(
     source: Path | str,
     output: Path | str,
@@ -482,8 +410,6 @@ def prepare_imagenet_val(
     started = time.perf_counter()
     if not source.exists():
         raise UsageError(f"SOURCE: {str(source)!r} does not exist; expected ILSVRC2012_img_val.tar or a folder of its JPEGs")
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output: {str(output)!r} is a file; expected a directory for the synset folders")
     is_tar = source.is_file()
     if is_tar and options.mode == "link":
         raise UsageError(f"--link: {str(source)!r} is an archive; linking needs a folder of extracted JPEGs as SOURCE")
@@ -491,11 +417,7 @@ def prepare_imagenet_val(
         # The output's misplaced ILSVRC files are removed at the end: never the source's own.
         raise UsageError(f"--output: {str(output)!r} holds the SOURCE folder {str(source)!r}; choose a directory outside it")
     truth = load_ground_truth(options.labels_file)
-    first_created = _first_missing(output)
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
+    first_created = archives.make_output(output)
 
     tally = _Tally()
     try:
@@ -513,7 +435,7 @@ def prepare_imagenet_val(
                 f"to place; {len(tally.unplaced)} file(s) could not be placed{example}"
             )
     except BaseException:
-        _remove_empty_created(output, first_created)
+        archives.remove_empty_created(output, first_created)
         raise
     for item in tally.unplaced:
         log.info("not placed: %s: %s", item.name, item.reason)
