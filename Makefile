@@ -56,6 +56,7 @@ bench: venv
 	$(BIN)/python benchmarks/convert_scale.py listing
 	$(BIN)/python benchmarks/convert_scale.py memory
 	$(BIN)/python benchmarks/source_scale.py --store gcs
+	$(BIN)/python benchmarks/prepare_train.py
 	$(BIN)/python benchmarks/beam_convert.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/workload.py
