@@ -28,14 +28,20 @@ def _tree(root):
     return root
 
 
-def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, capsys):
+def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, capsys, monkeypatch):
+    from stallscope.pipeline import sources
+
     data = _tree(tmp_path / "data")
     fixed = tmp_path / "out" / "fixed.json"
+    opened = []
+    real_open_source = sources.open_source
+    monkeypatch.setattr(sources, "open_source", lambda *args: opened.append(args) or real_open_source(*args))
     code = main(["diagnose", "--dataset_path", str(data), "--pipeline", "seed", "--batch-size", "4",
                  "--image-size", "64", "--accelerator", "emulated:30ms", "--probe-steps", "18",
                  "--fix", "--fixed-config", str(fixed), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
+    assert len(opened) == 1, "the diagnosis and the fix's re-run list the tree once between them"
     report = json.loads(captured.out)
     assert report["verdict"] in ("highly", "moderately")
     assert report["cause"] == "preprocessing"

@@ -169,7 +169,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallscope.analysis.differential import diagnose, fix
+    from stallscope.analysis.differential import diagnose, fix, open_probed_source
 
     quiet = args.json or args.markdown
 
@@ -194,11 +194,12 @@ def run(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--fixed-config: {exc}") from None
     require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
-    diagnosis = diagnose(options, progress=progress)
+    source = open_probed_source(options)  # once, for the diagnosis and the fix's re-run
+    diagnosis = diagnose(options, progress=progress, source=source)
     result = None
     if args.fix:
         if any(a.knobs for a in diagnosis.advice):
-            result = fix(options, diagnosis, save_to=args.fixed_config, progress=progress)
+            result = fix(options, diagnosis, save_to=args.fixed_config, progress=progress, source=source)
         else:
             progress(f"--fix: nothing to apply ({diagnosis.verdict} input-bound, no pipeline change advised)")
     if args.json:
