@@ -273,3 +273,14 @@ def test_the_data_sets_own_index_is_not_reported_as_a_skipped_file(image_tree_fa
     text = "\n".join(format_summary(report))
     assert "skipped 1 file(s): 1 not inside a class folder" in text
     assert "not converted: synthetic.json (the data set's own index" in text
+
+
+def test_the_reports_prepare_leaves_in_a_split_are_its_own_index_not_stray_files(tmp_path, image_tree_factory):
+    from stallscope.data.imagenet import REPORT_NAME
+
+    root = image_tree_factory(classes=2, per_class=3, splits=("train", "validation"))
+    for split in ("train", "validation"):  # as `prepare imagenet-train -o root/train` and imagenet-val leave them
+        (root / split / REPORT_NAME).write_text("{}")
+    report = convert_tree(ConvertOptions(root, tmp_path / "out", workers=1))
+    reasons = {e["path"]: e["reason"] for e in report.manifest.skipped}
+    assert reasons == {f"{split}/{REPORT_NAME}": "the data set's own index" for split in ("train", "validation")}

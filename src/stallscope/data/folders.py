@@ -18,10 +18,15 @@ from stallscope.storage.location import RemotePath, as_path
 
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
-# Index files a data set keeps at its root (the built-in data set's synthetic.json): not images and not
-# a user's stray files, so they are recorded with their own reason rather than reported as skipped.
-DATASET_INDEX_FILES = ("synthetic.json",)
+# Index files a data set keeps at its root or a split's (the built-in data set's synthetic.json, the
+# report `prepare imagenet-val` and `imagenet-train` leave beside the synset folders): not images and
+# not a user's stray files, so they are recorded with their own reason rather than reported as skipped.
+DATASET_INDEX_FILES = ("synthetic.json", "prepare.json")
 DATASET_INDEX = "the data set's own index"
+
+
+def _is_dataset_index(entry) -> bool:
+    return entry.name in DATASET_INDEX_FILES and entry.is_file() and not entry.is_symlink()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,12 +207,14 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None,
             for entry in split_entries:
                 if entry.is_dir() and not entry.is_symlink() and not _is_hidden(entry.name):
                     class_dirs.append((split_dir.name, entry))
+                elif _is_dataset_index(entry):
+                    skipped.append(SkippedFile(entry, DATASET_INDEX))
                 else:
                     skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
     else:
         class_dirs = [(DEFAULT_SPLIT, d) for d in subdirs]
     for entry in entries:
-        if entry.name in DATASET_INDEX_FILES and entry.is_file() and not entry.is_symlink():
+        if _is_dataset_index(entry):
             skipped.append(SkippedFile(entry, DATASET_INDEX))
         elif entry not in subdirs:
             skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
