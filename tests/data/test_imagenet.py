@@ -189,6 +189,25 @@ def test_running_twice_gives_the_same_tree_without_rewriting(tmp_path, val_image
     assert second.per_class == first.per_class
 
 
+def test_a_second_run_passes_over_the_images_in_place_without_reading_them(tmp_path):
+    big = {name: b"\xff\xd8\xff" + bytes([i]) * 600_000 for i, name in enumerate(NAMES)}
+    archive = _write_tar(tmp_path / "val.tar", big)
+
+    def bytes_read() -> int:
+        with open("/proc/self/io") as io_file:
+            return next(int(line.split()[1]) for line in io_file if line.startswith("rchar:"))
+
+    before = bytes_read()
+    prepare_imagenet_val(archive, tmp_path / "images")
+    first = bytes_read() - before
+    before = bytes_read()
+    again = prepare_imagenet_val(archive, tmp_path / "images")
+    second = bytes_read() - before
+
+    # Both read the shipped ground truth (about 0.5 MB); only the first reads the images.
+    assert again.in_place == 6 and first - second > archive.stat().st_size * 0.9, (first, second)
+
+
 def test_a_killed_run_is_finished_by_the_next(tmp_path, val_images):
     archive = _write_tar(tmp_path / "val.tar", val_images)
     prepare_imagenet_val(archive, tmp_path / "reference")

@@ -1,6 +1,6 @@
 """Prepare image data for stallscope, as a `{label}/*` or `{split}/{label}/*` tree of JPEGs.
 
-  imagenet-val  sort the ILSVRC2012 validation images (the original tar, read as a stream, or a
+  imagenet-val  sort the ILSVRC2012 validation images (the original tar, read in order, or a
                 folder of its JPEGs) into one folder per synset, as seed-000's setup.sh does
   imagenet-train
                 unpack the ILSVRC2012 training images (the 138 GB tar of 1,000 class archives,
@@ -45,7 +45,7 @@ def _add_imagenet_val(kinds) -> None:
         ),
     )
     parser.add_argument("source", metavar="SOURCE", type=Path,
-                        help="ILSVRC2012_img_val.tar (read as a stream, not extracted first) or a folder of its JPEGs")
+                        help="ILSVRC2012_img_val.tar (read in order, not extracted first) or a folder of its JPEGs")
     flags.add_flag(parser, "output", "-o", type=Path, required=True, metavar="DIR",
                    help="where the {synset}/ folders go (seed-000 calls it `images`)")
     flags.add_flag(parser, "labels", type=Path, metavar="FILE",

@@ -81,19 +81,6 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-class CountingReader:
-    """Wraps an archive's file object to report bytes read, for the progress bar."""
-
-    def __init__(self, raw: IO[bytes], progress: ProgressSink | None, total: int | None):
-        self._raw, self._progress, self._total = raw, progress, total
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        if self._progress and data:
-            self._progress(len(data), self._total, "B")
-        return data
-
-
 def checked_tarinfo(problems: list[Exception]) -> type[tarfile.TarInfo]:
     """tarfile ends a stream quietly at a cut or damaged header after the first member, as if the
     archive ended there; this TarInfo records that, so a damaged archive is never taken as whole."""

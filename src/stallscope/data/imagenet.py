@@ -5,9 +5,10 @@ their classes live elsewhere. By default the ground truth is the file tensorflow
 `datasets/imagenet2012/validation_labels.txt`: line i is the synset of file number i+1. A user may
 give their own file in the same format.
 
-The source is the original tar, read as a stream (no extraction first), or a folder of the
-extracted files. Each image is written under a temporary name and renamed, so a killed run leaves
-no half file, and a finished file is not written again: running twice gives the same tree. An
+The source is the original tar, read in order (no extraction first; a compressed one as a stream), or
+a folder of the extracted files. Each image is written under a temporary name and renamed, so a killed
+run leaves no half file, and a finished file is not written again (nor read: a seek passes over it):
+running twice gives the same tree. An
 ILSVRC file the output holds in a folder the ground truth contradicts (left by a run with another
 labels file) is removed, so the tree is what a fresh run would make. Files that cannot be placed
 are reported with their reason, and `prepare.json` records the outcome.
@@ -248,12 +249,11 @@ def _place_from_tar(source: Path, output: Path, truth: GroundTruth, tally: _Tall
     header_problems: list[Exception] = []
     with raw:
         try:
-            archive = tarfile.open(fileobj=archives.CountingReader(raw, progress, source.stat().st_size), mode="r|*",
-                                   tarinfo=archives.checked_tarinfo(header_problems))
+            archive, _ = archives.open_archive(archives.PositionReader(raw, progress, source.stat().st_size), header_problems)
         except damage as exc:
-            raise DataError(f"{source}: not a tar archive ({exc}); expected ILSVRC2012_img_val.tar or a folder of its JPEGs") from None
+            raise DataError(f"{source}: {exc}; expected ILSVRC2012_img_val.tar or a folder of its JPEGs") from None
         try:
-            for member in archive:
+            for member in archives.members(archive):
                 last = member.name
                 if member.isdir():
                     continue
