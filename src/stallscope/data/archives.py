@@ -1,4 +1,4 @@
-"""Reading tar archives as streams and placing their files safely: what the ILSVRC2012 preparers share.
+"""Reading tar archives in order and placing their files safely: what the ILSVRC2012 preparers share.
 
 A member is written under a temporary name beside its target and renamed into place with the
 member's time, so a killed run leaves no half file and the next run knows a finished file by its
