@@ -62,8 +62,17 @@ def _expected(class_files) -> dict[str, tuple[bytes, int]]:
 def test_the_train_tar_is_unpacked_into_synset_folders(tmp_path, class_files, gz):
     source = _outer(tmp_path / "ILSVRC2012_img_train.tar", _class_archives(class_files), gz)
 
+    other = tmp_path / "train" / "notes"  # a folder of the user's under the output: not a class, left alone
+    other.mkdir(parents=True)
+    (other / "todo.txt").write_text("x")
+    (other / ".keep.tmp-1").write_text("x")
+
     report = prepare_imagenet_train(source, tmp_path / "train")
 
+    assert sorted(p.name for p in other.iterdir()) == [".keep.tmp-1", "todo.txt"]
+    for path in other.iterdir():
+        path.unlink()
+    other.rmdir()
     assert _tree(tmp_path / "train") == _expected(class_files)  # the bytes, and each member's time
     assert report.placed == 12 and report.in_place == 0 and report.per_class == dict.fromkeys(SYNSETS, 4)
     assert report.complete and not report.unplaced and not report.damaged and not report.not_jpeg

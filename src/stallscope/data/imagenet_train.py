@@ -90,6 +90,7 @@ class ImagenetTrainReport(PerClassCounts):
 
 @dataclasses.dataclass
 class _Tally:
+    synsets: set[str] = dataclasses.field(default_factory=set)  # of the class archives met
     placed: int = 0
     in_place: int = 0
     unplaced: list[Unplaced] = dataclasses.field(default_factory=list)
@@ -114,6 +115,7 @@ class _ClassArchive:
 
     def __init__(self, where: str, synset: str, output: Path, tally: _Tally) -> None:
         self.where, self.synset, self.folder, self.tally = where, synset, output / synset, tally
+        tally.synsets.add(synset)
         self.current: tuple[str, bool] | None = None  # the member being read, and whether it was in place
         self.last: str | None = None  # the last member dealt with
         self.buffer = bytearray(archives.CHUNK)
@@ -249,16 +251,21 @@ def _place_from_folder(source: Path, output: Path, tally: _Tally, progress: arch
             tally.damaged.append(archive.broke(exc))
 
 
-def _tidy_output(output: Path) -> dict[str, int]:
-    """Removes temporaries of killed runs; returns the files in each synset folder as the tree now stands."""
+def _tidy_output(output: Path, synsets: set[str]) -> dict[str, int]:
+    """Removes temporaries of killed runs from the synset folders of the source's class archives;
+    returns the files in each as the tree now stands. Other folders under the output are not ours to
+    count or touch."""
     per_class: Counter[str] = Counter()
-    for folder in sorted(p for p in output.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if archives.is_tmp_name(entry.name):
-                    os.unlink(entry.path)
-                elif not entry.name.startswith(".") and entry.is_file():
-                    per_class[folder.name] += 1
+    for synset in sorted(synsets):
+        try:
+            entries = list(os.scandir(output / synset))
+        except FileNotFoundError:  # an empty or unreadable class archive: nothing placed
+            continue
+        for entry in entries:
+            if archives.is_tmp_name(entry.name):
+                os.unlink(entry.path)
+            elif not entry.name.startswith(".") and entry.is_file():
+                per_class[synset] += 1
     return dict(per_class)
 
 
@@ -285,7 +292,7 @@ def prepare_imagenet_train(
             _place_from_tar(source, output, tally, progress)
         else:
             _place_from_folder(source, output, tally, progress)
-        per_class = _tidy_output(output)
+        per_class = _tidy_output(output, tally.synsets)
         if not per_class:
             problem = tally.archive_error or (tally.damaged[0].reason if tally.damaged else None)
             example = f", e.g. {tally.unplaced[0].name}: {tally.unplaced[0].reason}" if tally.unplaced else ""
