@@ -379,7 +379,7 @@ def _tidy_output(output: Path, truth: GroundTruth) -> tuple[dict[str, int], list
         return {}, removed
     for folder in sorted(p for p in output.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for entry in sorted(folder.iterdir()):
-            if entry.name.startswith(_TMP_PREFIX) and ".tmp-" in entry.name:
+            if entry.name.startswith(_TMP_PREFIX) and archives.is_tmp_name(entry.name):  # only ours: ILSVRC names
                 entry.unlink(missing_ok=True)
                 continue
             number = image_number(entry.name)

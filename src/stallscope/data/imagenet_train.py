@@ -224,15 +224,15 @@ def _place_from_tar(source: Path, output: Path, tally: _Tally, progress: archive
 def _class_archives(source: Path, output: Path, tally: _Tally) -> Iterator[tuple[Path, str]]:
     """The class archives of a folder (the outer archive unpacked), sorted; anything else but the
     output is reported."""
-    entries = sorted(p for p in source.iterdir() if p.resolve() != output.resolve())
-    found = [(p, synset_of_archive(p.name)) for p in entries if p.is_file()]
-    if not any(synset for _, synset in found):
-        folders = [p.name for p in entries if p.is_dir() and not p.name.startswith(".")]
+    skip = output.resolve()
+    entries = [(p, synset_of_archive(p.name) if p.is_file() else None)
+               for p in sorted(source.iterdir()) if p.resolve() != skip]
+    if not any(synset for _, synset in entries):
+        folders = [p.name for p, _ in entries if p.is_dir() and not p.name.startswith(".")]
         hint = (f"; its {len(folders)} folder(s) look unpacked already: give it to train or convert as --dataset-path"
                 if folders else "")
         raise DataError(f"SOURCE: {str(source)!r} holds no class archive (n01440764{CLASS_ARCHIVE_SUFFIX} ...){hint}")
-    for path in entries:
-        synset = synset_of_archive(path.name) if path.is_file() else None
+    for path, synset in entries:
         if synset is not None:
             yield path, synset
         elif not path.name.startswith("."):
