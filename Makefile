@@ -53,6 +53,7 @@ chromium:
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
+	$(BIN)/python benchmarks/convert_mount.py
 	$(BIN)/python benchmarks/convert_scale.py listing
 	$(BIN)/python benchmarks/convert_scale.py memory
 	$(BIN)/python benchmarks/source_scale.py --store gcs

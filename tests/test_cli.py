@@ -84,6 +84,7 @@ BAD_FLAGS = [
     (["convert", "{tree}", "--size_per_record", "-5M"], "--size_per_record", "above 0 bytes, got '-5M'"),
     (["convert", "{tree}", "--size-per-record=-5M"], "--size-per-record", "above 0 bytes, got '-5M'"),
     (["convert", "{tree}", "--shards", "-2"], "--shards", "a positive integer, got '-2'"),
+    (["convert", "{tree}", "--read-ahead", "-1"], "--read-ahead", "'auto' or an integer >= 0, got '-1'"),
     (["verify", "{tree}", "--max-problems", "-1"], "--max-problems", "an integer >= 0, got '-1'"),
     (["evaluate", "--dataset_path", "{tree}"], "--checkpoint-path", "this flag, got nothing"),
     (["evaluate", "--checkpoint_path", "{tmp}/none", "--dataset_path", "{tree}"], "--checkpoint_path",

@@ -12,6 +12,7 @@ examples:
   stallscope convert --dataset_path=images --size_per_record=52428800 --output_path=tfrecords
   stallscope convert data --shards 16 --validation-shards 4 --schema seed --max-side 512
   stallscope convert s3://bucket/images --output_path s3://bucket/tfrecords --shards 16
+  stallscope convert /mnt/nfs/images --output_path tfrecords --read-ahead 16
   stallscope convert data --shards 64 --runner beam --beam-option --direct_num_workers=2
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from stallscope.cli.flags import (
-    add_flag, add_storage_flag, byte_size, existing_file, jpeg_quality, non_negative_int, positive_int,
+    add_flag, add_storage_flag, byte_size, count_or_auto, existing_file, jpeg_quality, non_negative_int, positive_int,
 )
 from stallscope.cli.progress import ProgressBar
 from stallscope.data.images import CHECK_CHOICES
@@ -44,6 +45,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "train_shards", type=positive_int, default=None, metavar="N", help="shards for the train split")
     add_flag(parser, "validation_shards", type=positive_int, default=None, metavar="N", help="shards for the validation split")
     add_flag(parser, "workers", type=positive_int, default=None, metavar="N", help="worker processes (default: the cores + 1)")
+    add_flag(parser, "read_ahead", type=count_or_auto, default=None, metavar="N",
+             help="files each worker reads ahead of its checks, or 'auto': ahead only where reads wait, as on a "
+                  "network file system or a FUSE mount of a bucket, by enough files to cover a read (default: auto)")
     add_flag(parser, "schema", choices=("standard", "seed"), default="standard",
              help="feature keys: standard image/* keys, or seed-002's name/category/data (default: standard)")
     add_flag(parser, "max_side", type=positive_int, default=None, metavar="PIXELS",
@@ -112,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         check=args.check,
         max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         seed=args.seed,
+        read_ahead=args.read_ahead,
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args

@@ -139,6 +139,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def count_or_auto(text: str) -> int | None:
+    """'auto' (None: the tool decides) or an integer >= 0."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise _type_error("'auto' or an integer >= 0", text) from None
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -37,6 +37,7 @@ from stallscope.records.convert import (
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
+from stallscope.records.read_ahead import process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
 from stallscope.storage import location
@@ -177,6 +178,7 @@ class ShardTask:
     state_dir: str
     schema: str
     image_options: images.ImageOptions
+    read_ahead: int | None = None  # ConvertOptions.read_ahead, for a local or mounted tree
 
     @property
     def plan_file(self) -> str:
@@ -204,24 +206,14 @@ def judge_image(data: bytes | OSError, name: bytes, label: int, label_text: byte
     return ("ok", frame_record(result[1]), result[2]) if result[0] == "ok" else result
 
 
-def convert_image(path: bytes | str, name: bytes, label: int, label_text: bytes, schema_name: str,
-                  image_options: images.ImageOptions) -> tuple:
-    """One image from a local or mounted path (see `judge_image`)."""
-    try:
-        with open(path, "rb") as handle:
-            data: bytes | OSError = handle.read()
-    except OSError as exc:
-        data = exc
-    return judge_image(data, name, label, label_text, schema_name, image_options)
-
-
-def _judged_items(items: list, remote_input: bool, schema_name: str,
-                  image_options: images.ImageOptions) -> Iterator[tuple[bytes, tuple]]:
-    """(name, judgement) for each item of a shard's plan; from a bucket, FETCH_CHUNK requests at once."""
+def _judged_items(items: list, remote_input: bool, schema_name: str, image_options: images.ImageOptions,
+                  read_ahead: int | None = None) -> Iterator[tuple[bytes, tuple]]:
+    """(name, judgement) for each item of a shard's plan; from a bucket, FETCH_CHUNK requests at once;
+    from a local or mounted tree, read ahead of the checks where reads wait (`read_ahead.py`)."""
     decoded = [(bytes.fromhex(p), bytes.fromhex(n), label, bytes.fromhex(t)) for p, n, label, t in items]
     if not remote_input:
-        for path, name, label, text in decoded:
-            yield name, convert_image(path, name, label, text, schema_name, image_options)
+        for data, name, label, text in process_reader(read_ahead).contents(decoded):
+            yield name, judge_image(data, name, label, text, schema_name, image_options)
         return
     for start in range(0, len(decoded), FETCH_CHUNK):
         chunk = [(path.decode("utf-8", "surrogateescape"), name, label, text)
@@ -302,7 +294,7 @@ def convert_shard(task: ShardTask) -> str:
     repaired: list[dict[str, Any]] = []
     remote_input = plan.get("remote_input", False)
     with _shard_writer(_join(task.output_dir, task.filename)) as writer:
-        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options):
+        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, task.read_ahead):
             if result[0] == "ok":
                 writer.write_framed(result[1])
                 if result[2]:
@@ -346,7 +338,7 @@ def _write_plan_files(options: ConvertOptions, state_dir: Path | RemotePath,
                  for c in shard.items]
         save(folder / f"{shard.filename}.json", {"fingerprint": shard.fingerprint, "remote_input": remote_input, "items": items})
         tasks.append(ShardTask(shard.filename, shard.fingerprint, str(options.output_path), str(state_dir),
-                               options.schema, options.image_options))
+                               options.schema, options.image_options, options.read_ahead))
     return tasks
 
 

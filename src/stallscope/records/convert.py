@@ -9,7 +9,8 @@ match and rewrites the rest, and the manifest is written last.
 Workers own pieces of the output, as tensorflow/models' build_image_data.py threads own shards:
 each worker is handed a shard (or, when there are fewer shards than workers need to stay busy, a
 contiguous segment of one) as a list of paths, and reads, checks, repairs, encodes and writes it
-itself without TensorFlow, hashing the bytes as it writes them. No image bytes travel between
+itself without TensorFlow, hashing the bytes as it writes them, its reads kept ahead of its checks
+where they wait (a network file system: `read_ahead.py`). No image bytes travel between
 processes; the parent only plans, joins the segments of a split shard, and writes the manifest.
 A tree in a bucket is the exception: the parent fetches the bytes a few chunks ahead and writes the
 shards, so that workers need no store client (`_write_fetched`).
@@ -45,6 +46,7 @@ from stallscope.records.lock import LOCK_NAME, exclusive_lock
 from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
+from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
@@ -89,6 +91,7 @@ class ConvertOptions:
     max_pixels: int = images.DEFAULT_MAX_PIXELS
     check: str = "stream"
     seed: int = 0
+    read_ahead: int | None = None  # files each worker reads ahead; None: where reads wait (read_ahead.py)
 
     def __post_init__(self) -> None:
         for name in ("dataset_path", "output_path", "labels_file"):
@@ -99,6 +102,9 @@ class ConvertOptions:
         require_positive("size_per_record", self.size_per_record, allow_none=True)
         require_positive("shards", self.shards, allow_none=True)
         require_positive("workers", self.workers, allow_none=True)
+        if self.read_ahead is not None and (isinstance(self.read_ahead, bool) or not isinstance(self.read_ahead, int)
+                                            or self.read_ahead < 0):
+            raise UsageError(f"--read-ahead: expected 'auto' or a whole number >= 0, got {self.read_ahead!r}")
         if self.size_per_record is not None and self.shards is not None:
             raise UsageError(
                 f"--size_per_record ({self.size_per_record}) and --shards ({self.shards}) both given; expected one of them"
@@ -157,6 +163,7 @@ class ConvertReport:
     repairs_by_kind: dict[str, int]
     reused_shards: int
     elapsed_s: float
+    reads: ReadStats | None = None  # the workers' reads of a local (or mounted) tree
 
     @property
     def images_per_second(self) -> float:
@@ -277,18 +284,11 @@ def prepare_record(schema, image_options: images.ImageOptions, item: WorkItem, e
     """Reads, checks, repairs and encodes one image: ("ok", payload, actions) or ("skip", reason, detail).
     With `encode=encode_example_parts` the payload is its parts, for `RecordFile.write_parts`."""
     path, name, label, label_text = item
-    try:
-        if isinstance(path, OSError):
-            raise path
-        if isinstance(path, bytes):
-            data = path
-        else:
-            with open(path, "rb", buffering=0) as handle:  # one read into the bytes object, no buffer
-                data = handle.readall()
-    except FileNotFoundError:
+    data = read_file(path) if isinstance(path, str) else path
+    if isinstance(data, FileNotFoundError):
         return ("skip", VANISHED, "")
-    except OSError as exc:
-        return ("skip", UNREADABLE, f"{exc.__class__.__name__}: {exc.strerror or exc}")
+    if isinstance(data, OSError):
+        return ("skip", UNREADABLE, f"{data.__class__.__name__}: {data.strerror or data}")
     try:
         image = images.prepare_image(data, image_options)
     except images.UnusableImage as exc:
@@ -324,6 +324,7 @@ class SegmentTask:
     part: int
     parts: int
     items: tuple[WorkItem, ...]
+    read_ahead: int | None = None  # ConvertOptions.read_ahead
 
 
 def part_path(out: Path, shard: str, part: int) -> Path:
@@ -342,18 +343,21 @@ def _commit_shard(writer: ShardWriter, state_dir: Path, shard: str, state: dict[
     return state
 
 
-def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = None,
+                  reader: FileReader | None = None) -> dict[str, Any]:
     """Converts a task's images and writes them: a whole shard is committed here, under its final name
     with its state; a segment is left as a part file for `join_parts`. `progress(n)` (in-process runs
-    only) hears of every PROGRESS_IMAGES images and of the last one before the shard is committed."""
+    only) hears of every PROGRESS_IMAGES images and of the last one before the shard is committed.
+    The files are read by `reader` (default: this process's), ahead of the checks where reads wait."""
     schema = get_schema(task.schema)
     out = Path(task.out)
+    reader = reader or process_reader(task.read_ahead)
     writer = ShardWriter(out / task.shard) if task.parts == 1 else RecordFile(part_path(out, task.shard, task.part), hashed=False)
     skipped: list[dict[str, Any]] = []
     repaired: list[dict[str, Any]] = []
     reported = 0
     try:
-        for index, item in enumerate(task.items, 1):
+        for index, item in enumerate(reader.contents(task.items), 1):
             result = prepare_record(schema, task.image_options, item, encode_example_parts)
             if result[0] == "ok":
                 writer.write_parts(result[1])
@@ -370,14 +374,14 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
         if task.parts > 1:
             writer.close()
             return {"shard": task.shard, "images": len(task.items) - reported, "part": task.part, "file": str(writer.file),
-                    "records": writer.records, "skipped": skipped, "repaired": repaired}
+                    "records": writer.records, "skipped": skipped, "repaired": repaired, "reads": reader.task_stats()}
         state = {"fingerprint": task.fingerprint, "skipped": skipped, "repaired": repaired}
         _commit_shard(writer, Path(task.state_dir), task.shard, state)
     except BaseException:
         writer.abort()
         raise
     log.info("wrote %s: %d records, %d bytes", task.shard, writer.records, writer.bytes)
-    return {"shard": task.shard, "images": len(task.items) - reported, "state": state}
+    return {"shard": task.shard, "images": len(task.items) - reported, "state": state, "reads": reader.task_stats()}
 
 
 def join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -413,7 +417,7 @@ def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_di
             work = tuple((source_path(root, c.name), c.name, c.label, os.fsencode(c.label_text))
                          for c in shard.items[span.start:span.stop])
             yield SegmentTask(options.schema, options.image_options, str(options.output_path), str(state_dir),
-                              shard.filename, shard.fingerprint, part, parts, work)
+                              shard.filename, shard.fingerprint, part, parts, work, options.read_ahead)
 
 
 def _start_method() -> str:
@@ -449,8 +453,11 @@ def _run_segments(tasks: Iterator[SegmentTask], workers: int, on_result: Callabl
     processes with a bounded number in flight; `on_result` sees each finished piece (a committed
     shard's result has its "state"). With one worker, everything runs in this process."""
     if workers <= 1:
+        reader = None  # one for the run: what it learns of the storage holds for the tasks that follow
         for task in tasks:
-            on_result(write_segment(task, progress=lambda n, shard=task.shard: on_result({"shard": shard, "images": n})))
+            reader = reader or FileReader(task.read_ahead)
+            on_result(write_segment(task, progress=lambda n, shard=task.shard: on_result({"shard": shard, "images": n}),
+                                    reader=reader))
         return
     split: dict[str, tuple[SegmentTask, dict[int, dict[str, Any]]]] = {}  # shard -> (a task of it, its parts so far)
     with _worker_pool(workers) as pool:
@@ -770,10 +777,14 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
         progress(done, total_images)
     pending = [s for s in plan if s.filename not in results]
 
+    reads = ReadStats()
+
     def on_result(result: dict[str, Any]) -> None:
         nonlocal done
         if "state" in result:
             results[result["shard"]] = result["state"]
+        if "reads" in result:
+            reads.add(result["reads"])
         done += result["images"]
         if progress and result["images"]:
             progress(done, total_images)
@@ -788,7 +799,7 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
     save_manifest(out, manifest)
     shutil.rmtree(state_dir, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    report = _report(options, manifest, candidates, reused, elapsed)
+    report = _report(options, manifest, candidates, reused, elapsed, reads if reads.timed_reads or reads.depth else None)
     if report.examples == 0:
         raise DataError(
             f"dataset path {str(root)!r}: no usable images; all {len(candidates)} file(s) in class folders were skipped "
@@ -821,7 +832,8 @@ def _build_manifest(options, tree, plan, results, skipped) -> Manifest:
     )
 
 
-def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float) -> ConvertReport:
+def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float,
+            reads: ReadStats | None = None) -> ConvertReport:
     shards = [s for split in manifest.splits.values() for s in split.shards]
     by_reason = collections.Counter(e["reason"] for e in manifest.skipped)
     by_kind = collections.Counter(_repair_kind(a) for e in manifest.repaired for a in e["actions"])
@@ -837,6 +849,7 @@ def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float
         repairs_by_kind=dict(by_kind.most_common()),
         reused_shards=reused,
         elapsed_s=elapsed,
+        reads=reads,
     )
 
 
@@ -872,5 +885,10 @@ def format_summary(report: ConvertReport) -> list[str]:
         lines.append(f"  repaired {report.repaired} image(s): {detail}")
     if report.reused_shards:
         lines.append(f"  kept {report.reused_shards} complete shard(s) from an interrupted run")
+    reads = report.reads
+    if reads is not None and reads.depth:
+        timed = f"{reads.mean_read_s * 1e3:.1f} ms a file read in turn, so " if reads.timed_reads else ""
+        lines.append(f"  reads: {timed}each worker read up to {reads.depth} files ahead of its checks; "
+                     f"they waited {reads.waited_s:.1f} s for reads in all")
     lines.append(f"  manifest: {report.output_path / MANIFEST_NAME}  labels: {report.output_path / LABELS_NAME}")
     return lines
