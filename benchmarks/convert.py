@@ -32,6 +32,10 @@ Variants:
   way stallscope checked before it called libjpeg-turbo directly), copy (shutil.copyfile of every
   file: the I/O limit)
 
+A second table splits each variant's marginal CPU per image between the parent process and its workers,
+with the minor page faults and voluntary and involuntary context switches per image: where a variant's
+CPU per image grows with the cores (memory faulted in, waits, preemption), it shows which.
+
 Page cache: `--cache warm` (default) reads every file once before each timed run; `--cache cold` evicts
 every input file with posix_fadvise(DONTNEED) instead.
 
@@ -329,11 +333,25 @@ def child(args: argparse.Namespace) -> None:
         evict(files)
     else:
         warm(files)
-    cpu_before = _cpu_seconds()
+    cpu_before, usage_before = _cpu_seconds(), _usage()
     started = time.perf_counter()
     RUNNERS[args.variant](src, out, args.workers, args.shards)
     elapsed = time.perf_counter() - started
-    print(json.dumps({"seconds": elapsed, "cpu": _cpu_seconds() - cpu_before}))
+    usage = {name: value - usage_before[name] for name, value in _usage().items()}
+    print(json.dumps({"seconds": elapsed, "cpu": _cpu_seconds() - cpu_before, "usage": usage}))
+
+
+USAGE = ("parent_cpu", "workers_cpu", "minor_faults", "voluntary_switches", "involuntary_switches")
+
+
+def _usage() -> dict[str, float]:
+    """Where a run's CPU goes: this process's CPU against its ended workers', and the page faults and
+    context switches of both (a worker that faults in more memory, or waits or is preempted more, per
+    image shows it here)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"parent_cpu": own.ru_utime + own.ru_stime, "workers_cpu": children.ru_utime + children.ru_stime,
+            "minor_faults": own.ru_minflt + children.ru_minflt, "voluntary_switches": own.ru_nvcsw + children.ru_nvcsw,
+            "involuntary_switches": own.ru_nivcsw + children.ru_nivcsw}
 
 
 def _cpu_seconds() -> float:
@@ -355,8 +373,9 @@ def build_dataset(root: Path, classes: int, per_class: int) -> Path:
     return root
 
 
-def time_variant(variant: str, src: Path, work: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of `variant` on `src`, in a fresh child process."""
+def time_variant(variant: str, src: Path, work: Path, args: argparse.Namespace) -> tuple[float, float, dict]:
+    """(wall seconds, CPU seconds, `_usage` differences) of one run of `variant` on `src`, in a fresh
+    child process."""
     out = work / variant
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -367,7 +386,7 @@ def time_variant(variant: str, src: Path, work: Path, args: argparse.Namespace) 
         sys.exit(f"{variant} failed:\n{result.stderr}")
     timing = json.loads(result.stdout.strip().splitlines()[-1])
     shutil.rmtree(out, ignore_errors=True)
-    return timing["seconds"], timing["cpu"]
+    return timing["seconds"], timing["cpu"], timing["usage"]
 
 
 def main() -> None:
@@ -407,10 +426,13 @@ def main() -> None:
     if unknown:
         sys.exit(f"--variants: unknown {unknown[0]!r}; expected any of {', '.join(VARIANTS)}")
     runs: dict[tuple[str, int], list[tuple[float, float]]] = {(v, i): [] for v in variants for i in (0, 1)}
+    usages: dict[tuple[str, int], list[dict]] = {(v, i): [] for v in variants for i in (0, 1)}
     for _ in range(args.repeats):  # every variant at N and 2N within each repeat: a change in load hits all alike
         for variant in variants:
             for index, src in enumerate(sources):
-                runs[variant, index].append(time_variant(variant, src, work, args))
+                wall, cpu, usage = time_variant(variant, src, work, args)
+                runs[variant, index].append((wall, cpu))
+                usages[variant, index].append(usage)
     rates, cpu_ms = {}, {}
     print(f"{'variant':<16} {'N: s':>7} {'2N: s':>7} {'marginal images/s':>18} {'MB/s':>7} {'CPU ms/image':>13}")
     for variant in variants:
@@ -423,6 +445,17 @@ def main() -> None:
         cpu_ms[variant] = (c2 - c1) / (n2 - n1) * 1e3
         mb = (b2 - b1) / 1e6 / extra if extra > 0 else float("nan")
         print(f"{variant:<16} {t1:>7.2f} {t2:>7.2f} {rates[variant]:>18.0f} {mb:>7.1f} {cpu_ms[variant]:>13.2f}")
+
+    # Where each image's CPU goes, marginal (2N minus N, medians of the repeats): the parent's share (listing,
+    # planning, handing out tasks), the workers', and the faults and switches that grow with contention.
+    print(f"{'per image':<16} {'parent us':>10} {'workers ms':>11} {'minor faults':>13} {'vol. switches':>14} "
+          f"{'invol. switches':>16}")
+    for variant in variants:
+        per_image = {name: (statistics.median(u[name] for u in usages[variant, 1])
+                            - statistics.median(u[name] for u in usages[variant, 0])) / (n2 - n1) for name in USAGE}
+        print(f"{variant:<16} {per_image['parent_cpu'] * 1e6:>10.1f} {per_image['workers_cpu'] * 1e3:>11.3f} "
+              f"{per_image['minor_faults']:>13.1f} {per_image['voluntary_switches']:>14.2f} "
+              f"{per_image['involuntary_switches']:>16.2f}")
 
     def per_repeat(variant: str) -> list[float]:
         """The marginal rate of each repeat on its own (its N and 2N runs ran back to back)."""
