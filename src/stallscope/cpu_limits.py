@@ -16,6 +16,8 @@ import math
 import os
 from pathlib import Path
 
+from stallscope.storage.mounts import unescape
+
 log = logging.getLogger(__name__)
 
 QUOTA_SATURATED_SHARE = 0.2  # a quota that ran out in this share of its periods or more limits the run
@@ -119,15 +121,8 @@ def _cgroup_mounts(mounts: list[str], version: int) -> list[tuple[str, str]]:
             continue
         fstype, options = tail[0], tail[2].split(",")
         if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "cpu" in options):
-            found.append((_unescape(fields[3]), _unescape(fields[4])))
+            found.append((unescape(fields[3]), unescape(fields[4])))
     return found
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes a space, tab, newline or backslash in a path as an octal escape."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
 
 
 def _folder_of(root: Path, mount_root: str, mount_point: str, path: str) -> Path | None:

@@ -18,7 +18,9 @@ from stallscope.errors import UsageError
 from stallscope.records import read_ahead
 from stallscope.records.convert import ConvertOptions, convert_tree, format_summary
 from stallscope.records.read_ahead import FIRST_MAX_DEPTH, MAX_DEPTH, FileReader, choose_depth, next_depth
+from stallscope.storage import location, mounts
 from stallscope.storage.emulator import emulate
+from stallscope.storage.location import StorageError
 from stallscope.storage.fuse_mount import why_no_fuse
 
 from .conftest import jpeg_bytes
@@ -110,6 +112,8 @@ def test_auto_reads_ahead_from_a_slow_mount_and_writes_the_same_shards(tmp_path)
         reader = FileReader(read_ahead.AUTO)
         assert [d[0] for d in reader.contents(items)] == [Path(p).read_bytes() for p, *_ in items]
         assert reader.depth >= 2  # every read waits 10 ms or more (an open and a read), the work none
+        assert reader.network and reader.network.startswith("fuse")  # so every read's wait is bounded
+        assert mounts.network_file_system(tree) is None
         remote = convert_tree(ConvertOptions(mount, tmp_path / "mounted", shards=1, workers=2))
     assert remote.reads is not None and remote.reads.depth >= 2 and remote.reads.mean_read_s >= 0.01
     assert any("files ahead of its checks" in line for line in format_summary(remote))
@@ -143,3 +147,50 @@ def test_a_thread_keeps_its_reader_and_another_thread_gets_its_own():
 def test_a_negative_depth_is_refused_in_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"--read-ahead: expected 'auto' or a whole number >= 0, got -1"):
         ConvertOptions(tmp_path, tmp_path / "out", read_ahead=-1)
+
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /data rw,relatime shared:20 - nfs4 fs:/export rw,vers=4.2
+41 40 0:36 / /data/my\\040bucket rw,nosuid shared:21 - fuse.gcsfuse bucket rw,user_id=0
+42 22 8:17 / /mnt/usb rw,relatime shared:22 - fuseblk /dev/sdb1 rw
+"""
+
+
+def test_the_mount_table_names_each_path_s_file_system_and_which_are_networked(tmp_path):
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTINFO)
+    kinds = {path: mounts.file_system_type(path, table) for path in
+             ("/home/me", "/data/train/cat", "/data/my bucket/x.jpg", "/mnt/usb/a.jpg", "/data")}
+    assert kinds == {"/home/me": "ext4", "/data/train/cat": "nfs4", "/data/my bucket/x.jpg": "fuse.gcsfuse",
+                     "/mnt/usb/a.jpg": "fuseblk", "/data": "nfs4"}
+    assert [mounts.is_network_type(k) for k in ("ext4", "nfs4", "fuse.gcsfuse", "fuse", "fuseblk", None)] == \
+           [False, True, True, True, False, False]
+    assert mounts.file_system_type("/x", tmp_path / "no-such-table") is None
+
+
+def test_a_read_that_never_returns_is_one_line_naming_the_file_after_the_storage_timeout(tmp_path):
+    fifo = tmp_path / "stuck.jpg"
+    os.mkfifo(fifo)  # opening it for reading waits for a writer that does not come: a server that stopped
+    raised: list[BaseException] = []
+
+    def convert_it() -> None:
+        try:
+            list(FileReader(2).contents([(str(fifo), b"stuck.jpg", 0, b"c")]))
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    location.set_timeout(0.5)
+    try:
+        reading = threading.Thread(target=convert_it, daemon=True)
+        reading.start()
+        reading.join(20)  # a reader without the bound would still be waiting
+        assert not reading.is_alive() and len(raised) == 1
+        assert isinstance(raised[0], StorageError)
+        assert str(raised[0]) == f"{fifo}: the file system did not answer a read in 0.5 s; expected it within --storage-timeout"
+    finally:
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+        try:  # lets the stuck read end, so its thread does too
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass

@@ -19,14 +19,19 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import math
 import os
+import queue
 import statistics
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from stallscope.storage.location import StorageError, storage_timeout
+from stallscope.storage.mounts import network_file_system
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +106,16 @@ class ReadStats:
 class FileReader:
     """Reads the files of work items `(path, name, label, label_text)` and yields the items with the
     bytes (or the OSError) in the path's place, in order. One per process: what auto learns about the
-    storage holds for the tasks that follow."""
+    storage holds for the tasks that follow. On a network file system every read runs on a thread and
+    is waited for at most the storage timeout: a server that stops answering is one line naming the
+    file, not a conversion that hangs."""
 
     def __init__(self, depth: int | None = AUTO) -> None:
         self.setting = depth
         self.depth = depth or 0
         self.stats = ReadStats()
+        self.network: str | None = None  # the network file system's type, once the first path is seen
+        self._seen_path = False
         self._reads: list[float] = []  # auto's window of read times, kept across tasks
         self._works: list[float] = []  # ... of the work after each read (in turn) or waits for it (ahead)
         self._read_in_turn_s = 0.0  # typical, when auto chose to read ahead
@@ -114,6 +123,13 @@ class FileReader:
 
     def contents(self, items: Iterable[tuple]) -> Iterator[tuple]:
         items = iter(items)
+        first = next(items, None)
+        if first is None:
+            return
+        if not self._seen_path:
+            self._seen_path = True
+            self.network = network_file_system(os.path.dirname(os.fsdecode(first[0])))
+        items = itertools.chain((first,), items)
         if not self.depth:
             yield from self._in_turn(items)
         if self.depth:  # set from the start, or by auto while reading in turn
@@ -126,54 +142,68 @@ class FileReader:
         return stats.to_dict()
 
     def _in_turn(self, items: Iterator[tuple]) -> Iterator[tuple]:
-        """Reads one file at a time; under auto, times each read and the work after it, and moves to
-        reading ahead (returning the rest of `items` to `contents`) once a window's medians say reads
-        wait. Medians: a worker's first image also pays its imports."""
+        """Reads one file at a time (on a network file system, on one thread, its wait bounded); under
+        auto, times each read and the work after it, and moves to reading ahead (returning the rest of
+        `items` to `contents`) once a window's medians say reads wait. Medians: a worker's first image
+        also pays its imports."""
         timing = self.setting is AUTO
         reads, works = self._reads, self._works
         clock = time.perf_counter
-        for item in items:
-            started = clock()
-            data = read_file(item[0])
-            read = clock()
-            yield (data, *item[1:])
-            if not timing:
-                continue
-            reads.append(read - started)
-            works.append(clock() - read)
-            if len(reads) == PROBE_READS:
-                self.stats.timed_reads += len(reads)
-                self.stats.read_s += sum(reads)
-                self.stats.work_s += sum(works)
-                self._read_in_turn_s, self._work_s = statistics.median(reads), statistics.median(works)
-                self.depth = choose_depth(self._read_in_turn_s, self._work_s)
-                self.stats.depth = max(self.stats.depth, self.depth)
-                reads.clear()
-                works.clear()
-                if self.depth:
-                    return
+        threads = _ReadThreads() if self.network else None
+        try:
+            for item in items:
+                started = clock()
+                data = self._result(threads.submit(item[0], 1), item[0])[0] if threads else read_file(item[0])
+                read = clock()
+                yield (data, *item[1:])
+                if not timing:
+                    continue
+                reads.append(read - started)
+                works.append(clock() - read)
+                if len(reads) == PROBE_READS:
+                    self.stats.timed_reads += len(reads)
+                    self.stats.read_s += sum(reads)
+                    self.stats.work_s += sum(works)
+                    self._read_in_turn_s, self._work_s = statistics.median(reads), statistics.median(works)
+                    self.depth = choose_depth(self._read_in_turn_s, self._work_s)
+                    self.stats.depth = max(self.stats.depth, self.depth)
+                    reads.clear()
+                    works.clear()
+                    if self.depth:
+                        return
+        finally:
+            if threads:
+                threads.close()
 
     def _ahead(self, items: Iterator[tuple]) -> Iterator[tuple]:
         """Keeps `depth` reads in flight on threads; yields in order. Under auto, each window of reads
         may change the depth (`next_depth`)."""
-        threads = MAX_DEPTH if self.setting is AUTO else self.depth
-        pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="read-ahead")
+        threads = _ReadThreads()
         window: collections.deque = collections.deque()
         try:
             for item in items:
-                window.append((pool.submit(_timed_read, item[0]), item))
+                window.append((threads.submit(item[0], self.depth), item))
                 while len(window) >= self.depth:  # more than one after the depth halved
                     yield self._next(window)
             while window:
                 yield self._next(window)
         finally:
-            # Left early (an error in the checks): the reads in flight finish on their own, unwaited.
-            pool.shutdown(wait=not window, cancel_futures=True)
+            threads.close()  # left early (an error in the checks): the reads in flight are not waited for
+
+    def _result(self, future: concurrent.futures.Future, path: str | bytes) -> tuple[bytes | OSError, float]:
+        """A read's (bytes or error, seconds), waited for at most the storage timeout."""
+        timeout_s = storage_timeout()
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            where = f" ({self.network})" if self.network else ""
+            raise StorageError(f"{os.fsdecode(path)}: the file system{where} did not answer a read in {timeout_s:g} s; "
+                               "expected it within --storage-timeout") from None
 
     def _next(self, window: collections.deque) -> tuple:
         future, item = window.popleft()
         started = time.perf_counter()
-        data, read_s = future.result()
+        data, read_s = self._result(future, item[0])
         waited = time.perf_counter() - started
         self.stats.waited_s += waited
         if self.setting is AUTO:
@@ -192,10 +222,38 @@ class FileReader:
         return (data, *item[1:])
 
 
-def _timed_read(path: str | bytes) -> tuple[bytes | OSError, float]:
-    started = time.perf_counter()
-    data = read_file(path)
-    return data, time.perf_counter() - started
+class _ReadThreads:
+    """Daemon threads that read and time files, started as the depth asks for them. A read stuck in a
+    file system that no longer answers holds one of them and never the process (concurrent.futures'
+    threads are joined at exit); the reader waits on each read at most the storage timeout."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = 0
+        self._closed = False
+
+    def submit(self, path: str | bytes, threads: int) -> concurrent.futures.Future:
+        while self._threads < threads:
+            threading.Thread(target=self._serve, name="read-ahead", daemon=True).start()
+            self._threads += 1
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((path, future))
+        return future
+
+    def close(self) -> None:
+        """Reads not started are dropped; each thread ends after its read in flight."""
+        self._closed = True
+        for _ in range(self._threads):
+            self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            path, future = job
+            if self._closed or not future.set_running_or_notify_cancel():
+                continue
+            started = time.perf_counter()
+            data = read_file(path)
+            future.set_result((data, time.perf_counter() - started))
 
 
 _readers = threading.local()  # per thread: Beam's runners may run several bundles in one process

@@ -1,0 +1,63 @@
+"""Which file system a local path is on, from /proc/self/mountinfo (Linux).
+
+A network file system (NFS, SMB, a FUSE mount of a bucket or of a remote host) answers each open and
+read with one or more round trips, and a server that stops answering can hold a read forever: readers
+of such a path keep their reads ahead and bound their waits (`records/read_ahead.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Kernel file system types whose bytes live on another machine. "fuse.<name>" (gcsfuse, s3fs, sshfs,
+# mountpoint-s3, `stallscope storage serve --mount`) counts too; "fuseblk" (ntfs-3g on a local disk) not.
+NETWORK_TYPES = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "afs",
+    "orangefs", "fuse",
+})
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+def unescape(field: str) -> str:
+    """mountinfo writes a space, tab, newline or backslash in a path as an octal escape."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def mount_points(text: str) -> list[tuple[str, str]]:
+    """(mount point, file system type) of each line of a mountinfo text."""
+    found = []
+    for line in text.splitlines():
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) >= 5 and tail:
+            found.append((unescape(fields[4]), tail[0]))
+    return found
+
+
+def file_system_type(path: str | os.PathLike, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The type of the file system `path` is on (the mount with the longest mount point above it);
+    None where the table cannot be read (not Linux)."""
+    try:
+        mounts = mount_points(mountinfo.read_text())
+    except OSError:
+        return None
+    where = os.path.realpath(path)
+    best = None
+    for point, fstype in mounts:  # a later mount over the same point hides the earlier one
+        if where == point or where.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) >= len(best[0]):
+                best = (point, fstype)
+    return best[1] if best else None
+
+
+def is_network_type(fstype: str | None) -> bool:
+    return fstype is not None and (fstype in NETWORK_TYPES or fstype.startswith("fuse."))
+
+
+def network_file_system(path: str | os.PathLike) -> str | None:
+    """The type of the network file system `path` is on ("nfs4", "fuse.gcsfuse"), or None."""
+    fstype = file_system_type(path)
+    return fstype if is_network_type(fstype) else None
