@@ -16,7 +16,7 @@ import pytest
 from stallscope.data import images
 from stallscope.errors import UsageError
 from stallscope.records import read_ahead
-from stallscope.records.convert import ConvertOptions, convert_tree, format_summary
+from stallscope.records.convert import ConvertOptions, convert_tree, format_summary, plan_conversion
 from stallscope.records.read_ahead import FIRST_MAX_DEPTH, MAX_DEPTH, FileReader, choose_depth, next_depth
 from stallscope.storage import location, mounts
 from stallscope.storage.emulator import emulate
@@ -194,3 +194,43 @@ def test_a_read_that_never_returns_is_one_line_naming_the_file_after_the_storage
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         except OSError:
             pass
+
+
+@needs_fuse
+def test_a_listing_that_does_not_answer_is_one_line_after_the_storage_timeout(tmp_path):
+    tree = _tree(tmp_path / "tree", per_class=2)
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    location.set_timeout(0.5)
+    try:  # every listing call waits 5 s: a server that stopped answering, as far as a 0.5 s timeout knows
+        with emulate(tree, kind="mount", mount_point=mount, latency_s=5.0, max_duration_s=LIMIT_S):
+            started = time.monotonic()
+            with pytest.raises(StorageError, match=r"^--dataset_path: the file system \(fuse[.\w-]*\) listing '.+/mnt' "
+                                                   r"did not answer for 0.5 s \(after 0 files\); expected it within "
+                                                   r"--storage-timeout$"):
+                plan_conversion(ConvertOptions(mount, tmp_path / "out"))
+            assert time.monotonic() - started < 4  # before the first listing call came back
+    finally:
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
+
+
+def test_watched_work_may_take_long_while_it_moves_and_is_given_up_once_it_stops():
+    location.set_timeout(0.3)
+    try:
+        count = [0]
+
+        def steady() -> str:
+            for _ in range(8):  # 0.8 s in all, never 0.3 s without a step
+                time.sleep(0.1)
+                count[0] += 1
+            return "listed"
+
+        assert mounts.watched(steady, lambda: count[0], "the listing") == "listed"
+        stuck = threading.Event()
+        with pytest.raises(StorageError, match=r"^the listing did not answer for 0.3 s \(after 0 files\)"):
+            mounts.watched(lambda: stuck.wait(10), lambda: 0, "the listing")
+        stuck.set()
+        with pytest.raises(ValueError):  # the work's own error, in the caller's thread
+            mounts.watched(lambda: int("x"), lambda: 0, "the listing")
+    finally:
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)

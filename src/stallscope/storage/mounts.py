@@ -8,7 +8,13 @@ of such a path keep their reads ahead and bound their waits (`records/read_ahead
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Kernel file system types whose bytes live on another machine. "fuse.<name>" (gcsfuse, s3fs, sshfs,
 # mountpoint-s3, `stallscope storage serve --mount`) counts too; "fuseblk" (ntfs-3g on a local disk) not.
@@ -61,3 +67,37 @@ def network_file_system(path: str | os.PathLike) -> str | None:
     """The type of the network file system `path` is on ("nfs4", "fuse.gcsfuse"), or None."""
     fstype = file_system_type(path)
     return fstype if is_network_type(fstype) else None
+
+
+def watched(work: Callable[[], T], progress: Callable[[], int], what: str) -> T:
+    """`work()` on a daemon thread, waited for while `progress()` (a count the work raises as it goes)
+    moves at least once each storage timeout; otherwise a StorageError: `what` did not answer. For work
+    on a network file system (a listing) whose calls have no timeout of their own: a server that stops
+    answering leaves the thread behind, never the process."""
+    from stallscope.storage.location import StorageError, storage_timeout
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="watched", daemon=True)
+    thread.start()
+    timeout_s = storage_timeout()
+    seen, since = progress(), time.monotonic()
+    while True:
+        thread.join(min(1.0, timeout_s))
+        if not thread.is_alive():
+            break
+        now, count = time.monotonic(), progress()
+        if count != seen:
+            seen, since = count, now
+        elif now - since >= timeout_s:
+            raise StorageError(f"{what} did not answer for {timeout_s:g} s (after {seen:,} files); "
+                               "expected it within --storage-timeout")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
