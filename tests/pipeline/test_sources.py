@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from stallscope.errors import DataError, UsageError
-from stallscope.pipeline.sources import count_records, open_source
+from stallscope.pipeline.sources import available_splits, count_records, open_source
+from stallscope.storage import location
+from stallscope.storage.emulator import emulate
+from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.location import StorageError
 
 
 def test_files_source_lists_images_with_folder_labels(coloured_tree):
@@ -153,3 +157,21 @@ def test_a_files_source_holds_a_path_string_a_file_and_no_path_object(tmp_path):
     # file, as the source held before, came to 435 bytes held and 565 at the peak.
     assert held / files < 250, f"{held / files:.0f} bytes held a file"
     assert peak / files < 300, f"{peak / files:.0f} bytes a file at the peak"
+
+
+@pytest.mark.skipif(bool(why_no_fuse()), reason=f"needs a FUSE mount: {why_no_fuse()}")
+def test_a_tree_on_a_network_mount_is_listed_and_a_listing_that_stops_answering_is_one_line(tiny_tree, tmp_path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    with emulate(tiny_tree, kind="mount", mount_point=mount, latency_s=0.01, max_duration_s=120):
+        source = open_source("files", mount)  # listed on a watched thread: the same files
+        assert source.num_examples == 24 and all(p.startswith(str(mount)) for p in source.files)
+        assert available_splits("files", mount) == ("train",)
+    location.set_timeout(0.5)
+    try:  # every listing call now waits 5 s: as far as a 0.5 s timeout knows, the server stopped answering
+        with emulate(tiny_tree, kind="mount", mount_point=mount, latency_s=5.0, max_duration_s=120):
+            with pytest.raises(StorageError, match=r"^--dataset-path: the file system \(fuse[.\w-]*\) listing '.+/mnt' "
+                                                   r"did not answer for 0.5 s \(after 0 files\)"):
+                open_source("files", mount)
+    finally:
+        location.set_timeout(location.DEFAULT_TIMEOUT_S)
