@@ -276,13 +276,13 @@ def existing_dir_or_url(text: str):
 
 
 def add_storage_flag(parser: argparse._ActionsContainer) -> None:
-    """--storage-timeout: how long a gs:// or s3:// request, or convert's read of a file on a network file
-    system, may wait for the store."""
+    """--storage-timeout: how long a gs:// or s3:// request, a listing of a network file system, or
+    convert's read of a file there may wait for the store."""
     from stallscope.storage.location import DEFAULT_TIMEOUT_S
 
     add_flag(parser, "storage_timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-             help=f"connect/read timeout of gs:// and s3:// requests, and of convert's reads from a network file "
-                  f"system (NFS, SMB, FUSE) (default: {DEFAULT_TIMEOUT_S:.0f})")
+             help=f"connect/read timeout of gs:// and s3:// requests; on a network file system (NFS, SMB, FUSE), "
+                  f"how long a listing may list nothing and a read by convert may wait (default: {DEFAULT_TIMEOUT_S:.0f})")
 
 
 def _records_streamed_by_stallscope(args: argparse.Namespace) -> bool:
