@@ -82,7 +82,7 @@ def read_file(path: str | bytes) -> bytes | OSError:
 @dataclasses.dataclass
 class ReadStats:
     """What a reader saw, summed: reads timed in turn and their time, the work between them, the time
-    the checks waited for a read ahead, and the depth read ahead at the end (0: in turn)."""
+    the checks waited for reads ahead, and the most files read ahead at once (0: all in turn)."""
 
     timed_reads: int = 0
     read_s: float = 0.0
