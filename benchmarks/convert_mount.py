@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     src = work / "tree"
     if not src.exists():
         make_synthetic(src, SyntheticOptions(classes=args.classes, images_per_class=args.images_per_class, seed=0))
-    files = [p for p in src.rglob("*.jpg")]
+    files = list(src.rglob("*.jpg"))
     size = sum(p.stat().st_size for p in files)
     depths = [d for d in args.depths.split(",") if d]
     print(f"{len(files)} JPEGs ({size / 1e6:.1f} MB), {args.workers} workers, {os.cpu_count()} cores, "

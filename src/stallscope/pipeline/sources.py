@@ -21,7 +21,6 @@ from stallscope.records.completeness import unfinished_conversion
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest
 from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info
-from stallscope.storage.mounts import network_file_system, watched
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def available_splits(kind: str, path) -> tuple[str, ...]:
     path = as_path(path)
     if kind == "files":
         found = _SplitImages(None)
-        tree = _scan(path, None, found)
+        tree = scan_tree(path, on_file=found)
         return ordered_splits(found.splits) if tree.has_splits else (DEFAULT_SPLIT,)
     if (path / MANIFEST_NAME).exists():
         return tuple(load_manifest(path).splits)
@@ -115,10 +114,8 @@ class _SplitImages:
         self.labels: list[int] = []
         self.total_bytes = 0
         self.ignored: list[Path | RemotePath] = []  # files of the split that are not images by name or cannot be stat'ed
-        self.listed = 0  # files seen, of every split: how far the listing has come
 
     def __call__(self, path: str, split: str, label: int, label_text: str) -> None:
-        self.listed += 1
         self.splits.add(split)
         if split != self.split:
             return
@@ -145,19 +142,9 @@ def _image_size(path: str, remote: bool) -> int | None:
         return None
 
 
-def _scan(root: Path | RemotePath, labels: tuple[str, ...] | None, found: _SplitImages):
-    """`scan_tree` into `found`; on a network file system on a watched thread, so that a server that
-    stops answering is one line after the storage timeout, not a listing that hangs."""
-    network = None if isinstance(root, RemotePath) else network_file_system(root)
-    if not network:
-        return scan_tree(root, labels, on_file=found)
-    return watched(lambda: scan_tree(root, labels, on_file=found), lambda: found.listed,
-                   f"the file system ({network}) listing {str(root)!r}")
-
-
 def _open_files(root: Path, split: str, labels: tuple[str, ...] | None) -> DataSource:
     found = _SplitImages(split, remote=isinstance(root, RemotePath))
-    tree = _scan(root, labels, found)
+    tree = scan_tree(root, labels, on_file=found)
     available = ordered_splits(found.splits) if tree.has_splits else (DEFAULT_SPLIT,)
     if split not in available:
         raise UsageError(

@@ -52,7 +52,6 @@ from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
 )
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
-from stallscope.storage.mounts import network_file_system, watched
 
 log = logging.getLogger(__name__)
 
@@ -716,14 +715,8 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
     found = _Candidates(as_path(options.dataset_path))
-    root = as_path(options.dataset_path)
-    network = None if isinstance(root, RemotePath) else network_file_system(root)
     try:
-        if network:  # its listing calls have no timeout: a server that stops answering must not hang the run
-            tree = watched(lambda: scan_tree(root, labels, on_file=found), lambda: len(found.found) + len(found.skipped),
-                           f"the file system ({network}) listing {str(root)!r}")
-        else:
-            tree = scan_tree(options.dataset_path, labels, on_file=found)
+        tree = scan_tree(options.dataset_path, labels, on_file=found)
     except StorageError as exc:
         raise StorageError(f"--dataset_path: {exc}") from None
     for label in tree.labels:
