@@ -43,6 +43,31 @@ def test_a_mount_reads_the_same_bytes_and_pays_latency_per_open(tiny_tree, tmp_p
     assert counted.bytes == sum(p.stat().st_size for p in tiny_tree.rglob("*.jpg"))
 
 
+def test_a_writable_mount_writes_into_its_folder_at_the_latency(tmp_path):
+    served, mount = tmp_path / "served", tmp_path / "mnt"
+    served.mkdir()
+    mount.mkdir()
+    with emulate(served, kind="mount", mount_point=mount, latency_s=0.05, writable=True,
+                 max_duration_s=LIMIT_S) as store:
+        (mount / "out").mkdir()
+        started = time.monotonic()
+        fd = os.open(mount / "out" / ".part.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"shard bytes")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(mount / "out" / ".part.tmp", mount / "out" / "part")  # create, write, fsync, rename
+        elapsed = time.monotonic() - started
+        (mount / "out" / "gone").write_bytes(b"x")
+        (mount / "out" / "gone").unlink()
+        counted = store.counters()
+    assert sorted(p.relative_to(served).as_posix() for p in served.rglob("*")) == ["out", "out/part"]
+    assert (served / "out" / "part").read_bytes() == b"shard bytes"
+    assert elapsed >= 4 * 0.05  # each of the four requests waited the latency
+    assert counted.requests >= 7 and counted.errors == 0
+
+
 def test_sigterm_unmounts_and_exits_0(tiny_tree, tmp_path):
     mount, ready, counters_file = tmp_path / "mnt", tmp_path / "ready.json", tmp_path / "counters.json"
     mount.mkdir()

@@ -146,15 +146,6 @@ def test_s3fs_writes_land_in_the_folder_and_a_read_only_store_refuses_them(tmp_p
     assert (served / "out" / "c.bin").read_bytes() == source.read_bytes()
 
 
-def test_writable_is_for_the_http_stores(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "stallscope", "storage", "serve", str(tmp_path), "--mount",
-                           str(tmp_path / "mnt"), "--writable", "--for", "1s"], capture_output=True, text=True,
-                          timeout=LIMIT_S, env=child_environment())
-    assert done.returncode == 2 and "--writable: expected --gcs or --s3" in done.stderr, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
-    assert Path(tmp_path).exists()
-
-
 @pytest.fixture
 def writable_s3(tmp_path, monkeypatch):
     """A writable emulated S3 bucket and this process's s3:// client pointed at it."""

@@ -5,6 +5,7 @@ or as a FUSE mount, with a latency per request and a shared bandwidth cap.
   stallscope storage serve data --s3 --latency 10ms                          # s3://data
   stallscope storage serve data --mount /mnt/slow --latency 10ms             # a slow file system
   stallscope storage serve out --gcs --writable                               # gs://data takes writes into out/
+  stallscope storage serve out --mount /mnt/out --writable --latency 2ms      # a slow file system to write to
 
 It prints the environment (export lines) or the path readers use, then serves in the foreground until
 Ctrl-C, SIGTERM or --for; scripts start it in the background and read --ready-file.
@@ -82,13 +83,15 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     kind.add_argument("--mount", dest="mount_point", metavar="MNT", type=Path,
                       help="a FUSE mount at MNT, an empty folder (needs /dev/fuse and fuse3)")
     add_flag(serve, "latency", type=_latency, default=0.0, metavar="DURATION",
-             help="held per request (HTTP stores: per request burst; mount: per open, read and listing); "
+             help="held per request (HTTP stores: per request burst; mount: per open, read and listing, and "
+                  "with --writable per create, write, fsync, rename, mkdir and unlink); "
                   "0 for none (default: 0)")
     add_flag(serve, "bandwidth", type=_bandwidth, default=None, metavar="RATE",
              help="shared cap per direction, e.g. 200Mbit, 1Gbit, 25MB/s (default: unlimited)")
     add_flag(serve, "writable", action="store_true",
              help="take uploads, copies and deletes into DIR (--gcs, --s3), e.g. to convert into the bucket; "
-                  "each object lands whole or not at all (default: read-only)")
+                  "each object lands whole or not at all; a --mount takes writes, renames and deletes "
+                  "(default: read-only)")
     add_flag(serve, "bucket", default="data", help="the bucket name: gs://NAME, s3://NAME (default: data)")
     add_flag(serve, "port", type=non_negative_int, default=0,
              help="port on 127.0.0.1 readers connect to (default: 0, a free one)")

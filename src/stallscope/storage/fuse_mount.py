@@ -1,5 +1,7 @@
-"""A read-only FUSE passthrough mount of a folder that pays a latency per open, per read and per
-directory listing: a network file system for any reader (PIL, tf.io, a shell), with no NFS server.
+"""A FUSE passthrough mount of a folder that pays a latency per open, per read and per directory
+listing: a network file system for any reader (PIL, tf.io, a shell), with no NFS server. Read-only
+unless `writable`; then every create, write, fsync, rename, mkdir and unlink pays the latency too, as
+each is a round trip to an NFS server (what a converter writing to a network file system meets).
 
 Needs /dev/fuse and libfuse3 (Debian `fuse3`) and the `mfusepy` binding. The file system runs
 multithreaded, so reads in flight overlap their waits as they would on a network.
@@ -40,19 +42,26 @@ def why_no_fuse() -> str:
     return ""
 
 
+# What a write-side open passes on to the folder below (access mode and how to write; not O_DIRECT and the like).
+_PASSED_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_EXCL | os.O_CREAT
+
+
 def _operations_class():
     import mfusepy
 
     class SlowPassthrough(mfusepy.Operations):
-        """Passthrough of `root`, read-only, with `latency_s` per open, read and listing."""
+        """Passthrough of `root` with `latency_s` per open, read and listing (and, `writable`, per write,
+        fsync and change of the tree); read-only otherwise."""
 
         use_ns = True
 
-        def __init__(self, root: Path, latency_s: float, throttle: Throttle | None, counters: SharedCounters):
+        def __init__(self, root: Path, latency_s: float, throttle: Throttle | None, counters: SharedCounters,
+                     writable: bool = False):
             self.root = str(root)
             self.latency_s = latency_s
             self.throttle = throttle
             self.counters = counters
+            self.writable = writable
 
         def _real(self, path: str) -> str:
             return os.path.join(self.root, path.lstrip("/"))
@@ -70,7 +79,8 @@ def _operations_class():
                 "st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
             for key in ("st_atime", "st_mtime", "st_ctime"):
                 attributes[key] = attributes.pop(key + "_ns")
-            attributes["st_mode"] &= ~0o222  # read-only
+            if not self.writable:
+                attributes["st_mode"] &= ~0o222
             return attributes
 
         def readdir(self, path, fh):
@@ -85,16 +95,69 @@ def _operations_class():
             return os.readlink(self._real(path))
 
         def open(self, path, flags):
-            if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
+            writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT)
+            if writes and not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
             self._wait()
             try:
-                handle = os.open(self._real(path), os.O_RDONLY)
+                handle = os.open(self._real(path), flags & _PASSED_FLAGS if writes else os.O_RDONLY)
             except OSError as exc:
                 self.counters.add(requests=1, errors=1)
                 raise mfusepy.FuseOSError(exc.errno) from None
             self.counters.add(requests=1, connections=1)
             return handle
+
+        def _change(self, call, *args):
+            """One write-side request: refused on a read-only mount, else waited for and passed on."""
+            if not self.writable:
+                raise mfusepy.FuseOSError(errno.EROFS)
+            self._wait()
+            self.counters.add(requests=1)
+            try:
+                return call(*args)
+            except OSError as exc:
+                self.counters.add(errors=1)
+                raise mfusepy.FuseOSError(exc.errno) from None
+
+        def create(self, path, mode, flags=os.O_WRONLY):
+            self.counters.add(connections=1)
+            return self._change(os.open, self._real(path), (flags & _PASSED_FLAGS) | os.O_CREAT, mode)
+
+        def write(self, path, data, offset, fh):
+            return self._change(os.pwrite, fh, data, offset)
+
+        def truncate(self, path, length, fh=None):
+            self._change(os.truncate, fh if fh is not None else self._real(path), length)
+            return 0
+
+        def fsync(self, path, datasync, fh):
+            self._change(os.fdatasync if datasync else os.fsync, fh)
+            return 0
+
+        def rename(self, old, new):
+            self._change(os.rename, self._real(old), self._real(new))
+            return 0
+
+        def unlink(self, path):
+            self._change(os.unlink, self._real(path))
+            return 0
+
+        def mkdir(self, path, mode):
+            self._change(os.mkdir, self._real(path), mode)
+            return 0
+
+        def rmdir(self, path):
+            self._change(os.rmdir, self._real(path))
+            return 0
+
+        def chmod(self, path, mode):
+            self._change(os.chmod, self._real(path), mode)
+            return 0
+
+        def utimens(self, path, times=None):
+            real = self._real(path)
+            self._change(lambda: os.utime(real) if times is None else os.utime(real, ns=tuple(times)))
+            return 0
 
         def read(self, path, size, offset, fh):
             self._wait()
@@ -115,7 +178,7 @@ def _operations_class():
                 "f_frsize", "f_namemax")}
 
         def access(self, path, amode):
-            if amode & os.W_OK:
+            if amode & os.W_OK and not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
             if not os.access(self._real(path), amode):
                 raise mfusepy.FuseOSError(errno.EACCES)
@@ -131,10 +194,11 @@ class FuseMount:
     so SIGINT/SIGTERM reach Python, which unmounts."""
 
     def __init__(self, root: Path, mount_point: Path, *, latency_s: float, bandwidth_bps: float | None,
-                 counters: SharedCounters) -> None:
+                 counters: SharedCounters, writable: bool = False) -> None:
         self.root, self.mount_point = Path(root).resolve(), Path(mount_point).resolve()
+        self.writable = writable
         operations = _operations_class()(self.root, latency_s,
-                                         Throttle(bandwidth_bps) if bandwidth_bps else None, counters)
+                                         Throttle(bandwidth_bps) if bandwidth_bps else None, counters, writable)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(operations,), daemon=True, name="fuse")
 
@@ -142,7 +206,7 @@ class FuseMount:
         import mfusepy
 
         try:
-            mfusepy.FUSE(operations, str(self.mount_point), foreground=True, ro=True,
+            mfusepy.FUSE(operations, str(self.mount_point), foreground=True, ro=not self.writable,
                          fsname="stallscope-storage", default_permissions=True)
         except BaseException as exc:  # noqa: BLE001 - reported by start()
             self._error = exc

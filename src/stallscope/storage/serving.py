@@ -30,7 +30,8 @@ class StoreOptions:
     bandwidth_bps: a shared cap in bits per second per direction; None for none.
     bucket: the bucket name of gs://BUCKET or s3://BUCKET. mount_point: an empty folder (mount only).
     port: the port readers connect to on 127.0.0.1; 0 takes a free one.
-    writable: the HTTP stores take uploads, copies and deletes into root (read-only otherwise).
+    writable: the HTTP stores take uploads, copies and deletes into root, the mount creates, writes,
+        renames and deletes there, each at the latency (read-only otherwise).
     """
 
     root: Path
@@ -55,8 +56,6 @@ class StoreOptions:
             raise UsageError(f"port: expected a port in 0..65535, got {self.port!r}")
         if self.kind == "mount" and self.mount_point is None:
             raise UsageError("mount_point: expected a folder to mount at for kind 'mount', got nothing")
-        if self.kind == "mount" and self.writable:
-            raise UsageError("--writable: expected --gcs or --s3 (the mount serves its folder read-only)")
 
 
 def _valid_bucket(name: str) -> bool:
@@ -176,7 +175,7 @@ class RunningStore:
 
         options = self.options
         self._mount = FuseMount(options.root, options.mount_point, latency_s=options.latency_s,
-                                bandwidth_bps=options.bandwidth_bps, counters=self.counters)
+                                bandwidth_bps=options.bandwidth_bps, counters=self.counters, writable=options.writable)
         self._mount.start()
         self.url = str(Path(options.mount_point).resolve())
 
