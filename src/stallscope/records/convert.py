@@ -42,10 +42,11 @@ from stallscope.data.folders import DATASET_INDEX, FolderTree, read_labels_file,
 from stallscope.errors import DataError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
-from stallscope.records.lock import LOCK_NAME, exclusive_lock
+from stallscope.records.lock import LOCK_NAME, ExclusiveLock
 from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
+from stallscope.records.output_guard import OutputGuard, Ticks
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
@@ -325,6 +326,7 @@ class SegmentTask:
     parts: int
     items: tuple[WorkItem, ...]
     read_ahead: int | None = None  # ConvertOptions.read_ahead
+    output_fs: str | None = None  # the network file system `out` is on, if any: its waits are bounded
 
 
 def part_path(out: Path, shard: str, part: int) -> Path:
@@ -348,7 +350,16 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     """Converts a task's images and writes them: a whole shard is committed here, under its final name
     with its state; a segment is left as a part file for `join_parts`. `progress(n)` (in-process runs
     only) hears of every PROGRESS_IMAGES images and of the last one before the shard is committed.
-    The files are read by `reader` (default: this process's), ahead of the checks where reads wait."""
+    The files are read by `reader` (default: this process's), ahead of the checks where reads wait.
+    On a network file system, the writing is given up once no image has been written for the storage
+    timeout (`output_guard.py`)."""
+    written = Ticks()
+    return OutputGuard(task.output_fs)(lambda: _write_segment(task, progress, reader, written),
+                                       f"writing {str(Path(task.out) / task.shard)!r}", written)
+
+
+def _write_segment(task: SegmentTask, progress: Callable[[int], None] | None, reader: FileReader | None,
+                   written: Ticks) -> dict[str, Any]:
     schema = get_schema(task.schema)
     out = Path(task.out)
     reader = reader or process_reader(task.read_ahead)
@@ -358,6 +369,8 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     reported = 0
     try:
         for index, item in enumerate(reader.contents(task.items), 1):
+            if written.given_up:  # the guard has reported this shard: its temporary goes, nothing more is written
+                raise StorageError(f"writing {str(writer.file)!r} was given up")
             result = prepare_record(schema, task.image_options, item, encode_example_parts)
             if result[0] == "ok":
                 writer.write_parts(result[1])
@@ -368,6 +381,7 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
                 if result[2]:
                     entry["detail"] = result[2]
                 skipped.append(entry)
+            written.count = index
             if progress is not None and (index % PROGRESS_IMAGES == 0 or index == len(task.items)):
                 progress(index - reported)
                 reported = index
@@ -384,13 +398,23 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     return {"shard": task.shard, "images": len(task.items) - reported, "state": state, "reads": reader.task_stats()}
 
 
-def join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenates a shard's segments in order into the shard, hashing them on the way, and commits it."""
+def join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: list[dict[str, Any]],
+               output_fs: str | None = None) -> dict[str, Any]:
+    """Concatenates a shard's segments in order into the shard, hashing them on the way, and commits it
+    (bounded on a network file system, as `write_segment`)."""
+    joined = Ticks()
+    return OutputGuard(output_fs)(lambda: _join_parts(out, state_dir, shard, fingerprint, parts, joined),
+                                  f"writing {str(Path(out) / shard)!r}", joined, unit="segments")
+
+
+def _join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: list[dict[str, Any]],
+                joined: Ticks) -> dict[str, Any]:
     state = {"fingerprint": fingerprint, "skipped": [e for p in parts for e in p["skipped"]],
              "repaired": [e for p in parts for e in p["repaired"]]}
     with ShardWriter(Path(out) / shard) as writer:
         for part in parts:
             writer.append_file(part["file"], part["records"])
+            joined.count += 1
         _commit_shard(writer, Path(state_dir), shard, state)
     for part in parts:
         Path(part["file"]).unlink(missing_ok=True)
@@ -409,7 +433,8 @@ def segments_per_shard(shards: list[PlannedShard], workers: int) -> list[int]:
     return [max(1, min(per_shard, len(s.items) // MIN_SEGMENT_IMAGES)) for s in shards]
 
 
-def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path, workers: int) -> Iterator[SegmentTask]:
+def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_dir: Path, workers: int,
+                   output_fs: str | None = None) -> Iterator[SegmentTask]:
     """The tasks in plan order, built lazily: a task holds its images' paths, never their bytes."""
     root = as_path(options.dataset_path)
     for shard, parts in zip(shards, segments_per_shard(shards, workers)):
@@ -417,7 +442,7 @@ def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_di
             work = tuple((source_path(root, c.name), c.name, c.label, os.fsencode(c.label_text))
                          for c in shard.items[span.start:span.stop])
             yield SegmentTask(options.schema, options.image_options, str(options.output_path), str(state_dir),
-                              shard.filename, shard.fingerprint, part, parts, work, options.read_ahead)
+                              shard.filename, shard.fingerprint, part, parts, work, options.read_ahead, output_fs)
 
 
 def _start_method() -> str:
@@ -482,7 +507,8 @@ def _run_segments(tasks: Iterator[SegmentTask], workers: int, on_result: Callabl
                     if len(got) == task.parts:
                         del split[task.shard]
                         ordered = [got[i] for i in range(task.parts)]
-                        running.add(pool.submit(join_parts, task.out, task.state_dir, task.shard, task.fingerprint, ordered))
+                        running.add(pool.submit(join_parts, task.out, task.state_dir, task.shard, task.fingerprint, ordered,
+                                                task.output_fs))
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # nothing more starts
             raise
@@ -683,7 +709,7 @@ def _state_path(state_dir: Path, shard: PlannedShard) -> Path:
     return state_dir / f"{shard.filename}.json"
 
 
-def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any] | None:
+def _reusable(out: Path, state_dir: Path, shard: PlannedShard, hashed: Ticks | None = None) -> dict[str, Any] | None:
     """The saved state of a shard completed by an earlier run of the same plan, if its bytes still match."""
     path = out / shard.filename
     try:
@@ -693,7 +719,7 @@ def _reusable(out: Path, state_dir: Path, shard: PlannedShard) -> dict[str, Any]
     info = state.get("shard", {})
     if state.get("fingerprint") != shard.fingerprint or not path.is_file() or path.stat().st_size != info.get("bytes"):
         return None
-    if file_sha256(path) != info.get("sha256"):
+    if file_sha256(path, hashed) != info.get("sha256"):
         return None
     return state
 
@@ -736,15 +762,37 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
 
 
 @contextlib.contextmanager
-def claimed_output(options: ConvertOptions, plan: list[PlannedShard]) -> Iterator[Path]:
+def claimed_output(options: ConvertOptions, plan: list[PlannedShard], guard: OutputGuard = OutputGuard()) -> Iterator[Path]:
     """Checks the output folder, locks it and clears what an earlier run left that `plan` has no use
-    for; yields the state folder. The lock is held for the block."""
-    _check_output(options)
-    state_dir = _make_state_dir(options.output_path)
-    with exclusive_lock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(options.output_path)!r}"):
-        _check_output(options)  # again: the run that held the lock may have changed the folder
-        _reset_output(options, state_dir, plan)
+    for; yields the state folder. The lock is held for the block. Each step is bounded by `guard`."""
+    out = options.output_path
+
+    def claim() -> tuple[Path, ExclusiveLock]:
+        _check_output(options)
+        state_dir = _make_state_dir(out)
+        lock = ExclusiveLock(state_dir / LOCK_NAME, what=f"another `stallscope convert` into {str(out)!r}").acquire()
+        try:
+            _check_output(options)  # again: the run that held the lock may have changed the folder
+            _reset_output(options, state_dir, plan)
+        except BaseException:
+            lock.release()
+            raise
+        return state_dir, lock
+
+    state_dir, lock = guard(claim, f"preparing {str(out)!r}")
+    try:
         yield state_dir
+    finally:
+        guard.cleanup(lock.release, f"unlocking {str(out)!r}")
+        # A finished run removed the state folder under the lock, but where the lock file was still open
+        # a network file system keeps it (NFS renames it to .nfsXXXX, FUSE to .fuse_hiddenXXXX) until
+        # closed: the emptied folder goes now. A run that did not finish leaves its state, and rmdir fails.
+        guard.cleanup(lambda: _remove_if_empty(state_dir), f"removing {str(state_dir)!r}")
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
@@ -756,22 +804,33 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
         return convert_to_store(options, progress)
     started = time.perf_counter()
     plan = plan_conversion(options)
-    with claimed_output(options, plan.shards) as state_dir:
-        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress, started)
+    guard = OutputGuard.of(options.output_path)
+    with claimed_output(options, plan.shards, guard) as state_dir:
+        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress,
+                                started, guard)
 
 
-def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started) -> ConvertReport:
+def _reused_states(out: Path, state_dir: Path, plan: list[PlannedShard], hashed: Ticks) -> dict[str, dict[str, Any]]:
+    """The saved states of the shards an earlier run of the same plan completed and left intact."""
+    results = {}
+    for shard in plan:
+        state = _reusable(out, state_dir, shard, hashed)
+        if state is not None:
+            results[shard.filename] = state
+    return results
+
+
+def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started,
+                     guard: OutputGuard = OutputGuard()) -> ConvertReport:
     root = tree.root
     out = options.output_path
     total_images = len(candidates)
 
-    results: dict[str, dict[str, Any]] = {}
-    done = 0
-    for shard in plan:
-        state = _reusable(out, state_dir, shard)
-        if state is not None:
-            results[shard.filename] = state
-            done += len(shard.items)
+    hashed = Ticks()
+    results: dict[str, dict[str, Any]] = guard(lambda: _reused_states(out, state_dir, plan, hashed),
+                                               f"checking the shards an earlier run left in {str(out)!r}", hashed,
+                                               unit="MB read")
+    done = sum(len(s.items) for s in plan if s.filename in results)
     reused = len(results)
     if progress:
         progress(done, total_images)
@@ -790,14 +849,22 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
             progress(done, total_images)
 
     if isinstance(tree.root, RemotePath):
-        _write_fetched(options, pending, state_dir, on_result)
+        fetched = Ticks()
+
+        def on_fetched(result: dict[str, Any]) -> None:
+            if fetched.given_up:  # reported already: the thread left behind writes nothing more
+                raise StorageError(f"writing into {str(out)!r} was given up")
+            fetched.count += result["images"]
+            on_result(result)
+
+        guard(lambda: _write_fetched(options, pending, state_dir, on_fetched), f"writing into {str(out)!r}", fetched)
     else:
         workers = options.resolved_workers
-        _run_segments(_segment_tasks(options, pending, state_dir, workers), workers, on_result)
+        _run_segments(_segment_tasks(options, pending, state_dir, workers, guard.fstype), workers, on_result)
 
     manifest = _build_manifest(options, tree, plan, results, skipped)
-    save_manifest(out, manifest)
-    shutil.rmtree(state_dir, ignore_errors=True)
+    guard(lambda: save_manifest(out, manifest), f"writing {str(out / MANIFEST_NAME)!r}")
+    guard.cleanup(lambda: shutil.rmtree(state_dir, ignore_errors=True), f"removing {str(state_dir)!r}")
     elapsed = time.perf_counter() - started
     report = _report(options, manifest, candidates, reused, elapsed, reads if reads.timed_reads or reads.depth else None)
     if report.examples == 0:

@@ -29,6 +29,7 @@ from stallscope.config import usable_cores
 from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
+from stallscope.records.output_guard import OutputGuard, Ticks
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.location import RemotePath, StorageError, as_path
@@ -198,6 +199,48 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
 
 
 def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
+    # On a network file system every step is bounded: a server that stops answering a listing or a
+    # shard's page faults ends the check with one line instead of holding it (`output_guard.py`).
+    guard = OutputGuard() if isinstance(records_dir, RemotePath) else OutputGuard.of(records_dir, flag="")
+    listed = guard(lambda: _listed(records_dir), f"listing {str(records_dir)!r}")
+    manifest, present, problems, expected, order, schema = listed
+    num_labels = len(manifest.labels) if manifest is not None else None
+    decode_one = _decoder(jpeg_only=manifest is not None) if decode else None
+    checks: list[ShardCheck] = []
+    with concurrent.futures.ThreadPoolExecutor(threads or usable_cores()) as pool:
+        for name in order:
+            path = records_dir / name
+            read = Ticks()
+
+            def check(path=path, name=name, schema=schema, read=read) -> tuple | None:
+                if not path.is_file():
+                    return None
+                with _mapped(path) as data:
+                    found = _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read)
+                    return (*found, _sha256(data, read), len(data))
+
+            checked = guard(check, f"reading {str(path)!r}", read, unit="records and megabytes read")
+            if checked is None:
+                problems.append(Problem(name, "missing shard", f"listed in {MANIFEST_NAME} but not found"))
+                continue
+            shard_problems, records, decoded, schema, sha, size = checked
+            info = expected.get(name)
+            if info is not None:
+                if records != info.records and not any(p.kind in ("truncated", "length checksum") for p in shard_problems):
+                    shard_problems.append(Problem(name, "count", f"{records} records, {MANIFEST_NAME} says {info.records}"))
+                if size != info.bytes:
+                    shard_problems.append(Problem(name, "size", f"{size} bytes, {MANIFEST_NAME} says {info.bytes}"))
+                if sha != info.sha256:
+                    shard_problems.append(Problem(name, "sha256", f"sha256 {sha[:12]}... differs from {MANIFEST_NAME}'s {info.sha256[:12]}..."))
+            problems.extend(shard_problems)
+            checks.append(ShardCheck(name, records, size, sha, decoded, not shard_problems))
+    has_manifest = manifest is not None
+    return VerifyReport(records_dir, schema.name if schema else None, has_manifest, tuple(checks), tuple(problems))
+
+
+def _listed(records_dir) -> tuple:
+    """What there is to check: (manifest or None, shard files present, problems found so far, the
+    manifest's shards by name, the order to check them in, the schema if known)."""
     if not records_dir.is_dir():
         if isinstance(records_dir, RemotePath) and not records_dir.exists():
             raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} does not exist (nothing is stored under this prefix)")
@@ -226,32 +269,20 @@ def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
             raise DataError(f"RECORDS_DIR: {str(records_dir)!r} has no {MANIFEST_NAME} and no *.tfrecord files")
         schema = None
         order = present
-    num_labels = len(manifest.labels) if manifest is not None else None
-    decode_one = _decoder(jpeg_only=manifest is not None) if decode else None
-    checks: list[ShardCheck] = []
-    with concurrent.futures.ThreadPoolExecutor(threads or usable_cores()) as pool:
-        for name in order:
-            path = records_dir / name
-            if not path.is_file():
-                problems.append(Problem(name, "missing shard", f"listed in {MANIFEST_NAME} but not found"))
-                continue
-            with _mapped(path) as data:
-                shard_problems, records, decoded, schema = _check_shard(
-                    name, data, schema, num_labels, decode_one, pool, tf
-                )
-                sha = hashlib.sha256(data).hexdigest()
-                size = len(data)
-            info = expected.get(name)
-            if info is not None:
-                if records != info.records and not any(p.kind in ("truncated", "length checksum") for p in shard_problems):
-                    shard_problems.append(Problem(name, "count", f"{records} records, {MANIFEST_NAME} says {info.records}"))
-                if size != info.bytes:
-                    shard_problems.append(Problem(name, "size", f"{size} bytes, {MANIFEST_NAME} says {info.bytes}"))
-                if sha != info.sha256:
-                    shard_problems.append(Problem(name, "sha256", f"sha256 {sha[:12]}... differs from {MANIFEST_NAME}'s {info.sha256[:12]}..."))
-            problems.extend(shard_problems)
-            checks.append(ShardCheck(name, records, size, sha, decoded, not shard_problems))
-    return VerifyReport(records_dir, schema.name if schema else None, has_manifest, tuple(checks), tuple(problems))
+    return manifest, present, problems, expected, order, schema
+
+
+def _sha256(data, read: Ticks) -> str:
+    """The shard's sha256, a megabyte at a time: on a network file system each is a sign of progress."""
+    sha = hashlib.sha256()
+    view = memoryview(data)
+    try:
+        for start in range(0, len(view), 1 << 20):
+            sha.update(view[start:start + (1 << 20)])
+            read.count += 1
+    finally:
+        view.release()
+    return sha.hexdigest()
 
 
 @contextlib.contextmanager
@@ -268,7 +299,7 @@ def _mapped(path: Path):
             yield data
 
 
-def _check_shard(name, data, schema, num_labels, decode_one, pool, tf):
+def _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read: Ticks | None = None):
     problems: list[Problem] = []
     images: list[tuple[int, int, bytes]] = []
     records = 0
@@ -287,6 +318,8 @@ def _check_shard(name, data, schema, num_labels, decode_one, pool, tf):
     try:
         for frame in read_frames(data):
             records += 1
+            if read is not None:
+                read.count = records
             if not frame.data_crc_ok:
                 problems.append(Problem(name, "data checksum", "record data checksum mismatch (damaged bytes)", frame.index, frame.offset))
                 continue

@@ -69,11 +69,12 @@ def network_file_system(path: str | os.PathLike) -> str | None:
     return fstype if is_network_type(fstype) else None
 
 
-def watched(work: Callable[[], T], progress: Callable[[], int], what: str) -> T:
+def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str, unit: str = "files") -> T:
     """`work()` on a daemon thread, waited for while `progress()` (a count the work raises as it goes)
-    moves at least once each storage timeout; otherwise a StorageError: `what` did not answer. For work
-    on a network file system (a listing) whose calls have no timeout of their own: a server that stops
-    answering leaves the thread behind, never the process."""
+    moves at least once each storage timeout; otherwise a StorageError: `what` did not answer. Without
+    `progress`, the whole of `work` must end within the timeout. For work on a network file system (a
+    listing, a write, an fsync) whose calls have no timeout of their own: a server that stops answering
+    leaves the thread behind, never the process."""
     from stallscope.storage.location import StorageError, storage_timeout
 
     outcome: dict[str, Any] = {}
@@ -87,16 +88,18 @@ def watched(work: Callable[[], T], progress: Callable[[], int], what: str) -> T:
     thread = threading.Thread(target=run, name="watched", daemon=True)
     thread.start()
     timeout_s = storage_timeout()
-    seen, since = progress(), time.monotonic()
+    count = progress or (lambda: 0)
+    seen, since = count(), time.monotonic()
     while True:
         thread.join(min(1.0, timeout_s))
         if not thread.is_alive():
             break
-        now, count = time.monotonic(), progress()
-        if count != seen:
-            seen, since = count, now
+        now, now_seen = time.monotonic(), count()
+        if now_seen != seen:
+            seen, since = now_seen, now
         elif now - since >= timeout_s:
-            raise StorageError(f"{what} did not answer for {timeout_s:g} s (after {seen:,} files); "
+            after = f" (after {seen:,} {unit})" if progress is not None else ""
+            raise StorageError(f"{what} did not answer for {timeout_s:g} s{after}; "
                                "expected it within --storage-timeout")
     if "error" in outcome:
         raise outcome["error"]
