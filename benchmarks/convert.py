@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import resource
 import shutil
@@ -64,6 +65,7 @@ from stallscope.records.convert import default_workers  # noqa: E402
 VARIANTS = ("stallscope", "seed-003", "seed-002", "stream-only", "stream-write", "stallscope-full", "decode-only",
             "stream-pillow", "copy")
 DEFAULT_VARIANTS = VARIANTS[:5]
+MIN_MARGINAL_S = 2.0  # below this, a variant's marginal time (2N minus N) is too short to compare
 
 
 def input_files(src: Path) -> list[Path]:
@@ -434,6 +436,7 @@ def main() -> None:
                 runs[variant, index].append((wall, cpu))
                 usages[variant, index].append(usage)
     rates, cpu_ms = {}, {}
+    shortest = float("inf")
     print(f"{'variant':<16} {'N: s':>7} {'2N: s':>7} {'marginal images/s':>18} {'MB/s':>7} {'CPU ms/image':>13}")
     for variant in variants:
         # The fastest run of each size: on a shared machine the least disturbed run is the closest to
@@ -445,6 +448,14 @@ def main() -> None:
         cpu_ms[variant] = (c2 - c1) / (n2 - n1) * 1e3
         mb = (b2 - b1) / 1e6 / extra if extra > 0 else float("nan")
         print(f"{variant:<16} {t1:>7.2f} {t2:>7.2f} {rates[variant]:>18.0f} {mb:>7.1f} {cpu_ms[variant]:>13.2f}")
+        shortest = min(shortest, extra)
+    if shortest < MIN_MARGINAL_S:
+        # The marginal time is the difference of two runs; where it is a fraction of a second, a worker
+        # started late or a tail of one slow shard moves a ratio by tens of percent (16 cores, 600 a class:
+        # 0.5 s, ratios by repeat from 0.61x to 0.99x).
+        print(f"note: the shortest marginal time is {shortest:.2f} s, under {MIN_MARGINAL_S:g} s: the ratios below move "
+              f"with start-up and tail noise; give --images-per-class about "
+              f"{math.ceil(args.images_per_class * MIN_MARGINAL_S / max(shortest, 1e-3)):,} for runs this machine can time")
 
     # Where each image's CPU goes, marginal (2N minus N, medians of the repeats): the parent's share (listing,
     # planning, handing out tasks), the workers', and the faults and switches that grow with contention.

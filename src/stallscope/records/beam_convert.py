@@ -37,6 +37,7 @@ from stallscope.records.convert import (
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
+from stallscope.records.output_guard import OutputGuard
 from stallscope.records.read_ahead import process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
@@ -480,11 +481,12 @@ def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner
     out = options.output_path
     if isinstance(out, RemotePath):
         return _convert_into_store(options, args, plan, started, progress)
-    with claimed_output(options, plan.shards) as state_dir:
+    guard = OutputGuard.of(out)  # a shared network file system: the launcher's own steps there are bounded
+    with claimed_output(options, plan.shards, guard) as state_dir:
         results, reused = _run_pending_shards(options, args, plan, state_dir, _reusable, progress)
         manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)
-        save_manifest(out, manifest)
-        shutil.rmtree(state_dir, ignore_errors=True)
+        guard(lambda: save_manifest(out, manifest), f"writing {str(out / MANIFEST_NAME)!r}")
+        guard.cleanup(lambda: shutil.rmtree(state_dir, ignore_errors=True), f"removing {str(state_dir)!r}")
     return _checked_report(options, plan, manifest, reused, started)
 
 
