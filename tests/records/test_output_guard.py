@@ -166,3 +166,23 @@ def test_verify_reads_shards_on_a_slow_mount_and_gives_up_on_one_that_stops_answ
                                                r"answer for 0.5 s; expected it within --storage-timeout$"):
             verify_records(mount, decode=False)
         assert time.monotonic() - started < 2.5
+
+
+@needs_fuse
+def test_a_beam_worker_whose_writes_stop_answering_gives_up_naming_the_shard(tmp_path, short_timeout):
+    from stallscope.records.beam_convert import _write_plan_files, convert_shard
+
+    tree = _tree(tmp_path / "tree", per_class=4)
+    served, mount, state = tmp_path / "served", tmp_path / "mnt", tmp_path / "state"
+    (served / "out").mkdir(parents=True)
+    state.mkdir()
+    mount.mkdir()
+    options = ConvertOptions(tree, mount / "out", shards=1)
+    task = _write_plan_files(options, state, plan_conversion(options).shards)[0]  # the item list on local disk
+    with emulate(served, kind="mount", mount_point=mount, latency_s=3.0, writable=True, max_duration_s=LIMIT_S):
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"^--output_path: the file system \(fuse[.\w-]*\) writing '.+/mnt/out/"
+                                               r"train-00000-of-00001.tfrecord' did not answer for 0.5 s \(after \d+ "
+                                               r"images\); expected it within --storage-timeout$"):
+            convert_shard(task)
+        assert time.monotonic() - started < 2.5

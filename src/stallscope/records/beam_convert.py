@@ -37,7 +37,7 @@ from stallscope.records.convert import (
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
-from stallscope.records.output_guard import OutputGuard
+from stallscope.records.output_guard import OutputGuard, Ticks
 from stallscope.records.read_ahead import process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
@@ -287,7 +287,15 @@ def _shard_writer(path: str):
 
 def convert_shard(task: ShardTask) -> str:
     """Writes one whole shard (the Beam worker's job): records under a temporary name, then the
-    shard's state, then the rename. Returns the shard's file name."""
+    shard's state, then the rename. Returns the shard's file name. Into a network file system the
+    worker has mounted (a cluster's shared NFS), the writing is given up, and the bundle failed for the
+    runner to retry, once no image has been written for the storage timeout (`output_guard.py`)."""
+    guard = OutputGuard() if is_remote(task.output_dir) else OutputGuard.of(task.output_dir)
+    written = Ticks()
+    return guard(lambda: _convert_shard(task, written), f"writing {_join(task.output_dir, task.filename)!r}", written)
+
+
+def _convert_shard(task: ShardTask, written: Ticks) -> str:
     plan = json.loads(_read_bytes(task.plan_file))
     if plan.get("fingerprint") != task.fingerprint:
         raise RuntimeError(f"{task.plan_file}: written for another plan of {task.filename}; run the conversion again")
@@ -296,6 +304,9 @@ def convert_shard(task: ShardTask) -> str:
     remote_input = plan.get("remote_input", False)
     with _shard_writer(_join(task.output_dir, task.filename)) as writer:
         for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, task.read_ahead):
+            if written.given_up:  # reported already: the thread left behind writes nothing more
+                raise StorageError(f"writing {task.filename!r} was given up")
+            written.count += 1
             if result[0] == "ok":
                 writer.write_framed(result[1])
                 if result[2]:
