@@ -38,7 +38,7 @@ from stallscope.records.convert import (
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
 from stallscope.records.output_guard import OutputGuard, Ticks
-from stallscope.records.read_ahead import process_reader
+from stallscope.records.read_ahead import FileReader, process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
 from stallscope.storage import location
@@ -208,12 +208,12 @@ def judge_image(data: bytes | OSError, name: bytes, label: int, label_text: byte
 
 
 def _judged_items(items: list, remote_input: bool, schema_name: str, image_options: images.ImageOptions,
-                  read_ahead: int | None = None) -> Iterator[tuple[bytes, tuple]]:
+                  read_ahead: int | None = None, reader: FileReader | None = None) -> Iterator[tuple[bytes, tuple]]:
     """(name, judgement) for each item of a shard's plan; from a bucket, FETCH_CHUNK requests at once;
     from a local or mounted tree, read ahead of the checks where reads wait (`read_ahead.py`)."""
     decoded = [(bytes.fromhex(p), bytes.fromhex(n), label, bytes.fromhex(t)) for p, n, label, t in items]
     if not remote_input:
-        for data, name, label, text in process_reader(read_ahead).contents(decoded):
+        for data, name, label, text in (reader or process_reader(read_ahead)).contents(decoded):
             yield name, judge_image(data, name, label, text, schema_name, image_options)
         return
     for start in range(0, len(decoded), FETCH_CHUNK):
@@ -291,11 +291,13 @@ def convert_shard(task: ShardTask) -> str:
     worker has mounted (a cluster's shared NFS), the writing is given up, and the bundle failed for the
     runner to retry, once no image has been written for the storage timeout (`output_guard.py`)."""
     guard = OutputGuard() if is_remote(task.output_dir) else OutputGuard.of(task.output_dir)
+    reader = process_reader(task.read_ahead)  # this thread's: the guard's thread is new for each shard
     written = Ticks()
-    return guard(lambda: _convert_shard(task, written), f"writing {_join(task.output_dir, task.filename)!r}", written)
+    return guard(lambda: _convert_shard(task, written, reader), f"writing {_join(task.output_dir, task.filename)!r}",
+                 written)
 
 
-def _convert_shard(task: ShardTask, written: Ticks) -> str:
+def _convert_shard(task: ShardTask, written: Ticks, reader: FileReader) -> str:
     plan = json.loads(_read_bytes(task.plan_file))
     if plan.get("fingerprint") != task.fingerprint:
         raise RuntimeError(f"{task.plan_file}: written for another plan of {task.filename}; run the conversion again")
@@ -303,7 +305,8 @@ def _convert_shard(task: ShardTask, written: Ticks) -> str:
     repaired: list[dict[str, Any]] = []
     remote_input = plan.get("remote_input", False)
     with _shard_writer(_join(task.output_dir, task.filename)) as writer:
-        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, task.read_ahead):
+        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, task.read_ahead,
+                                          reader):
             if written.given_up:  # reported already: the thread left behind writes nothing more
                 raise StorageError(f"writing {task.filename!r} was given up")
             written.count += 1

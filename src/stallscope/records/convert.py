@@ -353,16 +353,16 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     The files are read by `reader` (default: this process's), ahead of the checks where reads wait.
     On a network file system, the writing is given up once no image has been written for the storage
     timeout (`output_guard.py`)."""
+    reader = reader or process_reader(task.read_ahead)  # taken here: the guard's thread is new for each task
     written = Ticks()
     return OutputGuard(task.output_fs)(lambda: _write_segment(task, progress, reader, written),
                                        f"writing {str(Path(task.out) / task.shard)!r}", written)
 
 
-def _write_segment(task: SegmentTask, progress: Callable[[int], None] | None, reader: FileReader | None,
+def _write_segment(task: SegmentTask, progress: Callable[[int], None] | None, reader: FileReader,
                    written: Ticks) -> dict[str, Any]:
     schema = get_schema(task.schema)
     out = Path(task.out)
-    reader = reader or process_reader(task.read_ahead)
     writer = ShardWriter(out / task.shard) if task.parts == 1 else RecordFile(part_path(out, task.shard, task.part), hashed=False)
     skipped: list[dict[str, Any]] = []
     repaired: list[dict[str, Any]] = []
