@@ -276,14 +276,14 @@ def existing_dir_or_url(text: str):
 
 
 def add_storage_flag(parser: argparse._ActionsContainer) -> None:
-    """--storage-timeout: how long a gs:// or s3:// request, a listing of a network file system, or
-    convert's read or write of a file there, or verify's read of a shard, may wait for the store."""
+    """--storage-timeout: how long a gs:// or s3:// request may wait, and how long a listing, a read or
+    a write on a network file system may go without progress."""
     from stallscope.storage.location import DEFAULT_TIMEOUT_S
 
     add_flag(parser, "storage_timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
              help=f"connect/read timeout of gs:// and s3:// requests; on a network file system (NFS, SMB, FUSE), "
-                  f"how long a listing may list nothing, a read by convert may wait, and convert's writing or "
-                  f"verify's reading of shards may make no progress (default: {DEFAULT_TIMEOUT_S:.0f})")
+                  f"how long a listing, a read or the writing of convert's, prepare's or verify's files may go "
+                  f"without progress (default: {DEFAULT_TIMEOUT_S:.0f})")
 
 
 def _records_streamed_by_stallscope(args: argparse.Namespace) -> bool:

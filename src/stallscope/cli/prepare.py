@@ -56,6 +56,7 @@ def _add_imagenet_val(kinds) -> None:
     how.add_argument("--link", dest="mode", action="store_const", const="link",
                      help="hard-link the files of a SOURCE folder (symbolic link across file systems); saves the space")
     parser.set_defaults(mode="copy", kind_run=_run_imagenet_val)
+    flags.add_storage_flag(parser)
     flags.add_common_flags(parser)
 
 
@@ -76,6 +77,7 @@ def _add_imagenet_train(kinds) -> None:
     flags.add_flag(parser, "output", "-o", type=Path, required=True, metavar="DIR",
                    help="where the {synset}/ folders go (e.g. imagenet/train, beside imagenet/validation)")
     parser.set_defaults(kind_run=_run_imagenet_train)
+    flags.add_storage_flag(parser)
     flags.add_common_flags(parser)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import IO
 
 from stallscope.errors import UsageError
+from stallscope.records.output_guard import OutputGuard
+from stallscope.storage.mounts import network_file_system
 
 CHUNK = 1 << 20
 # What a broken archive raises while it is read: tarfile's own errors, a cut gzip, a failing disk.
@@ -165,6 +167,16 @@ def make_output(output: Path) -> Path | None:
     except OSError as exc:
         raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
     return first_created
+
+
+def network_guard(source: Path, output: Path) -> OutputGuard:
+    """Where the output (or else the source) is on a network file system, prepare's steps there are
+    bounded: a server that stops answering ends the run in one line naming --output or SOURCE, where a
+    write or read on the main thread would have waited for ever (`records/output_guard.py`)."""
+    written_to = network_file_system(output)
+    if written_to:
+        return OutputGuard(written_to, "--output")
+    return OutputGuard(network_file_system(source), "SOURCE")
 
 
 def first_missing(path: Path) -> Path | None:

@@ -417,15 +417,21 @@ def prepare_imagenet_val(
         # The output's misplaced ILSVRC files are removed at the end: never the source's own.
         raise UsageError(f"--output: {str(output)!r} holds the SOURCE folder {str(source)!r}; choose a directory outside it")
     truth = load_ground_truth(options.labels_file)
-    first_created = archives.make_output(output)
+    guard = archives.network_guard(source, output)
+    first_created = guard(lambda: archives.make_output(output), f"creating {str(output)!r}")
 
     tally = _Tally()
-    try:
+
+    def place() -> tuple[dict[str, int], list[Unplaced]]:
         if is_tar:
             _place_from_tar(source, output, truth, tally, progress)
         else:
             _place_from_folder(source, output, truth, options.mode, tally, progress)
-        per_class, removed = _tidy_output(output, truth)
+        return _tidy_output(output, truth)
+
+    try:
+        per_class, removed = guard(place, f"placing files into {str(output)!r}",
+                                   lambda: tally.placed + tally.in_place + len(tally.unplaced), unit="files")
         if not per_class and tally.archive_error:
             raise DataError(f"{tally.archive_error}; nothing could be placed")
         if not per_class:
@@ -435,7 +441,7 @@ def prepare_imagenet_val(
                 f"to place; {len(tally.unplaced)} file(s) could not be placed{example}"
             )
     except BaseException:
-        archives.remove_empty_created(output, first_created)
+        guard.cleanup(lambda: archives.remove_empty_created(output, first_created), f"tidying {str(output)!r}")
         raise
     for item in tally.unplaced:
         log.info("not placed: %s: %s", item.name, item.reason)
@@ -455,5 +461,5 @@ def prepare_imagenet_val(
         archive_error=tally.archive_error,
         seconds=time.perf_counter() - started,
     )
-    write_json_atomic(output / REPORT_NAME, report.to_json())
+    guard(lambda: write_json_atomic(output / REPORT_NAME, report.to_json()), f"writing {str(output / REPORT_NAME)!r}")
     return report

@@ -284,15 +284,23 @@ def prepare_imagenet_train(
     is_tar = source.is_file()
     if not is_tar and output.resolve() == source.resolve():
         raise UsageError(f"--output: {str(output)!r} is the SOURCE folder; choose another directory for the synset folders")
-    first_created = archives.make_output(output)
+    guard = archives.network_guard(source, output)
+    first_created = guard(lambda: archives.make_output(output), f"creating {str(output)!r}")
 
     tally = _Tally()
-    try:
+
+    def place() -> dict[str, int]:
         if is_tar:
             _place_from_tar(source, output, tally, progress)
         else:
             _place_from_folder(source, output, tally, progress)
-        per_class = _tidy_output(output, tally.synsets)
+        return _tidy_output(output, tally.synsets)
+
+    def files_met() -> int:
+        return tally.placed + tally.in_place + len(tally.unplaced) + len(tally.not_jpeg) + len(tally.damaged)
+
+    try:
+        per_class = guard(place, f"placing files into {str(output)!r}", files_met, unit="files")
         if not per_class:
             problem = tally.archive_error or (tally.damaged[0].reason if tally.damaged else None)
             example = f", e.g. {tally.unplaced[0].name}: {tally.unplaced[0].reason}" if tally.unplaced else ""
@@ -301,7 +309,7 @@ def prepare_imagenet_train(
                 + (f" ({problem})" if problem else f"; {len(tally.unplaced)} entr(ies) could not be placed{example}")
             )
     except BaseException:
-        archives.remove_empty_created(output, first_created)
+        guard.cleanup(lambda: archives.remove_empty_created(output, first_created), f"tidying {str(output)!r}")
         raise
     for item in (*tally.damaged, *tally.unplaced):
         log.info("not placed: %s: %s", item.name, item.reason)
@@ -318,5 +326,5 @@ def prepare_imagenet_train(
         archive_error=tally.archive_error,
         seconds=time.perf_counter() - started,
     )
-    write_json_atomic(output / REPORT_NAME, report.to_json())
+    guard(lambda: write_json_atomic(output / REPORT_NAME, report.to_json()), f"writing {str(output / REPORT_NAME)!r}")
     return report

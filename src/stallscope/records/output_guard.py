@@ -50,16 +50,18 @@ class OutputGuard:
     def of(cls, path: str | os.PathLike, flag: str = "--output_path") -> "OutputGuard":
         return cls(network_file_system(path), flag)
 
-    def __call__(self, work: Callable[[], T], what: str, progress: Ticks | None = None, unit: str = "images") -> T:
-        """`work()`; on a network file system, given up when it makes no progress for the storage timeout
-        (without `progress`: when it has not ended by then). `what` says what it does to which file."""
+    def __call__(self, work: Callable[[], T], what: str, progress: Callable[[], int] | None = None,
+                 unit: str = "images") -> T:
+        """`work()`; on a network file system, given up when `progress()` (a count; a `Ticks` is told it
+        was given up) has not moved for the storage timeout (without `progress`: when it has not ended by
+        then). `what` says what it does to which file."""
         if self.fstype is None:
             return work()
         try:
             prefix = f"{self.flag}: " if self.flag else ""
             return watched(work, progress, f"{prefix}the file system ({self.fstype}) {what}", unit)
         except StorageError:
-            if progress is not None:
+            if isinstance(progress, Ticks):
                 progress.given_up = True
             raise
 
