@@ -1,5 +1,5 @@
 """Bounded waits on a folder on a network file system (NFS, SMB, a FUSE mount of a bucket): convert's
-output, the shards verify reads.
+output, the shards verify reads, the folders prepare fills.
 
 A server that stops answering holds a write, an fsync, a rename or a lock there forever, and the kernel
 gives the writer no timeout of its own. There, each step of a conversion's output runs on a watched

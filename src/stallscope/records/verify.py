@@ -203,7 +203,7 @@ def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
     # shard's page faults ends the check with one line instead of holding it (`output_guard.py`).
     guard = OutputGuard() if isinstance(records_dir, RemotePath) else OutputGuard.of(records_dir, flag="")
     listed = guard(lambda: _listed(records_dir), f"listing {str(records_dir)!r}")
-    manifest, present, problems, expected, order, schema = listed
+    manifest, problems, expected, order, schema = listed
     num_labels = len(manifest.labels) if manifest is not None else None
     decode_one = _decoder(jpeg_only=manifest is not None) if decode else None
     checks: list[ShardCheck] = []
@@ -239,8 +239,8 @@ def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
 
 
 def _listed(records_dir) -> tuple:
-    """What there is to check: (manifest or None, shard files present, problems found so far, the
-    manifest's shards by name, the order to check them in, the schema if known)."""
+    """What there is to check: (manifest or None, problems found so far, the manifest's shards by name,
+    the order to check them in, the schema if known)."""
     if not records_dir.is_dir():
         if isinstance(records_dir, RemotePath) and not records_dir.exists():
             raise UsageError(f"RECORDS_DIR: {str(records_dir)!r} does not exist (nothing is stored under this prefix)")
@@ -269,7 +269,7 @@ def _listed(records_dir) -> tuple:
             raise DataError(f"RECORDS_DIR: {str(records_dir)!r} has no {MANIFEST_NAME} and no *.tfrecord files")
         schema = None
         order = present
-    return manifest, present, problems, expected, order, schema
+    return manifest, problems, expected, order, schema
 
 
 def _sha256(data, read: Ticks) -> str:
