@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.records.convert import ConvertOptions, SegmentTask, _segment_tasks, convert_tree, plan_conversion
-from stallscope.records.output_guard import OutputGuard, Ticks
+from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
 from stallscope.storage.fuse_mount import why_no_fuse
@@ -37,13 +37,13 @@ def short_timeout():
 
 
 def test_on_a_local_disk_the_work_runs_in_place(tmp_path):
-    guard = OutputGuard.of(tmp_path)
+    guard = NetworkGuard.of(tmp_path)
     assert guard.fstype is None
     assert guard(lambda: threading.current_thread(), "writing x") is threading.current_thread()
 
 
 def test_on_a_network_file_system_work_that_stops_moving_is_given_up(short_timeout, caplog):
-    guard = OutputGuard("nfs4")
+    guard = NetworkGuard("nfs4")
     assert guard(lambda: threading.current_thread(), "writing x") is not threading.current_thread()
     ticks = Ticks()
 
@@ -62,7 +62,7 @@ def test_on_a_network_file_system_work_that_stops_moving_is_given_up(short_timeo
             guard(lambda: stuck.wait(10), "writing 'out/a.tfrecord'", Ticks())
         with pytest.raises(StorageError, match=r"writing 'out/manifest.json' did not answer for 0.5 s; expected"):
             guard(lambda: stuck.wait(10), "writing 'out/manifest.json'")  # no progress: the whole step is bounded
-        with caplog.at_level(logging.WARNING, logger="stallscope.records.output_guard"):
+        with caplog.at_level(logging.WARNING, logger="stallscope.storage.mounts"):
             guard.cleanup(lambda: stuck.wait(10), "unlocking 'out'")  # logged, not raised
         assert "unlocking 'out' did not answer for 0.5 s; expected it within --storage-timeout; left as it is" in caplog.text
     finally:
@@ -86,7 +86,7 @@ def test_convert_writes_the_same_shards_into_a_slow_mount_and_again_over_them(tm
     served.mkdir()
     mount.mkdir()
     with emulate(served, kind="mount", mount_point=mount, latency_s=0.002, writable=True, max_duration_s=LIMIT_S) as store:
-        assert OutputGuard.of(mount / "records").fstype.startswith("fuse")
+        assert NetworkGuard.of(mount / "records").fstype.startswith("fuse")
         written = convert_tree(ConvertOptions(tree, mount / "records", shards=2, workers=2))
         assert store.counters().requests > 0
         again = convert_tree(ConvertOptions(tree, mount / "records", shards=2, workers=1))  # over its own output
@@ -109,7 +109,7 @@ def test_a_worker_whose_writes_stop_answering_gives_up_naming_the_shard(tmp_path
     options = ConvertOptions(tree, mount / "out", shards=1, workers=1)
     plan = plan_conversion(options)
     with emulate(served, kind="mount", mount_point=mount, latency_s=3.0, writable=True, max_duration_s=LIMIT_S):
-        guard = OutputGuard.of(mount / "out")
+        guard = NetworkGuard.of(mount / "out")
         task: SegmentTask = next(_segment_tasks(options, plan.shards, mount / "out" / ".state", 1, guard.fstype))
         started = time.monotonic()
         with pytest.raises(StorageError, match=r"^--output_path: the file system \(fuse[.\w-]*\) writing '.+/mnt/out/"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from stallscope.errors import UsageError
-from stallscope.records.output_guard import OutputGuard
+from stallscope.storage.mounts import NetworkGuard
 from stallscope.storage.mounts import network_file_system
 
 CHUNK = 1 << 20
@@ -169,14 +169,14 @@ def make_output(output: Path) -> Path | None:
     return first_created
 
 
-def network_guard(source: Path, output: Path) -> OutputGuard:
+def network_guard(source: Path, output: Path) -> NetworkGuard:
     """Where the output (or else the source) is on a network file system, prepare's steps there are
     bounded: a server that stops answering ends the run in one line naming --output or SOURCE, where a
-    write or read on the main thread would have waited for ever (`records/output_guard.py`)."""
+    write or read on the main thread would have waited for ever (`storage/mounts.py`)."""
     written_to = network_file_system(output)
     if written_to:
-        return OutputGuard(written_to, "--output")
-    return OutputGuard(network_file_system(source), "SOURCE")
+        return NetworkGuard(written_to, "--output")
+    return NetworkGuard(network_file_system(source), "SOURCE")
 
 
 def first_missing(path: Path) -> Path | None:

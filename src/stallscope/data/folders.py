@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stallscope.errors import DataError, UsageError
 from stallscope.storage.location import RemotePath, as_path
-from stallscope.storage.mounts import network_file_system, watched
+from stallscope.storage.mounts import NetworkGuard, Ticks
 
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
@@ -189,16 +189,13 @@ def scan_tree(root: Path | str, labels: tuple[str, ...] | None = None,
     On a network file system (`storage/mounts.py`) the scan runs on a watched thread: a listing that
     lists nothing more for the storage timeout is a StorageError naming the folder, not a hang."""
     root = as_path(root)
-    network = None if isinstance(root, RemotePath) else network_file_system(root)
-    listed = [0]  # files walked so far: how far the scan has come
-    if not network:
-        return _scan_tree(root, labels, on_file, listed)
-    return watched(lambda: _scan_tree(root, labels, on_file, listed), lambda: listed[0],
-                   f"the file system ({network}) listing {str(root)!r}")
+    listed = Ticks()  # files walked so far: how far the scan has come
+    return NetworkGuard.of(root, flag="")(lambda: _scan_tree(root, labels, on_file, listed), f"listing {str(root)!r}",
+                                          listed, unit="files")
 
 
 def _scan_tree(root: Path | RemotePath, labels: tuple[str, ...] | None,
-               on_file: Callable[[str, str, int, str], None] | None, listed: list[int]) -> FolderTree:
+               on_file: Callable[[str, str, int, str], None] | None, listed: Ticks) -> FolderTree:
     if not root.exists():
         raise UsageError(f"dataset path {str(root)!r} does not exist")
     if not root.is_dir():
@@ -250,7 +247,7 @@ def _scan_tree(root: Path | RemotePath, labels: tuple[str, ...] | None,
         label_text = class_dir.name  # one string a class, not one a file
         label = index[label_text]
         for path, reason in _walk_files(class_dir, skipped, as_text=on_file is not None):
-            listed[0] += 1
+            listed.count += 1
             if reason:
                 skipped.append(SkippedFile(as_path(path), reason))
             elif on_file is not None:

@@ -37,7 +37,7 @@ from stallscope.records.convert import (
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
-from stallscope.records.output_guard import OutputGuard, Ticks
+from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.read_ahead import FileReader, process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
@@ -289,8 +289,8 @@ def convert_shard(task: ShardTask) -> str:
     """Writes one whole shard (the Beam worker's job): records under a temporary name, then the
     shard's state, then the rename. Returns the shard's file name. Into a network file system the
     worker has mounted (a cluster's shared NFS), the writing is given up, and the bundle failed for the
-    runner to retry, once no image has been written for the storage timeout (`output_guard.py`)."""
-    guard = OutputGuard() if is_remote(task.output_dir) else OutputGuard.of(task.output_dir)
+    runner to retry, once no image has been written for the storage timeout (`storage/mounts.NetworkGuard`)."""
+    guard = NetworkGuard.of(task.output_dir)
     reader = process_reader(task.read_ahead)  # this thread's: the guard's thread is new for each shard
     written = Ticks()
     return guard(lambda: _convert_shard(task, written, reader), f"writing {_join(task.output_dir, task.filename)!r}",
@@ -495,7 +495,7 @@ def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner
     out = options.output_path
     if isinstance(out, RemotePath):
         return _convert_into_store(options, args, plan, started, progress)
-    guard = OutputGuard.of(out)  # a shared network file system: the launcher's own steps there are bounded
+    guard = NetworkGuard.of(out)  # a shared network file system: the launcher's own steps there are bounded
     with claimed_output(options, plan.shards, guard) as state_dir:
         results, reused = _run_pending_shards(options, args, plan, state_dir, _reusable, progress)
         manifest = _build_manifest(options, plan.tree, plan.shards, results, plan.skipped)

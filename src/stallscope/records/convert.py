@@ -46,7 +46,7 @@ from stallscope.records.lock import LOCK_NAME, ExclusiveLock
 from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
-from stallscope.records.output_guard import OutputGuard, Ticks
+from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
@@ -352,10 +352,10 @@ def write_segment(task: SegmentTask, progress: Callable[[int], None] | None = No
     only) hears of every PROGRESS_IMAGES images and of the last one before the shard is committed.
     The files are read by `reader` (default: this process's), ahead of the checks where reads wait.
     On a network file system, the writing is given up once no image has been written for the storage
-    timeout (`output_guard.py`)."""
+    timeout (`storage/mounts.NetworkGuard`)."""
     reader = reader or process_reader(task.read_ahead)  # taken here: the guard's thread is new for each task
     written = Ticks()
-    return OutputGuard(task.output_fs)(lambda: _write_segment(task, progress, reader, written),
+    return NetworkGuard(task.output_fs)(lambda: _write_segment(task, progress, reader, written),
                                        f"writing {str(Path(task.out) / task.shard)!r}", written)
 
 
@@ -403,7 +403,7 @@ def join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: li
     """Concatenates a shard's segments in order into the shard, hashing them on the way, and commits it
     (bounded on a network file system, as `write_segment`)."""
     joined = Ticks()
-    return OutputGuard(output_fs)(lambda: _join_parts(out, state_dir, shard, fingerprint, parts, joined),
+    return NetworkGuard(output_fs)(lambda: _join_parts(out, state_dir, shard, fingerprint, parts, joined),
                                   f"writing {str(Path(out) / shard)!r}", joined, unit="segments")
 
 
@@ -762,7 +762,7 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
 
 
 @contextlib.contextmanager
-def claimed_output(options: ConvertOptions, plan: list[PlannedShard], guard: OutputGuard = OutputGuard()) -> Iterator[Path]:
+def claimed_output(options: ConvertOptions, plan: list[PlannedShard], guard: NetworkGuard = NetworkGuard()) -> Iterator[Path]:
     """Checks the output folder, locks it and clears what an earlier run left that `plan` has no use
     for; yields the state folder. The lock is held for the block. Each step is bounded by `guard`."""
     out = options.output_path
@@ -804,7 +804,7 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
         return convert_to_store(options, progress)
     started = time.perf_counter()
     plan = plan_conversion(options)
-    guard = OutputGuard.of(options.output_path)
+    guard = NetworkGuard.of(options.output_path)
     with claimed_output(options, plan.shards, guard) as state_dir:
         return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress,
                                 started, guard)
@@ -821,7 +821,7 @@ def _reused_states(out: Path, state_dir: Path, plan: list[PlannedShard], hashed:
 
 
 def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progress, started,
-                     guard: OutputGuard = OutputGuard()) -> ConvertReport:
+                     guard: NetworkGuard = NetworkGuard()) -> ConvertReport:
     root = tree.root
     out = options.output_path
     total_images = len(candidates)

@@ -25,7 +25,7 @@ class LockedError(StallscopeError):
 
 class ExclusiveLock:
     """The lock as an object, for a holder that takes and frees it in separate steps (each bounded on a
-    network file system: `output_guard.py`)."""
+    network file system: `storage/mounts.NetworkGuard`)."""
 
     def __init__(self, path: Path, *, what: str) -> None:
         self.path, self.what = path, what

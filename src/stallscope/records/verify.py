@@ -29,7 +29,7 @@ from stallscope.config import usable_cores
 from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
-from stallscope.records.output_guard import OutputGuard, Ticks
+from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.location import RemotePath, StorageError, as_path
@@ -200,8 +200,8 @@ def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int
 
 def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
     # On a network file system every step is bounded: a server that stops answering a listing or a
-    # shard's page faults ends the check with one line instead of holding it (`output_guard.py`).
-    guard = OutputGuard() if isinstance(records_dir, RemotePath) else OutputGuard.of(records_dir, flag="")
+    # shard's page faults ends the check with one line instead of holding it (`storage/mounts.NetworkGuard`).
+    guard = NetworkGuard.of(records_dir, flag="")
     listed = guard(lambda: _listed(records_dir), f"listing {str(records_dir)!r}")
     manifest, problems, expected, order, schema = listed
     num_labels = len(manifest.labels) if manifest is not None else None

@@ -320,7 +320,7 @@ class ShardWriter(RecordFile):
 
 
 def file_sha256(path: Path | str, megabytes=None) -> str:
-    """The file's sha256, read a megabyte at a time; `megabytes` (an `output_guard.Ticks`), where given,
+    """The file's sha256, read a megabyte at a time; `megabytes` (an `mounts.Ticks`), where given,
     counts them: a watcher's sign that the read is moving."""
     sha = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -1,12 +1,18 @@
-"""Which file system a local path is on, from /proc/self/mountinfo (Linux).
+"""Which file system a local path is on, from /proc/self/mountinfo (Linux), and bounded waits there.
 
 A network file system (NFS, SMB, a FUSE mount of a bucket or of a remote host) answers each open and
-read with one or more round trips, and a server that stops answering can hold a read forever: readers
-of such a path keep their reads ahead and bound their waits (`records/read_ahead.py`).
+read with one or more round trips, and a server that stops answering can hold a read, a write, an
+fsync, a rename or a lock forever: the kernel gives the caller no timeout of its own. Readers of such
+a path keep their reads ahead and bound each read (`records/read_ahead.py`); longer steps (a listing,
+a shard's writing, prepare's placing) run under a `NetworkGuard`, on a watched thread given up, with
+one line naming the file, once it has made no progress for --storage-timeout. The stuck thread is left
+behind, never the process. On a local disk the guard runs the step as it is: no thread, no cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import threading
 import time
@@ -14,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallscope.storage.location import StorageError, is_remote, storage_timeout
+
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Kernel file system types whose bytes live on another machine. "fuse.<name>" (gcsfuse, s3fs, sshfs,
@@ -75,8 +84,6 @@ def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str
     `progress`, the whole of `work` must end within the timeout. For work on a network file system (a
     listing, a write, an fsync) whose calls have no timeout of their own: a server that stops answering
     leaves the thread behind, never the process."""
-    from stallscope.storage.location import StorageError, storage_timeout
-
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -104,3 +111,55 @@ def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class Ticks:
+    """A count guarded work raises as it goes (files listed, images written, megabytes hashed): its
+    progress. `given_up` is set once the guard has given the work up: work that can stop between its
+    steps checks it, so a thread left behind does not go on writing once the server answers again."""
+
+    __slots__ = ("count", "given_up")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.given_up = False
+
+    def __call__(self) -> int:
+        return self.count
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkGuard:
+    """Runs steps on a folder bounded where `fstype` (the network file system it is on) is set; `flag`
+    names the folder in the error (empty: the caller names it)."""
+
+    fstype: str | None = None
+    flag: str = "--output_path"
+
+    @classmethod
+    def of(cls, path: Any, flag: str = "--output_path") -> "NetworkGuard":
+        """The guard of a local path; a gs:// or s3:// one has its own timeouts, and needs none."""
+        return cls(None if is_remote(path) else network_file_system(path), flag)
+
+    def __call__(self, work: Callable[[], T], what: str, progress: Callable[[], int] | None = None,
+                 unit: str = "images") -> T:
+        """`work()`; on a network file system, given up when `progress()` (a count; a `Ticks` is told it
+        was given up) has not moved for the storage timeout (without `progress`: when it has not ended by
+        then). `what` says what it does to which file."""
+        if self.fstype is None:
+            return work()
+        try:
+            prefix = f"{self.flag}: " if self.flag else ""
+            return watched(work, progress, f"{prefix}the file system ({self.fstype}) {what}", unit)
+        except StorageError:
+            if isinstance(progress, Ticks):
+                progress.given_up = True
+            raise
+
+    def cleanup(self, work: Callable[[], object], what: str) -> None:
+        """A step after the work is complete or already failed (closing a lock, removing a state
+        folder): a server that does not answer it is logged, never raised over the run's own outcome."""
+        try:
+            self(work, what)
+        except StorageError as exc:
+            log.warning("%s; left as it is", exc)
