@@ -17,7 +17,6 @@ from typing import IO
 
 from stallscope.errors import UsageError
 from stallscope.storage.mounts import NetworkGuard
-from stallscope.storage.mounts import network_file_system
 
 CHUNK = 1 << 20
 # What a broken archive raises while it is read: tarfile's own errors, a cut gzip, a failing disk.
@@ -173,10 +172,8 @@ def network_guard(source: Path, output: Path) -> NetworkGuard:
     """Where the output (or else the source) is on a network file system, prepare's steps there are
     bounded: a server that stops answering ends the run in one line naming --output or SOURCE, where a
     write or read on the main thread would have waited for ever (`storage/mounts.py`)."""
-    written_to = network_file_system(output)
-    if written_to:
-        return NetworkGuard(written_to, "--output")
-    return NetworkGuard(network_file_system(source), "SOURCE")
+    guard = NetworkGuard.of(output, "--output")
+    return guard if guard.fstype else NetworkGuard.of(source, "SOURCE")
 
 
 def first_missing(path: Path) -> Path | None:

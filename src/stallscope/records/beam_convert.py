@@ -37,11 +37,11 @@ from stallscope.records.convert import (
     _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
-from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.read_ahead import FileReader, process_reader
 from stallscope.records.schema import get_schema
 from stallscope.records.writer import ShardWriter, frame_record
 from stallscope.storage import location
+from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.storage.location import RemotePath, StorageError
 
 log = logging.getLogger(__name__)
@@ -208,12 +208,12 @@ def judge_image(data: bytes | OSError, name: bytes, label: int, label_text: byte
 
 
 def _judged_items(items: list, remote_input: bool, schema_name: str, image_options: images.ImageOptions,
-                  read_ahead: int | None = None, reader: FileReader | None = None) -> Iterator[tuple[bytes, tuple]]:
+                  reader: FileReader) -> Iterator[tuple[bytes, tuple]]:
     """(name, judgement) for each item of a shard's plan; from a bucket, FETCH_CHUNK requests at once;
-    from a local or mounted tree, read ahead of the checks where reads wait (`read_ahead.py`)."""
+    from a local or mounted tree, by `reader`: ahead of the checks where reads wait (`read_ahead.py`)."""
     decoded = [(bytes.fromhex(p), bytes.fromhex(n), label, bytes.fromhex(t)) for p, n, label, t in items]
     if not remote_input:
-        for data, name, label, text in (reader or process_reader(read_ahead)).contents(decoded):
+        for data, name, label, text in reader.contents(decoded):
             yield name, judge_image(data, name, label, text, schema_name, image_options)
         return
     for start in range(0, len(decoded), FETCH_CHUNK):
@@ -305,8 +305,7 @@ def _convert_shard(task: ShardTask, written: Ticks, reader: FileReader) -> str:
     repaired: list[dict[str, Any]] = []
     remote_input = plan.get("remote_input", False)
     with _shard_writer(_join(task.output_dir, task.filename)) as writer:
-        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, task.read_ahead,
-                                          reader):
+        for name, result in _judged_items(plan["items"], remote_input, task.schema, task.image_options, reader):
             if written.given_up:  # reported already: the thread left behind writes nothing more
                 raise StorageError(f"writing {task.filename!r} was given up")
             written.count += 1

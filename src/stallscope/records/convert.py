@@ -46,13 +46,13 @@ from stallscope.records.lock import LOCK_NAME, ExclusiveLock
 from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
-from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
 )
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
+from stallscope.storage.mounts import NetworkGuard, Ticks
 
 log = logging.getLogger(__name__)
 

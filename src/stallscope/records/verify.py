@@ -29,10 +29,10 @@ from stallscope.config import usable_cores
 from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
-from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.location import RemotePath, StorageError, as_path
+from stallscope.storage.mounts import NetworkGuard, Ticks
 
 log = logging.getLogger(__name__)
 
