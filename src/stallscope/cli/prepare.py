@@ -109,6 +109,7 @@ def _add_synthetic(kinds) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a synthetic data set made with other parameters in DIR")
     parser.set_defaults(kind_run=_run_synthetic)
+    flags.add_storage_flag(parser)
     flags.add_common_flags(parser)
 
 

@@ -10,11 +10,13 @@ bytes whatever the number of workers, and a killed run resumes where it stopped.
 
 Layout: `{output}/{train,validation}/{label}/{label}_{index:05d}.jpg`, plus `synthetic.json`
 (the parameters, labels and every file's size) written last.
+
+On a network file system (NFS, SMB, a FUSE mount) every step on the output is bounded by the storage
+timeout: a server that stops answering ends the run with one error naming --output, not a hang.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import io
@@ -33,6 +35,7 @@ import numpy as np
 from stallscope.config import from_dict, require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import write_json_atomic
+from stallscope.storage.mounts import NetworkGuard, Ticks
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ PARTIAL_NAME = ".synthetic.partial.json"  # written first: marks a run under way
 FORMAT = "stallscope-synthetic"
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
+WORKER_START_S = 300.0  # a spawned worker that has not started by then never will: no output to blame
+_WRITTEN = None  # in a rendering worker: the pool's count of images put in place
 
 # Colour photographs shipped inside the scikit-image and scikit-learn wheels (none downloads via
 # pooch). Ordered so that the first classes are the most different from each other.
@@ -272,6 +277,9 @@ def _render_to_file(output: Path, options: SyntheticOptions, job: ImageJob) -> t
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    if _WRITTEN is not None:
+        with _WRITTEN.get_lock():
+            _WRITTEN.value += 1
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
     return job.relpath, len(data), width, height
@@ -300,9 +308,10 @@ def _options_from(data: dict[str, Any], where: Path) -> SyntheticOptions:
         raise DataError(f"{where}: unreadable options ({exc})") from None
 
 
-def _is_complete(output: Path, index: dict[str, Any]) -> bool:
+def _is_complete(output: Path, index: dict[str, Any], ticks: Ticks) -> bool:
     files = index.get("files", {})
     for relpath, entry in files.items():
+        ticks.count += 1
         try:
             if (output / relpath).stat().st_size != entry[0]:
                 return False
@@ -311,10 +320,11 @@ def _is_complete(output: Path, index: dict[str, Any]) -> bool:
     return bool(files)
 
 
-def _remove_data_set(output: Path, options: SyntheticOptions) -> None:
+def _remove_data_set(output: Path, options: SyntheticOptions, ticks: Ticks) -> None:
     """Removes the files an earlier data set of these options made, and the folders they empty."""
     for job in plan(options):
         (output / job.relpath).unlink(missing_ok=True)
+        ticks.count += 1
     for split in SPLITS:
         for folder in sorted((output / split).glob("*"), reverse=True) + [output / split]:
             if folder.is_dir() and not any(folder.iterdir()):
@@ -329,7 +339,7 @@ def _remove_temporaries(output: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _prepare_output(output: Path, options: SyntheticOptions, overwrite: bool) -> dict[str, Any] | None:
+def _prepare_output(output: Path, options: SyntheticOptions, overwrite: bool, ticks: Ticks) -> dict[str, Any] | None:
     """Checks what `output` holds and clears what must go. Returns the index of an earlier run of
     the same options (finished or not) so that its images can be kept; refuses foreign content."""
     if output.exists() and not output.is_dir():
@@ -350,7 +360,7 @@ def _prepare_output(output: Path, options: SyntheticOptions, overwrite: bool) ->
                 "or choose another --output"
             )
         log.info("removing the earlier data set in %s", output)
-        _remove_data_set(output, _options_from(data, output / name))
+        _remove_data_set(output, _options_from(data, output / name), ticks)
         return None
     if any(output.iterdir()):
         raise UsageError(
@@ -385,32 +395,22 @@ def make_synthetic(
     """
     output = Path(output)
     started = time.perf_counter()
-    earlier = _prepare_output(output, options, overwrite)
-    if earlier is not None and "files" in earlier and _is_complete(output, earlier):
+    guard = NetworkGuard.of(output, "--output")
+    where = repr(str(output))
+    checked = Ticks()
+    earlier = guard(lambda: _prepare_output(output, options, overwrite, checked), f"reading {where}", checked, "files")
+    if earlier is not None and "files" in earlier and guard(lambda: _is_complete(output, earlier, checked),
+                                                            f"reading {where}", checked, "files"):
         log.info("%s already holds this data set; nothing to do", output)
         return _report(output, earlier, written=0, kept=len(earlier["files"]), reused=True,
                        seconds=time.perf_counter() - started)
     known_sizes = {relpath: entry[0] for relpath, entry in (earlier or {}).get("files", {}).items()}
-
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
-    _remove_temporaries(output)
-    write_json_atomic(output / PARTIAL_NAME, {"format": FORMAT, "version": FORMAT_VERSION,
-                                              "options": options.identity()})
+    guard(lambda: _begin(output, options), f"creating {where}")
     jobs = plan(options)
-    results: dict[str, tuple[int, int, int]] = {}
-    todo: list[ImageJob] = []
-    for job in jobs:
-        # An image under its final name is whole (it was renamed into place when complete) and
-        # was made with these options; one whose size disagrees with the index is made again.
-        path = output / job.relpath
-        measured = _measure(path) if path.is_file() else None
-        if measured and known_sizes.get(job.relpath, measured[0]) == measured[0]:
-            results[job.relpath] = measured
-        else:
-            todo.append(job)
+    measured = Ticks()
+    results = guard(lambda: _finished_images(output, jobs, known_sizes, measured), f"reading the images in {where}",
+                    measured, "files")
+    todo = [job for job in jobs if job.relpath not in results]
     kept = len(results)
     if progress and kept:
         progress(kept, len(jobs), "img")
@@ -419,11 +419,7 @@ def make_synthetic(
         if progress:
             progress(amount, len(jobs), "img")
 
-    # closing(): an interrupt met outside the generator still stops its workers at once
-    with contextlib.closing(_render_all(output, options, todo, report_progress)) as rendered:
-        for relpath, size, width, height in rendered:
-            results[relpath] = (size, width, height)
-
+    results.update(_render_all(output, options, todo, report_progress, guard))
     index = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -433,10 +429,40 @@ def make_synthetic(
         "pillow": _pillow_version(),
         "files": {job.relpath: list(results[job.relpath]) for job in jobs},  # [bytes, width, height]
     }
-    write_json_atomic(output / INDEX_NAME, index)
-    (output / PARTIAL_NAME).unlink(missing_ok=True)
+    guard(lambda: _finish(output, index), f"writing {str(output / INDEX_NAME)!r}")
     return _report(output, index, written=len(todo), kept=kept, reused=False,
                    seconds=time.perf_counter() - started)
+
+
+def _begin(output: Path, options: SyntheticOptions) -> None:
+    """Creates `output`, clears an interrupted run's temporaries and marks this run as under way."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {str(output)!r} ({exc.strerror or exc.__class__.__name__}); expected a writable directory") from None
+    _remove_temporaries(output)
+    write_json_atomic(output / PARTIAL_NAME, {"format": FORMAT, "version": FORMAT_VERSION,
+                                              "options": options.identity()})
+
+
+def _finished_images(output: Path, jobs: list[ImageJob], known_sizes: dict[str, int],
+                     ticks: Ticks) -> dict[str, tuple[int, int, int]]:
+    """The images an earlier run finished: (bytes, width, height) by relpath. An image under its final
+    name is whole (it was renamed into place when complete) and was made with these options; one whose
+    size disagrees with the index is made again."""
+    finished = {}
+    for job in jobs:
+        path = output / job.relpath
+        measured = _measure(path) if path.is_file() else None
+        if measured and known_sizes.get(job.relpath, measured[0]) == measured[0]:
+            finished[job.relpath] = measured
+        ticks.count += 1
+    return finished
+
+
+def _finish(output: Path, index: dict[str, Any]) -> None:
+    write_json_atomic(output / INDEX_NAME, index)
+    (output / PARTIAL_NAME).unlink(missing_ok=True)
 
 
 def _measure(path: Path) -> tuple[int, int, int] | None:
@@ -451,37 +477,65 @@ def _measure(path: Path) -> tuple[int, int, int] | None:
         return None
 
 
-def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], progress: Callable[[int], None]):
-    """Renders in worker processes (spawned: safe beside a loaded TensorFlow) when worth it."""
+def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], progress: Callable[[int], None],
+                guard: NetworkGuard = NetworkGuard()) -> dict[str, tuple[int, int, int]]:
+    """Renders `jobs` into `output`: (bytes, width, height) by relpath. In worker processes (spawned:
+    safe beside a loaded TensorFlow) when worth it, and always on a network file system, where the
+    workers are given up (and ended) once none has written an image for the storage timeout."""
+    rendered: dict[str, tuple[int, int, int]] = {}
     workers = min(options.workers or usable_cores(), max(1, len(jobs) // 8))
-    if workers <= 1:
+    if workers <= 1 and guard.fstype is None:
         for job in jobs:
-            yield _render_to_file(output, options, job)
+            relpath, size, width, height = _render_to_file(output, options, job)
+            rendered[relpath] = (size, width, height)
             progress(1)
-        return
+        return rendered
     batches = [(str(output), options, jobs[i:i + 8]) for i in range(0, len(jobs), 8)]
     context = multiprocessing.get_context("spawn")
+    written = context.Value("q", 0)  # images the workers have put in place: their progress
+    ready = context.Value("q", 0)
+
+    def collect() -> None:
+        for batch in pool.imap_unordered(_render_batch_args, batches):
+            for relpath, size, width, height in batch:
+                rendered[relpath] = (size, width, height)
+            progress(len(batch))
+
     # Workers ignore Ctrl-C and the parent ends them at once on any interrupt: a pool left by a `with`
     # block, or a ProcessPoolExecutor's shutdown, would go on until the whole set was made.
-    pool = context.Pool(workers, initializer=_ignore_interrupts)
+    pool = context.Pool(workers, initializer=_start_worker, initargs=(written, ready))
     try:
-        for rendered in pool.imap_unordered(_render_batch_args, batches):
-            yield from rendered
-            progress(len(rendered))
+        if guard.fstype is not None:
+            _await_first_worker(ready)  # starting Python is not the output's to answer for
+        guard(collect, f"writing images into {str(output)!r}", lambda: written.value, "images")
         pool.close()
     except BaseException:
         pool.terminate()
         raise
     finally:
         pool.join()
+    return rendered
+
+
+def _await_first_worker(ready) -> None:
+    deadline = time.monotonic() + WORKER_START_S
+    while not ready.value:
+        if time.monotonic() > deadline:
+            raise DataError(f"no rendering worker started within {WORKER_START_S:g} s; expected the spawned "
+                            "Python processes to start")
+        time.sleep(0.01)
 
 
 def _render_batch_args(args: tuple) -> list[tuple[str, int, int, int]]:
     return _render_batch(*args)
 
 
-def _ignore_interrupts() -> None:
+def _start_worker(written, ready) -> None:
+    global _WRITTEN
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WRITTEN = written
+    with ready.get_lock():
+        ready.value += 1
 
 
 def _report(output: Path, index: dict[str, Any], *, written: int, kept: int, reused: bool, seconds: float) -> SyntheticReport:
