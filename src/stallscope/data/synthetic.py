@@ -503,7 +503,8 @@ def _render_all(output: Path, options: SyntheticOptions, jobs: list[ImageJob], p
 
     # Workers ignore Ctrl-C and the parent ends them at once on any interrupt: a pool left by a `with`
     # block, or a ProcessPoolExecutor's shutdown, would go on until the whole set was made.
-    pool = context.Pool(workers, initializer=_start_worker, initargs=(written, ready))
+    photos = sorted({PHOTOS[job.class_index % len(PHOTOS)] for job in jobs})
+    pool = context.Pool(workers, initializer=_start_worker, initargs=(written, ready, photos))
     try:
         if guard.fstype is not None:
             _await_first_worker(ready)  # starting Python is not the output's to answer for
@@ -530,10 +531,14 @@ def _render_batch_args(args: tuple) -> list[tuple[str, int, int, int]]:
     return _render_batch(*args)
 
 
-def _start_worker(written, ready) -> None:
+def _start_worker(written, ready, photos: list[str]) -> None:
+    """Ignores Ctrl-C (the parent ends the pool), and loads the source photographs before it says it
+    is ready: their imports take seconds on a busy machine, and are no time of the output's."""
     global _WRITTEN
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WRITTEN = written
+    for name in photos:
+        _photo(name)
     with ready.get_lock():
         ready.value += 1
 
