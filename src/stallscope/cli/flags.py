@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stallscope.config import AUTOTUNE
+
+if TYPE_CHECKING:
+    from stallscope.storage.stuck_calls import StuckCallWatch
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
                "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
@@ -324,3 +329,36 @@ def apply_storage_flags(args: argparse.Namespace) -> list[str]:
         return []
     small_objects = getattr(args, "source", None) == "files" or getattr(args, "command", None) == "convert"
     return prepare_gcs_environment(storage_timeout(), small_objects=small_objects)
+
+
+def network_roots(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, real path) of each local path a command was given that is on a network file system."""
+    from stallscope.storage.location import is_remote
+    from stallscope.storage.mounts import network_file_system
+
+    roots = []
+    for dest, value in vars(args).items():
+        if isinstance(value, (str, os.PathLike)) and not is_remote(value) and (
+                isinstance(value, Path) or os.path.exists(value)) and network_file_system(value):
+            roots.append((f"--{dest.replace('_', '-')}", os.path.realpath(value)))
+    return roots
+
+
+def watch_network_file_calls(args: argparse.Namespace, give_up: Callable[[str], None]) -> StuckCallWatch | None:
+    """Where a command reads or writes on a network file system, a watch on the file calls TF makes
+    there itself: one that has not answered for the storage timeout goes to `give_up(message)`, which
+    must end the process (the call's thread cannot be stopped). None where there is nothing to watch."""
+    from stallscope.storage.location import storage_timeout
+    from stallscope.storage.mounts import no_answer
+    from stallscope.storage.stuck_calls import StuckCallWatch
+
+    roots = network_roots(args)
+    if not roots or not StuckCallWatch.available():
+        return None
+
+    def on_stuck(stuck) -> None:
+        flag = next((flag for flag, root in roots if stuck.path == root or stuck.path.startswith(root.rstrip("/") + "/")), "")
+        what = f"the file system ({stuck.fstype}) {stuck.doing}"
+        give_up(no_answer(f"{flag}: {what}" if flag else what, storage_timeout()))
+
+    return StuckCallWatch(storage_timeout(), on_stuck, fallback=roots[0][1]).start()

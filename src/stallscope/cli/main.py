@@ -10,14 +10,14 @@ import re
 import sys
 
 from stallscope import __version__
-from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed
+from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed, watch_network_file_calls
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
 
 # (name, module, one-line help). Modules are imported to register their flags; they keep
 # TensorFlow imports inside `run`, so `--help` stays fast.
 SUBCOMMANDS = (
-    ("prepare", "stallscope.cli.prepare", "prepare image data: ILSVRC2012 validation set or the built-in data set"),
+    ("prepare", "stallscope.cli.prepare", "prepare image data: ILSVRC2012 validation or train set, or the built-in data set"),
     ("convert", "stallscope.cli.convert", "convert image folders to verified, sharded TFRecords"),
     ("verify", "stallscope.cli.verify", "re-read TFRecords and name any damaged shard, record and byte"),
     ("train", "stallscope.cli.train", "fine-tune a model from JPEG files or TFRecords, measuring input wait"),
@@ -30,6 +30,9 @@ SUBCOMMANDS = (
     ("storage", "stallscope.cli.storage", "emulate remote storage: a folder as a GCS or S3 bucket or a slow mount"),
 )
 NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnose", "serve"})
+# Commands whose files TF itself reads or writes (a network file system's hang is in TF's threads there;
+# convert, verify and prepare bound their own steps)
+WATCHES_FILE_CALLS = frozenset({"train", "evaluate", "analyze", "diagnose"})
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -110,8 +113,20 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    watch = None
+
+    def give_up(message: str) -> None:
+        """A file call TF made on a network file system never came back: its thread cannot be stopped,
+        so the process ends here, its output flushed, with the one line."""
+        message = spelled_as_typed(message, _command_parser(parser, args), argv)
+        sys.stdout.flush()
+        print(f"stallscope {args.command}: error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)
+
     try:
         apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
+        if args.command in WATCHES_FILE_CALLS and process_entry:
+            watch = watch_network_file_calls(args, give_up)
         if args.command in NEEDS_TENSORFLOW:
             import_tensorflow()
         return int(args.handler(args) or 0)
@@ -126,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"stallscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 if __name__ == "__main__":

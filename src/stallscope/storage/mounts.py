@@ -106,11 +106,15 @@ def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str
             seen, since = now_seen, now
         elif now - since >= timeout_s:
             after = f" (after {seen:,} {unit})" if progress is not None else ""
-            raise StorageError(f"{what} did not answer for {timeout_s:g} s{after}; "
-                               "expected it within --storage-timeout")
+            raise StorageError(no_answer(what, timeout_s, after))
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def no_answer(what: str, timeout_s: float, after: str = "") -> str:
+    """The one line for a network file system that stopped answering."""
+    return f"{what} did not answer for {timeout_s:g} s{after}; expected it within --storage-timeout"
 
 
 class Ticks:

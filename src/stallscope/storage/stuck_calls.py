@@ -1,0 +1,179 @@
+"""A watch on the file calls TensorFlow makes itself on a network file system.
+
+stallscope's own steps on a network file system are bounded (`mounts.NetworkGuard`), but TF's reads
+(`tf.io.read_file`, a TFRecord reader, a checkpoint write) happen in C++ threads with no timeout: a
+server that stops answering hangs training for good. Linux shows each thread's current system call
+and its arguments in /proc/self/task/TID/syscall. A thread found in the same file call with the same
+arguments (the same descriptor, buffer and offset) for the whole storage timeout, on a file of a
+network file system, is waiting on a server that has not answered; `StuckCallWatch` hands it to its
+`on_stuck`. A reader that is merely slow moves on to other offsets between samples and never counts.
+A single call that takes the whole timeout to move its bytes (one read of a gigabyte over a slow link)
+does count: raise --storage-timeout for such files.
+
+Only Linux on x86-64 and arm64, whose call numbers are below; elsewhere the watch does not start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from stallscope.storage.mounts import network_file_system
+
+log = logging.getLogger(__name__)
+
+TASKS = Path("/proc/self/task")
+_AT_FDCWD = 0xFFFFFFFFFFFFFF9C  # -100 as the kernel prints a call's argument
+
+# name -> (x86-64 number, arm64 number); the first argument is a descriptor, or a directory's (*at)
+_FD_CALLS = {
+    "read": (0, 63), "write": (1, 64), "close": (3, 57), "fstat": (5, 80), "lseek": (8, 62),
+    "pread64": (17, 67), "pwrite64": (18, 68), "readv": (19, 65), "writev": (20, 66),
+    "fsync": (74, 82), "fdatasync": (75, 83), "getdents64": (217, 61), "preadv": (295, 69),
+    "pwritev": (296, 70), "preadv2": (327, 286), "pwritev2": (328, 287),
+}
+_PATH_CALLS = {  # the path is in the caller's memory; the *at ones name a directory by descriptor
+    "openat": (257, 56), "newfstatat": (262, 79), "faccessat": (269, 48), "statx": (332, 291),
+    "openat2": (437, 437), "open": (2, None), "stat": (4, None), "lstat": (6, None), "access": (21, None),
+}
+_WRITES = {"write", "pwrite64", "writev", "pwritev", "pwritev2", "fsync", "fdatasync", "close"}
+
+
+def _numbers(table: dict[str, tuple[int, int | None]]) -> dict[int, str]:
+    column = {"x86_64": 0, "amd64": 0, "aarch64": 1, "arm64": 1}.get(platform.machine().lower())
+    if column is None:
+        return {}
+    return {numbers[column]: name for name, numbers in table.items() if numbers[column] is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class StuckCall:
+    """A thread's file call that has not returned for `seconds`: `path` is the file (or, for a call
+    naming its file by a path, the folder it is looked up from, or '' when that is the working folder)."""
+
+    call: str
+    path: str
+    fstype: str
+    seconds: float
+
+    @property
+    def doing(self) -> str:
+        """What the call was doing, for a message: "reading '/mnt/nfs/data/cat/1.jpg'"."""
+        if self.call in _PATH_CALLS:
+            return f"opening a file under {self.path!r}" if self.path else "opening a file"
+        return f"{'writing' if self.call in _WRITES else 'reading'} {self.path!r}"
+
+
+class StuckCallWatch:
+    """Samples this process's threads every `interval_s` on a daemon thread; a file call on a network
+    file system unchanged for `timeout_s` goes to `on_stuck` (once). `fallback` names where a call that
+    names its file by a path relative to the working folder is looked up (a network folder the command
+    reads from), for the message."""
+
+    def __init__(self, timeout_s: float, on_stuck: Callable[[StuckCall], None], *, fallback: str = "",
+                 interval_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.on_stuck = on_stuck
+        self.fallback = fallback
+        self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 4)
+        self._fd_calls, self._path_calls = _numbers(_FD_CALLS), _numbers(_PATH_CALLS)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen: dict[str, tuple[str, float, bool]] = {}  # thread id -> (its call line, since when, judged local)
+
+    @staticmethod
+    def available() -> bool:
+        return bool(_numbers(_FD_CALLS)) and TASKS.is_dir()
+
+    def start(self) -> StuckCallWatch:
+        if self.available():
+            self._thread = threading.Thread(target=self._run, name="stallscope-read-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def __enter__(self) -> StuckCallWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        own = str(threading.get_native_id())
+        while not self._stop.wait(self.interval_s):
+            stuck = self.sample(exclude=own)
+            if stuck is not None:
+                self.on_stuck(stuck)
+                return
+
+    def sample(self, exclude: str = "") -> StuckCall | None:
+        """One look at every thread; the first call found stuck, if any."""
+        now = time.monotonic()
+        seen: dict[str, tuple[str, float]] = {}
+        found = None
+        try:
+            threads = os.listdir(TASKS)
+        except OSError:
+            return None
+        for tid in threads:
+            if tid == exclude:
+                continue
+            line = _call_line(tid)
+            if line is None:
+                continue
+            number = int(line.split(" ", 1)[0])
+            if number not in self._fd_calls and number not in self._path_calls:
+                continue
+            earlier = self._seen.get(tid)
+            same = earlier is not None and earlier[0] == line
+            since, local = (earlier[1], earlier[2]) if same else (now, False)
+            if found is None and not local and now - since >= self.timeout_s:
+                found = self._judge(line, number, now - since)
+                local = found is None  # a pipe, a socket, a local file: not looked at again while it waits
+            seen[tid] = (line, since, local)
+        self._seen = seen
+        return found
+
+    def _judge(self, line: str, number: int, seconds: float) -> StuckCall | None:
+        """The stuck call where it is on a network file system; None where the file is local (a pipe, a
+        socket, a local disk: not the storage timeout's to judge)."""
+        first = int(line.split()[1], 16)
+        if number in self._fd_calls:
+            path = _fd_path(first)
+            fstype = network_file_system(path) if path.startswith("/") else None
+            return StuckCall(self._fd_calls[number], path, fstype, seconds) if fstype else None
+        folder = "" if first == _AT_FDCWD or self._path_calls[number] in ("open", "stat", "lstat", "access") \
+            else _fd_path(first)
+        where = folder or self.fallback or os.getcwd()
+        fstype = network_file_system(where) if where.startswith("/") else None
+        return StuckCall(self._path_calls[number], folder or self.fallback, fstype, seconds) if fstype else None
+
+
+def _call_line(tid: str) -> str | None:
+    """The thread's call and its six arguments ("17 0x5 0x7f.. 0x2000 0x0 0x0 0x0"); None when it is
+    running or not in a call."""
+    try:
+        text = (TASKS / tid / "syscall").read_text()
+    except OSError:  # the thread has ended
+        return None
+    fields = text.split()
+    if len(fields) < 7 or not fields[0].isdigit():
+        return None  # "running", or "-1 sp pc" (not in a call)
+    return " ".join(fields[:7])
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
