@@ -30,6 +30,18 @@ def serve_profiler(port: int) -> int:
     return _serve(port)
 
 
+def watch_storage(timeout_s: float = 30.0, on_stuck=None):
+    """Watches this process's file calls on network file systems (TF's reads of your data, a checkpoint's
+    writes): one the server has not answered for `timeout_s` goes to `on_stuck(message)`. By default the
+    message is printed and the process ends with exit code 2, since the thread waiting in the call cannot
+    be stopped. Returns the watch: a context manager, or `.stop()` it. Linux (x86-64, arm64) only."""
+    from stallscope.storage.stuck_calls import StuckCallWatch, end_process
+
+    limit = "watch_storage's timeout_s"
+    give_up = on_stuck or end_process
+    return StuckCallWatch(timeout_s, lambda stuck: give_up(stuck.message(timeout_s, limit=limit))).start()
+
+
 def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None,
              what_if_storage: str | None = None, storage_client: str | None = None):
     """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled

@@ -112,9 +112,9 @@ def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str
     return outcome["value"]
 
 
-def no_answer(what: str, timeout_s: float, after: str = "") -> str:
-    """The one line for a network file system that stopped answering."""
-    return f"{what} did not answer for {timeout_s:g} s{after}; expected it within --storage-timeout"
+def no_answer(what: str, timeout_s: float, after: str = "", limit: str = "--storage-timeout") -> str:
+    """The one line for a network file system that stopped answering; `limit` names the setting."""
+    return f"{what} did not answer for {timeout_s:g} s{after}; expected it within {limit}"
 
 
 class Ticks:

@@ -19,12 +19,13 @@ import dataclasses
 import logging
 import os
 import platform
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stallscope.storage.mounts import network_file_system
+from stallscope.storage.mounts import network_file_system, no_answer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,20 @@ class StuckCall:
         if self.call in _PATH_CALLS:
             return f"opening a file under {self.path!r}" if self.path else "opening a file"
         return f"{'writing' if self.call in _WRITES else 'reading'} {self.path!r}"
+
+    def message(self, timeout_s: float, flag: str = "", limit: str = "--storage-timeout") -> str:
+        """The one line: "--dataset_path: the file system (nfs4) reading '...' did not answer for 30 s; ..."."""
+        what = f"the file system ({self.fstype}) {self.doing}"
+        return no_answer(f"{flag}: {what}" if flag else what, timeout_s, limit=limit)
+
+
+def end_process(message: str) -> None:
+    """The default of `stallscope.watch_storage`: the thread waiting on the server cannot be stopped and
+    a normal exit would wait for it, so the process ends here with the line and exit code 2."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.write(2, f"stallscope: {message}\n".encode())
+    os._exit(2)
 
 
 class StuckCallWatch:
