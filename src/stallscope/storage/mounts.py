@@ -52,14 +52,15 @@ def mount_points(text: str) -> list[tuple[str, str]]:
     return found
 
 
-def file_system_type(path: str | os.PathLike, mountinfo: Path = MOUNTINFO) -> str | None:
+def file_system_type(path: str | os.PathLike, mountinfo: Path = MOUNTINFO, *, resolved: bool = False) -> str | None:
     """The type of the file system `path` is on (the mount with the longest mount point above it);
-    None where the table cannot be read (not Linux)."""
+    None where the table cannot be read (not Linux). `resolved`: the path is already absolute with no
+    symbolic link (as the kernel names an open file), so no call goes to the file system itself."""
     try:
         mounts = mount_points(mountinfo.read_text())
     except OSError:
         return None
-    where = os.path.realpath(path)
+    where = os.fspath(path) if resolved else os.path.realpath(path)
     best = None
     for point, fstype in mounts:  # a later mount over the same point hides the earlier one
         if where == point or where.startswith(point.rstrip("/") + "/"):
@@ -72,9 +73,9 @@ def is_network_type(fstype: str | None) -> bool:
     return fstype is not None and (fstype in NETWORK_TYPES or fstype.startswith("fuse."))
 
 
-def network_file_system(path: str | os.PathLike) -> str | None:
+def network_file_system(path: str | os.PathLike, *, resolved: bool = False) -> str | None:
     """The type of the network file system `path` is on ("nfs4", "fuse.gcsfuse"), or None."""
-    fstype = file_system_type(path)
+    fstype = file_system_type(path, resolved=resolved)
     return fstype if is_network_type(fstype) else None
 
 

@@ -87,9 +87,9 @@ def end_process(message: str) -> None:
 
 class StuckCallWatch:
     """Samples this process's threads every `interval_s` on a daemon thread; a file call on a network
-    file system unchanged for `timeout_s` goes to `on_stuck` (once). `fallback` names where a call that
-    names its file by a path relative to the working folder is looked up (a network folder the command
-    reads from), for the message."""
+    file system unchanged for `timeout_s` goes to `on_stuck` (once). `fallback` (a real path) names where
+    a call that names its file by a path relative to the working folder is looked up (a network folder
+    the command reads from), for the message."""
 
     def __init__(self, timeout_s: float, on_stuck: Callable[[StuckCall], None], *, fallback: str = "",
                  interval_s: float | None = None) -> None:
@@ -108,7 +108,7 @@ class StuckCallWatch:
 
     def start(self) -> StuckCallWatch:
         if self.available():
-            self._thread = threading.Thread(target=self._run, name="stallscope-read-watch", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="stallscope-file-call-watch", daemon=True)
             self._thread.start()
         return self
 
@@ -134,7 +134,7 @@ class StuckCallWatch:
     def sample(self, exclude: str = "") -> StuckCall | None:
         """One look at every thread; the first call found stuck, if any."""
         now = time.monotonic()
-        seen: dict[str, tuple[str, float]] = {}
+        seen: dict[str, tuple[str, float, bool]] = {}
         found = None
         try:
             threads = os.listdir(TASKS)
@@ -162,15 +162,17 @@ class StuckCallWatch:
     def _judge(self, line: str, number: int, seconds: float) -> StuckCall | None:
         """The stuck call where it is on a network file system; None where the file is local (a pipe, a
         socket, a local disk: not the storage timeout's to judge)."""
+        # Every path here is as the kernel names it (absolute, no link), so judging it makes no call to the
+        # file system that may be the one not answering.
         first = int(line.split()[1], 16)
         if number in self._fd_calls:
             path = _fd_path(first)
-            fstype = network_file_system(path) if path.startswith("/") else None
+            fstype = network_file_system(path, resolved=True) if path.startswith("/") else None
             return StuckCall(self._fd_calls[number], path, fstype, seconds) if fstype else None
         folder = "" if first == _AT_FDCWD or self._path_calls[number] in ("open", "stat", "lstat", "access") \
             else _fd_path(first)
         where = folder or self.fallback or os.getcwd()
-        fstype = network_file_system(where) if where.startswith("/") else None
+        fstype = network_file_system(where, resolved=True) if where.startswith("/") else None
         return StuckCall(self._path_calls[number], folder or self.fallback, fstype, seconds) if fstype else None
 
 
