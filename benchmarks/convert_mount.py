@@ -9,7 +9,12 @@ this machine, so its server's CPU is taken from the converter's cores (it is pri
 server answers from another machine. Every run is a fresh `stallscope convert` process; the tree is
 the built-in data set (`--classes` x `--images-per-class`, in train and validation).
 
+With `--output-latency-ms`, also the other way round: from local disk into an empty folder of a
+writable mount (`--mount MNT --writable`) at each latency, every create, write, fsync and rename held
+for it, against converting into local disk; the shards are checked to be the same bytes.
+
   python benchmarks/convert_mount.py [--latency-ms 5,20 --depths 0,auto --repeats 3 --workers N]
+  python benchmarks/convert_mount.py --latency-ms '' --output-latency-ms 2,20
 
 Needs /dev/fuse, fuse3 and mfusepy (`make test` installs them where it can).
 """
@@ -42,8 +47,9 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / TICKS
 
 
-def convert_once(src: Path, out: Path, read_ahead: str, workers: int) -> tuple[float, str]:
-    """(wall seconds, the summary's reads line) of one `stallscope convert` in a fresh process."""
+def convert_once(src: Path, out: Path, read_ahead: str, workers: int, keep: bool = False) -> tuple[float, str]:
+    """(wall seconds, the summary's reads line) of one `stallscope convert` in a fresh process; `keep`
+    leaves the output for a comparison."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "stallscope", "convert", str(src), "--output-path", str(out), "--no-progress",
            "--workers", str(workers), "--read-ahead", read_ahead]
@@ -53,7 +59,8 @@ def convert_once(src: Path, out: Path, read_ahead: str, workers: int) -> tuple[f
     if result.returncode:
         sys.exit(f"convert failed:\n{result.stderr}")
     reads = next((line.strip() for line in result.stdout.splitlines() if line.strip().startswith("reads:")), "")
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return elapsed, reads
 
 
@@ -65,6 +72,8 @@ def main() -> None:
     parser.add_argument("--depths", default="0,auto", help="--read-ahead values to time from the mount")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--output-latency-ms", default="",
+                        help="also convert into a writable mount at these latencies, a list: 2,20")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     args = parser.parse_args()
     if why := why_no_fuse():  # not a failure of the code measured: `make bench` goes on
@@ -110,6 +119,32 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 if depth != "0":
                     print(f"  at {latency_ms:g} ms, ahead {depth} against in turn: {times['0'] / times[depth]:.2f}x "
                           f"as fast; against local disk: {local / times[depth]:.2f}x")
+    for latency_ms in (float(v) for v in args.output_latency_ms.split(",") if v):
+        into_mount(args, work, src, len(files), local, latency_ms)
+
+
+def into_mount(args: argparse.Namespace, work: Path, src: Path, images: int, local: float, latency_ms: float) -> None:
+    """Local disk into a writable mount at `latency_ms`: median seconds against into local disk."""
+    served, mount = work / "served", work / "mnt-out"
+    shutil.rmtree(served, ignore_errors=True)
+    served.mkdir()
+    mount.mkdir(exist_ok=True)
+    convert_once(src, work / "local-out", "auto", args.workers, keep=True)
+    with emulate(served, kind="mount", mount_point=mount, latency_s=latency_ms / 1e3, writable=True,
+                 max_duration_s=3600) as store:
+        runs, server_cpu = [], []
+        for repeat in range(args.repeats):
+            before = cpu_seconds(store.pid)
+            runs.append(convert_once(src, mount / "out", "auto", args.workers, keep=repeat == args.repeats - 1)[0])
+            server_cpu.append(cpu_seconds(store.pid) - before)
+    shards = sorted(p.name for p in (work / "local-out").glob("*.tfrecord"))
+    same = shards and all((served / "out" / name).read_bytes() == (work / "local-out" / name).read_bytes()
+                          for name in shards)
+    into = statistics.median(runs)
+    label = f"into mount {latency_ms:g} ms"
+    print(f"{label:<24} {into:>7.2f} s {images / into:>8.0f} images/s, the mount's server "
+          f"{statistics.median(server_cpu):.2f} CPU s; {len(shards)} shards {'the same bytes' if same else 'DIFFERENT'} "
+          f"as into local disk; against local disk: {local / into:.2f}x")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,11 +96,29 @@ def test_a_pinned_process_counts_only_its_own_cpus():
     burner = subprocess.Popen([sys.executable, "-c", BURN], preexec_fn=lambda: os.sched_setaffinity(0, {other}))
     try:
         time.sleep(0.3)
+        before = _busy_jiffies()
         done = subprocess.run([sys.executable, "-c", IDLE_RUN], capture_output=True, text=True, timeout=60, check=True,
                               preexec_fn=lambda: os.sched_setaffinity(0, {mine}))
+        after = _busy_jiffies()
     finally:
         burner.kill()
         burner.wait(10)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["cores"] == 1 and summary["cpus"] == 1
+    share = {cpu: (after[cpu][0] - before[cpu][0]) / max(1, after[cpu][1] - before[cpu][1]) * 100 for cpu in (mine, other)}
+    if share[other] - share[mine] < 50:  # other work on this machine kept CPU `mine` busy too
+        pytest.skip(f"CPU {mine} was {share[mine]:.0f}% busy beside the load's {share[other]:.0f}%: too busy to tell apart")
     assert summary["system_mean_percent"] < 30
+    assert abs(summary["system_mean_percent"] - share[mine]) < 25  # its own CPU's figure, not the machine's
+
+
+def _busy_jiffies() -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies of each CPU from /proc/stat."""
+    found = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            values = [int(v) for v in fields[:8]]
+            idle = values[3] + values[4]  # idle + iowait
+            found[int(name[3:])] = (sum(values) - idle, sum(values))
+    return found
