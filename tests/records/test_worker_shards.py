@@ -84,6 +84,23 @@ def test_segments_only_where_shards_are_too_few_to_keep_workers_busy():
     assert segments_per_shard([shard(1000)] * 2, 3) == [6, 6]
     assert segments_per_shard([shard(40), shard(5)], 3) == [1, 1]  # never below MIN_SEGMENT_IMAGES per segment
     assert segments_per_shard([shard(1000)], 1) == [1]  # one worker: whole shards in this process
+    # output on a network file system: a task a worker, so fewer segments to read back across it
+    assert segments_per_shard([shard(1000)] * 3, 3, tasks_per_worker=1) == [1, 1, 1]
+    assert segments_per_shard([shard(1000)], 3, tasks_per_worker=1) == [3]
+
+
+
+def test_output_on_a_network_file_system_cuts_shards_only_to_keep_every_worker_busy(tmp_path):
+    def shard(n):
+        items = tuple(convert.Candidate(f"cat/{i}.jpg".encode(), "train", 0, "cat", 1, 0) for i in range(n))
+        return convert.PlannedShard("train", "train-0.tfrecord", items, "")
+
+    def parts(output_fs):
+        tasks = convert._segment_tasks(ConvertOptions(tmp_path, tmp_path / "out"), [shard(1000)] * 3, tmp_path, 3, output_fs)
+        return [task.parts for task in tasks]
+
+    assert parts(None) == [4] * 12  # local disk: 4 tasks a worker, for an even tail
+    assert parts("nfs4") == [1, 1, 1]  # across the network a segment would be read back and written again
 
 
 def test_the_plan_and_the_tasks_hold_paths_not_image_bytes(image_tree_factory, tmp_path):

@@ -422,11 +422,13 @@ def _join_parts(out: str, state_dir: str, shard: str, fingerprint: str, parts: l
     return {"shard": shard, "images": 0, "state": state}
 
 
-def segments_per_shard(shards: list[PlannedShard], workers: int) -> list[int]:
+def segments_per_shard(shards: list[PlannedShard], workers: int, tasks_per_worker: int = TASKS_PER_WORKER) -> list[int]:
     """How many segments each shard is cut into: one while there are enough shards to keep `workers`
     busy to the end (each worker then writes and hashes whole shards), else enough to give each worker
-    about TASKS_PER_WORKER tasks, never below MIN_SEGMENT_IMAGES images each. The bytes do not depend on it."""
-    wanted = workers * TASKS_PER_WORKER
+    about `tasks_per_worker` tasks, never below MIN_SEGMENT_IMAGES images each. The bytes do not depend on it.
+    Output on a network file system asks for one task a worker: a segment is joined by reading it back
+    across the network and writing it again, which costs more there than an uneven tail."""
+    wanted = workers * tasks_per_worker
     if workers <= 1 or len(shards) >= wanted:
         return [1] * len(shards)
     per_shard = -(-wanted // max(1, len(shards)))
@@ -437,7 +439,8 @@ def _segment_tasks(options: ConvertOptions, shards: list[PlannedShard], state_di
                    output_fs: str | None = None) -> Iterator[SegmentTask]:
     """The tasks in plan order, built lazily: a task holds its images' paths, never their bytes."""
     root = as_path(options.dataset_path)
-    for shard, parts in zip(shards, segments_per_shard(shards, workers)):
+    cuts = segments_per_shard(shards, workers, 1 if output_fs else TASKS_PER_WORKER)
+    for shard, parts in zip(shards, cuts):
         for part, span in enumerate(sharding.ranges_by_count(len(shard.items), parts)):
             work = tuple((source_path(root, c.name), c.name, c.label, os.fsencode(c.label_text))
                          for c in shard.items[span.start:span.stop])
