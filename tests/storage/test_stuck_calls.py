@@ -11,7 +11,7 @@ import pytest
 
 from stallscope.storage.emulator import emulate
 from stallscope.storage.fuse_mount import why_no_fuse
-from stallscope.storage.stuck_calls import StuckCallWatch
+from stallscope.storage.stuck_calls import StuckCallWatch, nfs_replies
 
 pytestmark = [
     pytest.mark.skipif(bool(why_no_fuse()), reason=f"needs a FUSE mount: {why_no_fuse()}"),
@@ -20,12 +20,13 @@ pytestmark = [
 LIMIT_S = 60
 
 
-def _watched(seconds: float, work) -> list:
+def _watched(seconds: float, work, **options) -> list:
     """Runs `work` on a thread under a 0.5 s watch for `seconds`; what the watch reported, each with the
     seconds from the start to its report."""
     reported = []
     started = time.monotonic()
-    with StuckCallWatch(0.5, lambda stuck: reported.append((stuck, time.monotonic() - started)), interval_s=0.05):
+    with StuckCallWatch(0.5, lambda stuck: reported.append((stuck, time.monotonic() - started)), interval_s=0.05,
+                        **options):
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         deadline = time.monotonic() + seconds
@@ -81,3 +82,52 @@ def test_a_reader_that_moves_on_and_a_wait_on_a_local_pipe_are_not_stuck(tmp_pat
     finally:
         os.close(reading)
         os.close(writing)
+
+
+def test_a_call_waiting_on_a_server_that_goes_on_answering_is_slow_not_stuck(tmp_path):
+    """As on NFS, whose answers /proc/self/mountstats counts: a call that waits past the timeout while the
+    mount's server keeps answering (a close flushing a large file) is not reported; once the answers stop
+    for the timeout, it is."""
+    served, mount = tmp_path / "served", tmp_path / "mnt"
+    served.mkdir()
+    mount.mkdir()
+    (served / "big.tfrecord").write_bytes(os.urandom(4096))
+    (served / "other.tfrecord").write_bytes(os.urandom(4096))  # not in the page cache when read
+    answers = [0]
+    with emulate(served, kind="mount", mount_point=mount, latency_s=0.0, bandwidth_bps=8_000, max_duration_s=LIMIT_S):
+        def answering() -> dict[str, int]:
+            answers[0] += 1
+            return {str(mount.resolve()): answers[0]}
+
+        fd, other = os.open(mount / "big.tfrecord", os.O_RDONLY), os.open(mount / "other.tfrecord", os.O_RDONLY)
+        try:
+            assert _watched(2.5, lambda: os.pread(fd, 4096, 0), replies=answering) == []  # the read takes 4 s
+            stuck = _watched(3.0, lambda: os.pread(other, 4096, 0), replies=lambda: {str(mount.resolve()): 7})
+        finally:
+            os.close(fd)
+            os.close(other)
+    assert len(stuck) == 1 and stuck[0][0].call == "pread64"
+
+
+MOUNTSTATS = """device proc mounted on /proc with fstype proc
+device filer:/export mounted on /mnt/nfs\\040data with fstype nfs4 statvers=1.1
+\topts:\trw,vers=4.2,rsize=1048576,wsize=1048576
+\tevents:\t1 2 3 4 5 6 7 8 9 10 11
+\tbytes:\t100 200 0 0 100 200 1 1
+\tRPC iostats version: 1.1  p/v: 100003/4 (nfs)
+\txprt:\ttcp 0 0 1 0 5 40 40 0 40 0 2 0 0
+\tper-op statistics
+\t        NULL: 1 1 0 44 24 0 0 0 0
+\t        READ: 30 30 0 3120 1048576 1 20 25 0
+\t       WRITE: 9 9 0 1048576 1000 0 30 31 0
+\tOPEN_NOATTR: 0 0 0 0 0 0 0 0 0
+
+device tmpfs mounted on /tmp with fstype tmpfs
+"""
+
+
+def test_nfs_replies_sums_each_nfs_mounts_answered_requests(tmp_path):
+    stats = tmp_path / "mountstats"
+    stats.write_text(MOUNTSTATS)
+    assert nfs_replies(stats) == {"/mnt/nfs data": 40}
+    assert nfs_replies(tmp_path / "none") == {}

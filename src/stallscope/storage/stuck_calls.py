@@ -7,8 +7,10 @@ and its arguments in /proc/self/task/TID/syscall. A thread found in the same fil
 arguments (the same descriptor, buffer and offset) for the whole storage timeout, on a file of a
 network file system, is waiting on a server that has not answered; `StuckCallWatch` hands it to its
 `on_stuck`. A reader that is merely slow moves on to other offsets between samples and never counts.
-A single call that takes the whole timeout to move its bytes (one read of a gigabyte over a slow link)
-does count: raise --storage-timeout for such files.
+On NFS the server's answers are counted too (/proc/self/mountstats): a call that waits while the
+server goes on answering the mount's requests (a close that flushes a large checkpoint over a slow link)
+is not stuck. Elsewhere a single call that takes the whole timeout to move its bytes (one read of a
+gigabyte through a FUSE mount over a slow link) does count: raise --storage-timeout for such files.
 
 Only Linux on x86-64 and arm64, whose call numbers are below; elsewhere the watch does not start.
 """
@@ -25,11 +27,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stallscope.storage.mounts import network_file_system, no_answer
+from stallscope.storage.mounts import network_file_system, no_answer, unescape
 
 log = logging.getLogger(__name__)
 
 TASKS = Path("/proc/self/task")
+MOUNTSTATS = Path("/proc/self/mountstats")
 _AT_FDCWD = 0xFFFFFFFFFFFFFF9C  # -100 as the kernel prints a call's argument
 
 # name -> (x86-64 number, arm64 number); the first argument is a descriptor, or a directory's (*at)
@@ -85,6 +88,29 @@ def end_process(message: str) -> None:
     os._exit(2)
 
 
+def nfs_replies(mountstats: Path = MOUNTSTATS) -> dict[str, int]:
+    """Requests each NFS mount's server has answered so far, by mount point: the sum of the per-op
+    counts in /proc/self/mountstats. Empty where there is no NFS mount or no such table."""
+    try:
+        text = mountstats.read_text()
+    except OSError:
+        return {}
+    replies: dict[str, int] = {}
+    mount = None
+    for line in text.splitlines():
+        if line.startswith("device "):
+            fields = line.split()
+            nfs = len(fields) >= 8 and fields[2:4] == ["mounted", "on"] and fields[7].startswith("nfs")
+            mount = unescape(fields[4]) if nfs else None
+            if mount is not None:
+                replies[mount] = 0
+        elif mount is not None:
+            name, _, counts = line.strip().partition(": ")
+            if name.isupper() and counts.split() and counts.split()[0].isdigit():  # "WRITE: 12 12 0 ..."
+                replies[mount] += int(counts.split()[0])
+    return replies
+
+
 class StuckCallWatch:
     """Samples this process's threads every `interval_s` on a daemon thread; a file call on a network
     file system unchanged for `timeout_s` goes to `on_stuck` (once). `fallback` (a real path) names where
@@ -92,8 +118,10 @@ class StuckCallWatch:
     the command reads from), for the message."""
 
     def __init__(self, timeout_s: float, on_stuck: Callable[[StuckCall], None], *, fallback: str = "",
-                 interval_s: float | None = None) -> None:
+                 interval_s: float | None = None, replies: Callable[[], dict[str, int]] = nfs_replies) -> None:
         self.timeout_s = timeout_s
+        self.replies = replies  # answers so far by mount point, where the file system counts them (NFS)
+        self._answered: dict[str, tuple[int, float]] = {}  # mount point -> (answers, when they last moved)
         self.on_stuck = on_stuck
         self.fallback = fallback
         self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 4)
@@ -136,6 +164,11 @@ class StuckCallWatch:
         now = time.monotonic()
         seen: dict[str, tuple[str, float, bool]] = {}
         found = None
+        answered = {}
+        for mount, count in self.replies().items():
+            earlier = self._answered.get(mount)
+            answered[mount] = earlier if earlier is not None and earlier[0] == count else (count, now)
+        self._answered = answered
         try:
             threads = os.listdir(TASKS)
         except OSError:
@@ -155,9 +188,18 @@ class StuckCallWatch:
             if found is None and not local and now - since >= self.timeout_s:
                 found = self._judge(line, number, now - since)
                 local = found is None  # a pipe, a socket, a local file: not looked at again while it waits
+                if found is not None and self._server_answering(found.path or self.fallback, now):
+                    found = None  # the call waits, but on a server that is answering: slow, not stuck
             seen[tid] = (line, since, local)
         self._seen = seen
         return found
+
+    def _server_answering(self, path: str, now: float) -> bool:
+        """Whether the server of the counted mount holding `path` has answered within the timeout."""
+        mounts = [m for m in self._answered if path == m or path.startswith(m.rstrip("/") + "/")]
+        if not mounts:
+            return False
+        return now - self._answered[max(mounts, key=len)][1] < self.timeout_s
 
     def _judge(self, line: str, number: int, seconds: float) -> StuckCall | None:
         """The stuck call where it is on a network file system; None where the file is local (a pipe, a
