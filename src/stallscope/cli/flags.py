@@ -349,6 +349,7 @@ def watch_network_file_calls(args: argparse.Namespace, give_up: Callable[[str], 
     there itself: one that has not answered for the storage timeout goes to `give_up(message)`, which
     must end the process (the call's thread cannot be stopped). None where there is nothing to watch."""
     from stallscope.storage.location import storage_timeout
+    from stallscope.storage.mounts import is_within
     from stallscope.storage.stuck_calls import StuckCallWatch
 
     roots = network_roots(args)
@@ -356,7 +357,7 @@ def watch_network_file_calls(args: argparse.Namespace, give_up: Callable[[str], 
         return None
 
     def on_stuck(stuck) -> None:
-        flag = next((flag for flag, root in roots if stuck.path == root or stuck.path.startswith(root.rstrip("/") + "/")), "")
+        flag = next((flag for flag, root in roots if is_within(stuck.path, root)), "")
         give_up(stuck.message(storage_timeout(), flag))
 
     return StuckCallWatch(storage_timeout(), on_stuck, fallback=roots[0][1]).start()

@@ -52,6 +52,11 @@ def mount_points(text: str) -> list[tuple[str, str]]:
     return found
 
 
+def is_within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or below it (both absolute, as the kernel names them)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def file_system_type(path: str | os.PathLike, mountinfo: Path = MOUNTINFO, *, resolved: bool = False) -> str | None:
     """The type of the file system `path` is on (the mount with the longest mount point above it);
     None where the table cannot be read (not Linux). `resolved`: the path is already absolute with no
@@ -63,7 +68,7 @@ def file_system_type(path: str | os.PathLike, mountinfo: Path = MOUNTINFO, *, re
     where = os.fspath(path) if resolved else os.path.realpath(path)
     best = None
     for point, fstype in mounts:  # a later mount over the same point hides the earlier one
-        if where == point or where.startswith(point.rstrip("/") + "/"):
+        if is_within(where, point):
             if best is None or len(point) >= len(best[0]):
                 best = (point, fstype)
     return best[1] if best else None

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stallscope.storage.mounts import network_file_system, no_answer, unescape
+from stallscope.storage.mounts import is_within, network_file_system, no_answer, unescape
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,9 @@ def nfs_replies(mountstats: Path = MOUNTSTATS) -> dict[str, int]:
                 replies[mount] = 0
         elif mount is not None:
             name, _, counts = line.strip().partition(": ")
-            if name.isupper() and counts.split() and counts.split()[0].isdigit():  # "WRITE: 12 12 0 ..."
-                replies[mount] += int(counts.split()[0])
+            answered = counts.split()[:1]
+            if name.isupper() and answered and answered[0].isdigit():  # "WRITE: 12 12 0 ...": 12 answered
+                replies[mount] += int(answered[0])
     return replies
 
 
@@ -196,7 +197,7 @@ class StuckCallWatch:
 
     def _server_answering(self, path: str, now: float) -> bool:
         """Whether the server of the counted mount holding `path` has answered within the timeout."""
-        mounts = [m for m in self._answered if path == m or path.startswith(m.rstrip("/") + "/")]
+        mounts = [m for m in self._answered if is_within(path, m)]
         if not mounts:
             return False
         return now - self._answered[max(mounts, key=len)][1] < self.timeout_s
