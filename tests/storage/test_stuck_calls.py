@@ -109,6 +109,31 @@ def test_a_call_waiting_on_a_server_that_goes_on_answering_is_slow_not_stuck(tmp
     assert len(stuck) == 1 and stuck[0][0].call == "pread64"
 
 
+def test_an_open_the_server_does_not_answer_is_named_with_the_file_it_opens(tmp_path):
+    """An open names its file by a path in the caller's memory, absolute or from a folder's descriptor;
+    the watch reads it there, so the line names the file, not only the network folder."""
+    served, mount = tmp_path / "served", tmp_path / "mnt"
+    (served / "deep").mkdir(parents=True)
+    mount.mkdir()
+    (served / "deep" / "one.jpg").write_bytes(b"x")
+    (served / "deep" / "two.jpg").write_bytes(b"x")
+    # each open takes 1.5 s, past the watch's 0.5 s
+    with emulate(served, kind="mount", mount_point=mount, latency_s=1.5, max_duration_s=LIMIT_S):
+        folder = os.open(mount / "deep", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            opened = _watched(2.0, lambda: os.close(os.open(str(mount / "deep" / "one.jpg"), os.O_RDONLY)))
+            from_folder = _watched(2.0, lambda: os.close(os.open("two.jpg", os.O_RDONLY, dir_fd=folder)))
+        finally:
+            os.close(folder)
+    (stuck, _), = opened
+    assert stuck.call in ("openat", "open") and stuck.file_known
+    assert stuck.path == str(mount / "deep" / "one.jpg") and stuck.fstype.startswith("fuse")
+    assert stuck.doing == f"opening {str(mount / 'deep' / 'one.jpg')!r}"
+    (stuck, _), = from_folder
+    assert stuck.call == "openat" and stuck.path == str(mount.resolve() / "deep" / "two.jpg")
+    assert stuck.doing == f"opening {str(mount.resolve() / 'deep' / 'two.jpg')!r}"
+
+
 MOUNTSTATS = """device proc mounted on /proc with fstype proc
 device filer:/export mounted on /mnt/nfs\\040data with fstype nfs4 statvers=1.1
 \topts:\trw,vers=4.2,rsize=1048576,wsize=1048576

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 TASKS = Path("/proc/self/task")
 MOUNTSTATS = Path("/proc/self/mountstats")
+MEMORY = "/proc/self/mem"
 _AT_FDCWD = 0xFFFFFFFFFFFFFF9C  # -100 as the kernel prints a call's argument
 
 # name -> (x86-64 number, arm64 number); the first argument is a descriptor, or a directory's (*at)
@@ -47,6 +48,8 @@ _PATH_CALLS = {  # the path is in the caller's memory; the *at ones name a direc
     "openat2": (437, 437), "open": (2, None), "stat": (4, None), "lstat": (6, None), "access": (21, None),
 }
 _WRITES = {"write", "pwrite64", "writev", "pwritev", "pwritev2", "fsync", "fdatasync", "close"}
+_OPENS = {"openat", "openat2", "open"}
+_NO_FOLDER = {"open", "stat", "lstat", "access"}  # these take the path first and look it up from the working folder
 
 
 def _numbers(table: dict[str, tuple[int, int | None]]) -> dict[int, str]:
@@ -58,19 +61,24 @@ def _numbers(table: dict[str, tuple[int, int | None]]) -> dict[int, str]:
 
 @dataclasses.dataclass(frozen=True)
 class StuckCall:
-    """A thread's file call that has not returned for `seconds`: `path` is the file (or, for a call
-    naming its file by a path, the folder it is looked up from, or '' when that is the working folder)."""
+    """A thread's file call that has not returned for `seconds`: `path` is the file, or, where a call
+    naming its file by a path could not be read (`file_known` False), the folder it is looked up from
+    ('' when that is the working folder)."""
 
     call: str
     path: str
     fstype: str
     seconds: float
+    file_known: bool = True
 
     @property
     def doing(self) -> str:
         """What the call was doing, for a message: "reading '/mnt/nfs/data/cat/1.jpg'"."""
         if self.call in _PATH_CALLS:
-            return f"opening a file under {self.path!r}" if self.path else "opening a file"
+            verb = "opening" if self.call in _OPENS else "looking up"
+            if self.file_known:
+                return f"{verb} {self.path!r}"
+            return f"{verb} a file under {self.path!r}" if self.path else f"{verb} a file"
         return f"{'writing' if self.call in _WRITES else 'reading'} {self.path!r}"
 
     def message(self, timeout_s: float, flag: str = "", limit: str = "--storage-timeout") -> str:
@@ -205,18 +213,51 @@ class StuckCallWatch:
     def _judge(self, line: str, number: int, seconds: float) -> StuckCall | None:
         """The stuck call where it is on a network file system; None where the file is local (a pipe, a
         socket, a local disk: not the storage timeout's to judge)."""
-        # Every path here is as the kernel names it (absolute, no link), so judging it makes no call to the
-        # file system that may be the one not answering.
+        # Every path judged here is absolute and judged as written (the kernel's own names, and a call's
+        # path joined to its folder), so judging it makes no call to the file system that may be the one
+        # not answering.
         first = int(line.split()[1], 16)
         if number in self._fd_calls:
             path = _fd_path(first)
             fstype = network_file_system(path, resolved=True) if path.startswith("/") else None
             return StuckCall(self._fd_calls[number], path, fstype, seconds) if fstype else None
-        folder = "" if first == _AT_FDCWD or self._path_calls[number] in ("open", "stat", "lstat", "access") \
-            else _fd_path(first)
-        where = folder or self.fallback or os.getcwd()
-        fstype = network_file_system(where, resolved=True) if where.startswith("/") else None
-        return StuckCall(self._path_calls[number], folder or self.fallback, fstype, seconds) if fstype else None
+        call = self._path_calls[number]
+        arguments = [int(field, 16) for field in line.split()[1:]]
+        folder = "" if call in _NO_FOLDER or first == _AT_FDCWD else _fd_path(first)
+        name = _own_string(arguments[0] if call in _NO_FOLDER else arguments[1])
+        named = os.path.normpath(os.path.join(folder or os.getcwd(), name)) if name is not None else ""
+        # The file as named judges first; named through a link it may look local, so the folder it is
+        # looked up from (for the working folder, the network folder the command was given) judges next.
+        for path in (named, folder or self.fallback or os.getcwd()):
+            fstype = network_file_system(path, resolved=True) if path.startswith("/") else None
+            if fstype:
+                if named:
+                    return StuckCall(call, named, fstype, seconds)
+                return StuckCall(call, folder or self.fallback, fstype, seconds, file_known=False)
+        return None
+
+def _own_string(address: int, limit: int = 4096) -> str | None:
+    """The NUL-ended string at `address` in this process's memory (a stuck call's path argument), read
+    through /proc/self/mem, which answers an unmapped address with an error instead of a crash. None
+    where it cannot be read."""
+    if not address:
+        return None
+    try:
+        with open(MEMORY, "rb", buffering=0) as memory:
+            text = b""
+            while len(text) < limit:
+                memory.seek(address + len(text))
+                page_left = 4096 - (address + len(text)) % 4096  # a read past a mapped page fails whole
+                chunk = memory.read(page_left)
+                if not chunk:
+                    return None
+                end = chunk.find(b"\0")
+                if end >= 0:
+                    return os.fsdecode(text + chunk[:end])
+                text += chunk
+    except (OSError, OverflowError, ValueError):
+        return None
+    return None
 
 
 def _call_line(tid: str) -> str | None:
