@@ -85,6 +85,18 @@ def parse_accelerator(text: str) -> Accelerator:
     return Accelerator(kind="emulated", images_per_second=value)
 
 
+def batch_examples(batch) -> int:
+    """The examples in a batch of any structure (a tensor, a tuple, a dict of features): the first
+    dimension of its first tensor that has one; 1 where every part is a scalar (an unbatched element)."""
+    import tensorflow as tf
+
+    for part in tf.nest.flatten(batch):
+        shape = getattr(part, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] is not None:
+            return int(shape[0])
+    return 1
+
+
 class EmulatedDevice:
     """Runs emulated steps: a wait on an event (no CPU used) of the device's step time.
 
@@ -98,12 +110,12 @@ class EmulatedDevice:
         self._stop = threading.Event()
 
     def run_step(self, batch) -> int:
-        """Consumes one batch (images, labels): waits as long as the device would compute on it.
+        """Consumes one batch (images and labels, or any structure of tensors a user's dataset yields:
+        dicts of features, several inputs): waits as long as the device would compute on it.
 
-        Returns the number of images in the batch.
+        Returns the number of examples in the batch: the first dimension of its first tensor.
         """
-        images = batch[0] if isinstance(batch, (tuple, list)) else batch
-        count = int(images.shape[0])
+        count = batch_examples(batch)
         self._stop.wait(self.accelerator.step_seconds(count))
         return count
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 from stallscope.errors import UsageError
+from stallscope.workload.accelerator import batch_examples
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def recalibrate(model, layers: list, batches) -> int:
             layer.momentum, layer.trainable = 0.0, True
         for batch in batches:
             inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-            count = int(inputs.shape[0])
+            count = batch_examples(inputs)
             model(inputs, training=True)
             for (mean_sum, square_sum), layer in zip(sums, layers):
                 mean = layer.moving_mean.numpy().astype(np.float64)
