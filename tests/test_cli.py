@@ -110,3 +110,22 @@ def test_every_flag_error_has_one_format(tiny_tree, tmp_path, capsys, argv, flag
     assert code == 2 and len(err.splitlines()) == 1, err
     assert re.fullmatch(rf"stallscope {argv[0]}( \w+)?: error: {re.escape(flag)}: expected .+, got .+", err), err
     assert expected in err, err
+
+
+def test_an_os_error_no_check_foresaw_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """The net under every command: the surroundings failing where no check of stallscope's came first
+    (a folder removed or made unwritable mid-run, a full disk) is one line, not a traceback."""
+    import stallscope.cli.verify
+
+    missing = tmp_path / "gone" / "manifest.json"
+
+    def run(args):
+        missing.read_text()  # the folder went away under the command
+
+    monkeypatch.setattr(stallscope.cli.verify, "run", run)
+    assert main(["verify", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"stallscope verify: error: '{missing}': No such file or directory "
+                   "(the operating system refused; --debug shows where)")
+    with pytest.raises(FileNotFoundError):
+        main(["--debug", "verify", str(tmp_path)])

@@ -45,3 +45,31 @@ def test_truncated_jpeg_names_the_file(tiny_tree, tmp_path):
     err = result.stderr.strip()
     assert result.returncode == 2 and len(err.splitlines()) == 1, err
     assert f"{victim}: TensorFlow cannot decode this image" in err and "Traceback" not in err, err
+
+
+def test_an_image_deleted_after_the_listing_is_named_as_gone(tiny_tree, tmp_path):
+    """A sync job deleting files under a running job: TF's NotFoundError names the image only inside a
+    pipeline trace; the line names it with what was expected."""
+    import tensorflow as tf
+
+    from stallscope.errors import DataError
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.pipeline.input_errors import input_error
+    from stallscope.pipeline.sources import open_source
+    from stallscope.workload.evaluate import evaluation_pipeline
+
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny_tree, tree)
+    source = open_source("files", tree)  # the run's listing
+    victim = sorted(tree.rglob("*.jpg"))[3]
+    victim.unlink()
+    dataset = build_dataset(evaluation_pipeline(image_size=32, batch_size=4), source, num_classes=source.num_classes)
+    try:
+        for _ in dataset:
+            pass
+    except tf.errors.NotFoundError as exc:
+        error = input_error(source, exc)
+    else:
+        raise AssertionError("reading a deleted image raised no NotFoundError")
+    assert isinstance(error, DataError) and str(error).startswith(f"{victim}: no longer there (listed when the run")
+    assert "\n" not in str(error)

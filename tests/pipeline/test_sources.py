@@ -89,6 +89,10 @@ def test_records_with_manifest(standard_records):
         open_source("records", standard_records, split="validation")
 
 
+def test_records_read_as_an_image_tree_name_the_source_flag(standard_records):
+    with pytest.raises(UsageError, match=r"holds TFRecords \(manifest.json\), not an image tree; expected --source records"):
+        open_source("files", standard_records)
+
 def test_seed_converted_records_without_manifest(seed_records, caplog):
     source = open_source("records", seed_records)
     assert source.schema == "seed"

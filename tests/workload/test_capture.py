@@ -281,5 +281,9 @@ def test_flags_are_checked_before_any_capture(tmp_path, capsys):
     assert main(["capture", "localhost:1", "--watch", "--markdown", "--log_path", str(tmp_path / "c")]) == 2
     assert "--markdown and --html need a single capture" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
-    assert main(["capture", "localhost:1", "--log_path", str(tmp_path / "file")]) == 2
-    assert "--log_path: " in (err := capsys.readouterr().err) and "expected a directory" in err
+    for log_path, why in ((tmp_path / "file", "a file is there"), (tmp_path / "file" / "c", f"'{tmp_path}/file' is a file")):
+        with pytest.raises(SystemExit, match="2"):
+            main(["capture", "localhost:1", "--log_path", str(log_path)])
+        line = one_error_line(capsys.readouterr())
+        assert line.endswith(f"--log_path: expected a folder to write into, got '{log_path}' ({why})")
+    assert (tmp_path / "file").read_text() == "x"

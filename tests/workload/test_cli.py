@@ -35,8 +35,8 @@ def test_a_run_pinned_to_one_cpu_says_so(tiny_tree, tmp_path, capsys):
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(saved)})
     try:
-        code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:5ms", "--steps", "6",
-                     "--log_path", str(tmp_path / "run"), "--pipeline", "seed", *TINY])
+        code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:40ms", "--steps", "6",
+                     "--log_path", str(tmp_path / "run"), "--pipeline", "seed", *TINY])  # long enough to sample
     finally:
         os.sched_setaffinity(0, saved)
     out = capsys.readouterr().out
@@ -202,6 +202,20 @@ def test_unwritable_outputs_are_one_line_before_any_work(tiny_tree, tmp_path, ca
     assert "run directory" not in out
     assert a_file.read_text() == "not a folder\n"
 
+
+def test_fine_tuning_one_class_is_refused_and_an_emulated_run_on_it_goes_on(tiny_tree, tmp_path, capsys):
+    """A softmax over one class learns nothing (loss 0, top-1 1.0 from the first step): a real model is
+    refused in one line; an emulated accelerator, which trains no model, measures the input as before."""
+    import shutil
+
+    one = tmp_path / "one"
+    shutil.copytree(sorted(p for p in tiny_tree.iterdir() if p.is_dir())[0], one / "only")
+    code = main(["train", "--dataset_path", str(one), "--accelerator", "real", "--model", "mobilenet_v2",
+                 "--weights", "none", "--steps", "2", "--log_path", str(tmp_path / "run"), *TINY])
+    err, _ = _one_line_error(capsys)
+    assert code == 2 and f"'{one}' has one class ('only'); expected at least 2 class folders" in err
+    assert main(["train", "--dataset_path", str(one), "--accelerator", "emulated:1ms", "--steps", "2",
+                 "--log_path", str(tmp_path / "emulated"), *TINY]) == 0
 
 def test_a_run_that_fails_before_its_run_directory_names_none(tiny_tree, tmp_path, capsys):
     code = main(["train", "--dataset_path", str(tiny_tree), "--split", "validation", "--accelerator", "emulated:1ms",

@@ -122,3 +122,22 @@ def _busy_jiffies() -> dict[int, tuple[int, int]]:
             idle = values[3] + values[4]  # idle + iowait
             found[int(name[3:])] = (sum(values) - idle, sum(values))
     return found
+
+
+def test_a_run_too_short_to_sample_says_unknown_not_zero():
+    """A run shorter than half an interval takes no sample: the machine's share is unknown (None, and
+    'not sampled' on train's screen), and the process's own share comes from its CPU time."""
+    from stallscope.cli.train import cpu_line
+
+    with ResourceMonitor(interval_s=30.0) as monitor:
+        ends = time.process_time() + 0.05
+        while time.process_time() < ends:  # 50 ms of this process's CPU, well under one interval
+            sum(range(1000))
+    summary = monitor.report.summary()
+    assert summary["samples"] == 0
+    assert summary["system_mean_percent"] is None and summary["system_max_percent"] is None
+    assert summary["process_mean_percent"] == pytest.approx(
+        100 * summary["process_cpu_seconds"] / summary["duration_s"])
+    assert summary["process_mean_percent"] > 0
+    line = cpu_line(summary)
+    assert line.startswith("not sampled (a run of ") and "0%" not in line.split(";")[0]

@@ -263,7 +263,8 @@ def _timed_probe(dataset, tally, *, cache_state: str, files: list[str], budget_s
     report = monitor.report
     summary = report.summary()
     cores = report.cores
-    other = max(0.0, summary["system_mean_percent"] / 100.0 * cores - summary["process_mean_percent"] / 100.0)
+    machine, own = summary["system_mean_percent"], summary["process_mean_percent"]
+    other = max(0.0, machine / 100.0 * cores - own / 100.0) if machine is not None and own is not None else 0.0
     probe = PipelineProbe(
         cache_state=cache_state, batches=batches, images=images, seconds=seconds,
         cpu_seconds=report.process_cpu_seconds, run_queue_seconds=run_queue, cores=cores, other_cores_busy=other,

@@ -19,14 +19,14 @@ import sys
 from pathlib import Path
 
 from stallscope.cli.analyze import add_report_flags, check_report_flags, print_report
-from stallscope.cli.flags import add_flag, duration, positive_int
+from stallscope.cli.flags import add_flag, creatable_dir, duration, positive_int
 from stallscope.errors import UsageError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("address", metavar="HOST:PORT", help="the job's profiler server, e.g. localhost:6009")
     add_flag(parser, "duration", type=duration, default=5.0, help="how long to trace (default 5s)")
-    add_flag(parser, "log_path", type=Path, default=None,
+    add_flag(parser, "log_path", type=creatable_dir, default=None,
              help="directory to keep the captures in (default: a new capture-YYYYmmdd-HHMMSS)")
     add_flag(parser, "timeout", type=duration, default=30.0,
              help="how long past --duration to wait for the job's answer (default 30s)")

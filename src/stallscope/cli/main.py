@@ -96,6 +96,14 @@ def _exit_now_if_a_store_hangs(code: int) -> None:
         os._exit(code)
 
 
+def os_error_line(exc: OSError) -> str:
+    """An error the operating system gave where no check of stallscope's came first, as one line naming
+    the file: "'/data/run/steps.csv': No space left on device (the operating system refused; ...)"."""
+    files = " -> ".join(repr(str(f)) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or str(exc) or type(exc).__name__
+    return f"{files + ': ' if files else ''}{what} (the operating system refused; --debug shows where)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     process_entry = argv is None
@@ -138,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         if process_entry:  # not when a caller (a test, a script) runs main(argv) in its own process
             _exit_now_if_a_store_hangs(exc.exit_code)
         return exc.exit_code
+    except OSError as exc:  # the surroundings refused (a folder that became unwritable, a full disk): one line
+        if args.debug:
+            raise
+        print(f"stallscope {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"stallscope {args.command}: interrupted", file=sys.stderr)
         return 130

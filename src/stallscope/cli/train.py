@@ -312,8 +312,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         f"input share     {summary['input_share'] * 100:.1f}% -> {summary['verdict']} input-bound",
     ]
     if summary.get("cpu"):
-        lines.append(f"CPU             {summary['cpu']['system_mean_percent']:.0f}% of "
-                     f"{cpu_named(summary['cpu'])} (process {summary['cpu']['process_mean_percent']:.0f}%)")
+        lines.append(f"CPU             {cpu_line(summary['cpu'])}")
         if throttled := quota_throttled(summary["cpu"]):
             lines.append(f"CPU quota       {throttled}")
     if summary.get("minor_faults_per_image") is not None:
@@ -393,3 +392,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"profile         none written: the run never reached steps {result.summary['profile']['steps']}",
                   file=sys.stderr)
     return 0
+
+
+def cpu_line(cpu: dict) -> str:
+    """'45% of 2 cores (process 90%)'; a run too short to sample says so instead of a 0%."""
+    machine, process = cpu.get("system_mean_percent"), cpu.get("process_mean_percent")
+    own = f"process {process:.0f}%" if process is not None else "process unknown"
+    if machine is None:
+        return (f"not sampled (a run of {cpu.get('duration_s', 0):.2f} s on {cpu_named(cpu)}); {own} of one core, "
+                f"from its CPU time")
+    return f"{machine:.0f}% of {cpu_named(cpu)} ({own})"

@@ -9,6 +9,7 @@ user is told which file, record and byte, and how to check the rest.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 
 from stallscope.errors import DataError
@@ -24,9 +25,13 @@ def _tf_line(exc) -> str:
 
 def input_error(source, exc) -> DataError:
     """A DataError naming where `exc` (a TF error raised while reading `source`) comes from."""
+    import tensorflow as tf
+
     what = _tf_line(exc)
     if source is None:
         return DataError(f"the input pipeline failed: {what}")
+    if isinstance(exc, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
+        return _unreadable_error(source, what)
     if source.kind == "records":
         return _records_error(source, what)
     return _files_error(source, what)
@@ -61,3 +66,23 @@ def _files_error(source, what: str) -> DataError:
         except tf.errors.OpError as exc:
             return DataError(f"{path}: cannot be read ({_tf_line(exc)})")
     return DataError(f"{source.path}: the input pipeline failed ({what}); every image decodes on its own")
+
+
+def _unreadable_error(source, what: str) -> DataError:
+    """A file the run listed at its start that is gone or may no longer be read (a sync job deleted it,
+    its permissions changed): found by a look at each listed file, no decode, so it is quick on a large
+    tree. Files in a store are named by TF's own line, which names the object."""
+    from stallscope.storage.location import is_remote
+
+    listed = "listed when the run started"
+    named = [path for path in source.files if str(path) in what]  # the file TF failed on, where its line names it
+    for path in (*named, *source.files):
+        if is_remote(str(path)):
+            break
+        if not os.path.lexists(path):
+            return DataError(f"{path}: no longer there ({listed}; deleted or moved since); "
+                             f"expected every listed file to stay until the run ends (TensorFlow: {what})")
+        if not os.access(path, os.R_OK):
+            return DataError(f"{path}: cannot be read any more (permission denied; {listed}); "
+                             f"expected every listed file to stay readable (TensorFlow: {what})")
+    return DataError(f"{source.path}: a file of the input cannot be read ({what})")

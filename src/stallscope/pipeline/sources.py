@@ -81,6 +81,9 @@ def _open_source(kind: str, path, split: str, labels_file) -> DataSource:
         raise UsageError(f"--dataset-path: {str(path)!r} is not a directory")
     labels = read_labels_file(Path(labels_file)) if labels_file is not None else None
     if kind == "files":
+        if (path / MANIFEST_NAME).exists():  # a records folder read as images: "no class folders" would puzzle
+            raise UsageError(f"--dataset-path: {str(path)!r} holds TFRecords ({MANIFEST_NAME}), not an image tree; "
+                             f"expected --source records to read them")
         return _open_files(path, split, labels)
     return _open_records(path, split, labels)
 

@@ -62,8 +62,9 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def evaluate_model(model, dataset) -> EvalResult:
-    """Accuracy and mean cross-entropy of `model` over a dataset of (images, one-hot labels)."""
+def evaluate_model(model, dataset, source=None) -> EvalResult:
+    """Accuracy and mean cross-entropy of `model` over a dataset of (images, one-hot labels); `source`
+    (the DataSource it reads) lets a damaged, vanished or unreadable input be named in one line."""
     import keras
     import tensorflow as tf
 
@@ -89,6 +90,10 @@ def evaluate_model(model, dataset) -> EvalResult:
             correctk += float(topk)
             loss_sum += float(loss)
             total += int(count)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
+            tf.errors.PermissionDeniedError) as exc:
+        from stallscope.pipeline.input_errors import input_error
+        raise input_error(source, exc) from None  # names the shard or image
     except tf.errors.UnknownError as exc:
         from stallscope.storage.readers import storage_failure
         if storage_failure(exc) is None:
@@ -150,7 +155,7 @@ class Evaluator:
                             "emulated-accelerator run (a step count, no model weights): nothing to evaluate; "
                             "give the checkpoints of a run with --accelerator real")
         self.spec = ModelSpec.load(options.checkpoint_path)
-        source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
+        self.source = source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
         if self.spec.labels and tuple(source.labels) != tuple(self.spec.labels):
             raise DataError(f"{options.dataset_path}: labels {list(source.labels)[:5]}... differ from the "
                             f"checkpoint's {list(self.spec.labels)[:5]}... ({options.checkpoint_path / 'model.json'})")
@@ -167,7 +172,7 @@ class Evaluator:
 
     def evaluate(self, checkpoint: str, step: int | None = None) -> EvalResult:
         restore_model(self.model, checkpoint)
-        result = dataclasses.replace(evaluate_model(self.model, self.dataset), checkpoint=checkpoint, step=step)
+        result = dataclasses.replace(evaluate_model(self.model, self.dataset, self.source), checkpoint=checkpoint, step=step)
         if self.writer is not None:
             import tensorflow as tf
 

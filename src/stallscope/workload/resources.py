@@ -87,8 +87,14 @@ class ResourceReport:
         return self.limits.capacity
 
     def summary(self) -> dict[str, Any]:
+        """The run's CPU figures. A run shorter than half a sampling interval has no sample: the
+        machine's busy share is then unknown (None), and the process's own mean comes from its CPU
+        time, which the kernel counts whatever the length."""
         process = [s.process_percent for s in self.samples]
         system = [s.system_percent for s in self.samples]
+        if not self.samples:
+            own = 100.0 * self.process_cpu_seconds / self.duration_s if self.duration_s > 0 else None
+            process, system = ([own] if own is not None else []), []
         return {
             "cores": self.cores,
             "cpus": len(self.limits.cpus),
@@ -97,9 +103,9 @@ class ResourceReport:
             "throttled_share": self.throttling.throttled_share if self.throttling else None,
             "samples": len(self.samples),
             "process_mean_percent": _mean(process),
-            "process_max_percent": max(process, default=0.0),
+            "process_max_percent": max(process, default=None),
             "system_mean_percent": _mean(system),
-            "system_max_percent": max(system, default=0.0),
+            "system_max_percent": max(system, default=None),
             "process_cpu_seconds": self.process_cpu_seconds,
             "duration_s": self.duration_s,
         }
@@ -116,8 +122,8 @@ class ResourceReport:
         }
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def share_busy(limits: CpuLimits, per_cpu_percent: tuple[float, ...], process_percent: float) -> float:

@@ -31,7 +31,8 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   accelerator {kind, spec, images_per_second, ms_per_step}, dataset_path, dataset_size,
   learning_rate, cpu {cores (the CPU the run may use: affinity under the cgroup quota), cpus, quota_cores,
   throttled_s, throttled_share (the quota's cgroup ran out in that share of its periods; null without a quota), samples, process_mean_percent, process_max_percent,
-  system_mean_percent, system_max_percent, process_cpu_seconds, duration_s},
+  system_mean_percent, system_max_percent (the two system ones null where the run was too short to
+  sample), process_cpu_seconds, duration_s},
   io {rchar, read_bytes, syscr, ..., files_opened, per_image {bytes_read, storage_bytes,
   read_calls, files_opened}} or null, profile {steps, captured_steps, files} or null,
   checkpoint {path, latest} or null, validation {examples, top1, top5, loss, k, ...} or null,

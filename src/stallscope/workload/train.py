@@ -367,6 +367,9 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     else:
         from stallscope.workload.models import build_model
 
+        if source.num_classes < 2:  # a softmax over one class: loss 0 and accuracy 1 from the first step, learning nothing
+            raise DataError(f"--dataset-path: {str(source.path)!r} has one class ({source.labels[0]!r}); expected "
+                            f"at least 2 class folders to fine-tune a classifier (an emulated accelerator runs on one)")
         spec = options.model_spec(source.labels)
         model, base = build_model(spec)
         device = _RealDevice(model, options.learning_rate)
@@ -454,7 +457,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                             batch = next(iterator)
                         except StopIteration:
                             break
-                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
+                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
+                                tf.errors.PermissionDeniedError) as exc:
                             from stallscope.pipeline.input_errors import input_error
                             raise input_error(source, exc) from None  # names the shard or image
                         except tf.errors.UnknownError as exc:
@@ -511,7 +515,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
 
         eval_config = evaluation_pipeline(options.pipeline)
         eval_dataset = build_dataset(eval_config, validation_source, num_classes=source.num_classes)
-        validation = evaluate_model(model, eval_dataset).to_dict()
+        validation = evaluate_model(model, eval_dataset, validation_source).to_dict()
         with writer.as_default():
             for name in ("top1", "top5", "loss"):
                 tf.summary.scalar(f"validation/{name}", validation[name], step=step)
