@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from stallscope.tfimport import import_tensorflow
+from stallscope.verdict import fmt_share
 
 DEFAULT_ACCELERATOR = "emulated:1000"
 STORE_LATENCY_S = 0.010
@@ -89,7 +90,7 @@ def train_runs(options: DemoOptions, data_dir: Path, records_dir: Path) -> None:
 
 def _run_line(source: str, pipeline: str, s: dict) -> str:
     return (f"{source:<8} {pipeline:<8} {s['images_per_second']:>9.0f} {s['step_time_ms']:>6.1f} ms "
-            f"{s['input_wait_ms']:>8.1f} ms {s['input_share']:>6.1%}  {s['verdict']} input-bound")
+            f"{s['input_wait_ms']:>8.1f} ms {fmt_share(s['input_share']):>6}  {s['verdict']} input-bound")
 
 
 def diagnose_runs(options: DemoOptions, data_dir: Path, records_dir: Path):
@@ -205,7 +206,7 @@ def _print_comparison(*columns) -> None:
     rows = [
         ("step time (ms)", lambda d: f"{d.worst.step_ms:.1f}"),
         ("input wait (ms)", lambda d: f"{d.worst.input_wait_ms:.1f}"),
-        ("input share", lambda d: f"{d.input_share:.1%}"),
+        ("input share", lambda d: fmt_share(d.input_share)),
         ("verdict", lambda d: f"{d.verdict}"),
         ("cause", lambda d: d.cause),
         ("images/s end to end", lambda d: f"{d.worst.end_to_end.images_per_second:.0f}"),
@@ -237,7 +238,7 @@ def _seed_question(files, records, fixed) -> str:
                      f"{_change(files.worst.step_ms, records.worst.step_ms)}.")
     lines.append(f"  The stall's cause is {records.cause}: fixing the pipeline changed the step time by "
                  f"{_change(records.worst.step_ms, fixed.worst.step_ms)} and the input share from "
-                 f"{records.input_share:.0%} to {fixed.input_share:.0%}.")
+                 f"{fmt_share(records.input_share, 0)} to {fmt_share(fixed.input_share, 0)}.")
     return "\n".join(lines)
 
 

@@ -32,13 +32,23 @@ def _slow_decode(x):
     return tf.numpy_function(work, [x], tf.int64, stateful=False)
 
 
+def _slow_generator():
+    for value in range(10_000):
+        time.sleep(SLOW_S)
+        yield value
+
+
 def build_pipeline(kind: str, *, rewrites: bool = False):
     """`stalled`: sequential slow map, no prefetch. `parallel`: the same map with 3 parallel calls
-    and a prefetch. `healthy`: cheap map + prefetch."""
+    and a prefetch. `healthy`: cheap map + prefetch. `generator`: a Python generator as slow per
+    element as the stalled map, batched, no prefetch."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.range(10_000)
-    if kind == "stalled":
+    if kind == "generator":
+        dataset = tf.data.Dataset.from_generator(
+            _slow_generator, output_signature=tf.TensorSpec([], tf.int64)).batch(BATCH)
+    elif kind == "stalled":
         dataset = dataset.map(_slow_decode).batch(BATCH)
     elif kind == "parallel":
         dataset = dataset.map(_slow_decode, num_parallel_calls=3).batch(BATCH).prefetch(2)
@@ -55,8 +65,10 @@ def build_pipeline(kind: str, *, rewrites: bool = False):
     return dataset
 
 
-def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float = DEVICE_S, profile: bool = True):
-    """Runs `steps` steps (get_next + device sleep), profiling them; returns per-step StepRecords."""
+def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float = DEVICE_S, profile: bool = True,
+                  fetch_inside: bool = True):
+    """Runs `steps` steps (get_next + device sleep), profiling them; returns per-step StepRecords.
+    `fetch_inside=False` fetches each batch before the step marker opens, as `for x in dataset:` does."""
     import tensorflow as tf
 
     from stallscope.workload.rundir import StepRecord
@@ -69,9 +81,10 @@ def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float
     origin = time.perf_counter()
     try:
         for step in range(steps):
+            early = None if fetch_inside else next(iterator)
             with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
                 started = time.perf_counter()
-                batch = next(iterator)
+                batch = next(iterator) if fetch_inside else early
                 got = time.perf_counter()
                 time.sleep(device_s)
                 done = time.perf_counter()
@@ -122,6 +135,23 @@ def healthy_profile(tmp_path_factory) -> Path:
 def parallel_profile(tmp_path_factory) -> Path:
     log_dir = tmp_path_factory.mktemp("parallel")
     profiled_loop(log_dir, build_pipeline("parallel"))
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def fetched_outside_profile(tmp_path_factory) -> Path:
+    """The stalled pipeline iterated as `for x in dataset: with step(i): ...`: each batch is fetched
+    before its step marker opens, so the steps hold no IteratorGetNext."""
+    log_dir = tmp_path_factory.mktemp("outside")
+    profiled_loop(log_dir, build_pipeline("stalled"), steps=12, fetch_inside=False)
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def generator_profile(tmp_path_factory) -> Path:
+    """A bare profile whose source is a slow Python generator (Dataset.from_generator)."""
+    log_dir = tmp_path_factory.mktemp("generator")
+    profiled_loop(log_dir, build_pipeline("generator"), steps=12)
     return log_dir
 
 

@@ -34,3 +34,21 @@ def test_a_batchs_examples_are_the_first_dimension_of_its_first_tensor():
     assert batch_examples(tf.zeros([7, 2])) == 7
     assert batch_examples((tf.constant(1.0), tf.zeros([3]))) == 3  # a scalar part has no examples to count
     assert batch_examples({"x": tf.constant(1.0)}) == 1             # an unbatched element: one example
+
+
+def test_a_python_generator_source_is_advised_as_one_not_as_files_to_read_in_parallel():
+    """from_generator runs Python one element at a time: a slow one gets the generator's fix, never
+    'read files in parallel' (there are none)."""
+    import time
+
+    def slow():
+        while True:
+            time.sleep(0.005)  # waits, as a generator reading a remote API does: no core works
+            yield np.zeros((16, 16, 3), np.float32), 1
+
+    signature = (tf.TensorSpec((16, 16, 3), tf.float32), tf.TensorSpec((), tf.int32))
+    diagnosis = stallscope.diagnose(tf.data.Dataset.from_generator(slow, output_signature=signature).batch(4), steps=6)
+    keys = [a.key for a in diagnosis.advice]
+    assert diagnosis.verdict == "highly" and "parallel_generator" in keys, keys
+    assert "parallel_interleave" not in keys and "outer_parallelism" not in keys
+    assert "Generator" in diagnosis.text()

@@ -1,7 +1,8 @@
 """The fix, concrete for the analysed pipeline: which `PipelineConfig` knob to change, to what, and
 the tf.data lines that do it, in the order that helps most (seed-004 and the tf.data guide):
 parallel interleave over shards, parallel map, prefetch, cache, fewer bytes per image, more shards,
-outer parallelism, tf.data service. Only advice that fits the evidence is given.
+outer parallelism, tf.data service. Only advice that fits the evidence is given: a Python generator
+source gets no file-reading advice, and steps that hold no input wait get a marker fix, not a verdict.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from stallscope.config import AUTOTUNE
 from stallscope.cpu_limits import CpuLimits, quota_limited
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.verdict import fmt_share
 
 if TYPE_CHECKING:
     from stallscope.analysis.analyze import Analysis
     from stallscope.analysis.storage_whatif import StorageWhatIf
 
-ORDER = ("parallel_interleave", "parallel_map", "prefetch", "cache", "max_side", "more_shards",
-         "outer_parallelism", "quota_pool", "data_service")
+ORDER = ("step_marker", "parallel_interleave", "parallel_generator", "parallel_map", "prefetch", "cache", "max_side",
+         "more_shards", "outer_parallelism", "quota_pool", "data_service")
 SOURCE_STAGES = ("TFRecord", "FlatMap", "Interleave", "ParallelInterleave", "TextLine", "FixedLengthRecord",
-                 "Generator", "ListFiles", "TensorSlice", "Range", "Zip")
+                 "ListFiles")   # stages that read files: shards, parallel reads and an encoded-bytes cache apply
+GENERATOR_STAGES = ("Generator",)  # Dataset.from_generator: Python, one element at a time, under the GIL
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
 
 
@@ -59,7 +62,9 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
     pool = quota_pool(config, cpus=(cpu or {}).get("cpus"), quota_cores=(cpu or {}).get("quota_cores"),
                       throttled_share=(cpu or {}).get("throttled_share"), evidence=checks["cpu_saturated"].evidence)
     if not input_bound:
-        return [*([_prefetch(checks["prefetch_at_end"].evidence)] if no_prefetch else []), *([pool] if pool else [])]
+        marker = [_step_marker(analysis)] if analysis.input_share is None and analysis.steps.between else []
+        return [*marker, *([_prefetch(checks["prefetch_at_end"].evidence)] if no_prefetch else []),
+                *([pool] if pool else [])]
 
     kind = _kind(stage.name) if stage is not None else "other"
     read_parallel = (config.read_parallelism is not None) if config else any(
@@ -74,6 +79,8 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             "dataset = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,\n"
             "                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
             f"the source stage {stage.name} is the bottleneck and reads one file at a time", evidence))
+    if kind == "generator":
+        advice.append(parallel_generator(stage.name, evidence, per_element_us=stage.per_element_us))
     if kind == "map" and (not map_parallel or _underparallel(stage)):
         advice.append(Advice(
             "parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE},
@@ -89,6 +96,12 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             "cache", "Cache the encoded bytes in memory", {"cache": "memory", "cache_at": "encoded"},
             "dataset = dataset.cache()  # after reading, before decoding; from the second epoch on, no I/O",
             "reading is the slow part; a cache serves every epoch after the first from memory", evidence))
+    if kind == "generator":
+        advice.append(Advice(
+            "cache", "Cache the generator's elements", {},
+            "dataset = dataset.cache()  # right after from_generator, before any random augmentation",
+            "the generator is the slow part; from the second epoch on a cache serves its elements from memory "
+            "without running it, where they fit in memory and are the same every epoch", evidence))
     if kind == "map" and analysis.decodes_images is not False:  # False: its dataset decodes no images
         advice.append(Advice(
             "max_side", "Store smaller images", {},
@@ -171,11 +184,48 @@ def _prefetch(evidence: str) -> Advice:
         "without a prefetch the next batch is made only when the step asks for it", evidence)
 
 
+def _step_marker(analysis: "Analysis") -> Advice:
+    """Steps that hold no input wait because the loop fetches its batch before the marker opens."""
+    from stallscope.analysis.checklist import between_steps_text
+
+    return Advice(
+        "step_marker", "Fetch the batch inside the step marker", {},
+        "iterator = iter(dataset)\n"
+        "for i in range(steps):\n"
+        "    with stallscope.step(i):  # or tf.profiler.experimental.Trace('train', step_num=i, _r=1)\n"
+        "        x, y = next(iterator)\n"
+        "        train_step(x, y)",
+        "`for x, y in dataset:` fetches the batch before the step marker opens, so the steps hold no input wait "
+        "and the input share cannot be measured; with next(iterator) inside the marker the wait is part of "
+        "the step: profile again and analyze",
+        f"IteratorGetNext outside the step markers: {between_steps_text(analysis.steps)}")
+
+
+def parallel_generator(stage_name: str, evidence: str, per_element_us: float | None = None) -> Advice:
+    """A Python generator source: no tf.data knob makes it parallel; its work must move or multiply
+    (the profile's stage, or `stallscope.diagnose`'s dataset whose source is one)."""
+    each = f" ({per_element_us:.0f} us each)" if per_element_us is not None else ""
+    return Advice(
+        "parallel_generator", "Move the generator's work into tf.data ops, or run several generators at once", {},
+        "# best: the same work as tf.data ops, which run in parallel outside the GIL\n"
+        "dataset = tf.data.Dataset.from_tensor_slices(items).map(load, num_parallel_calls=tf.data.AUTOTUNE)\n"
+        "# else: N generators at once, each making its own share of the elements (gen(i, n))\n"
+        "dataset = tf.data.Dataset.range(N).interleave(\n"
+        "    lambda i: tf.data.Dataset.from_generator(gen, output_signature=SIGNATURE, args=(i, N)),\n"
+        "    cycle_length=N, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+        f"the source stage {stage_name} is a Python generator: it makes one element at a time{each} "
+        "under Python's GIL, and no parallelism setting of tf.data reaches "
+        "inside it; several generators at once help where it waits (I/O, sleeps, C code that releases the GIL), "
+        "pure-Python work only as tf.data ops or records read by a parallel interleave", evidence)
+
+
 def _kind(name: str) -> str:
     if name.startswith(MAP_STAGES):
         return "map"
     if name.startswith(SOURCE_STAGES):
         return "source"
+    if name.startswith(GENERATOR_STAGES):
+        return "generator"
     return "other"
 
 
@@ -220,7 +270,7 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
     scenario = row.scenario
     evidence = (f"at {scenario.label}, {current.format} through {current.client} ({current.basis}: "
                 f"{current.requests_per_image:.3g} requests per image): {cell.reads} give "
-                f"{cell.images_per_second:,.0f} images/s, {cell.prediction.input_share * 100:.0f}% of the step "
+                f"{cell.images_per_second:,.0f} images/s, {fmt_share(cell.prediction.input_share, 0)} of the step "
                 f"waits for input, limited by {cell.bound}")
     advice: list[Advice] = []
     if current.format == "files":
@@ -231,7 +281,7 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
                 "# one ranged GET per block of a 50 MiB shard instead of one request per image",
                 f"records need {row.format('records').requests_per_image:.3g} requests per image instead of "
                 f"{current.requests_per_image:.3g}: {records.images_per_second:,.0f} images/s "
-                f"({records.prediction.input_share * 100:.0f}% input) instead of {cell.images_per_second:,.0f}",
+                f"({fmt_share(records.prediction.input_share, 0)} input) instead of {cell.images_per_second:,.0f}",
                 evidence,
                 command=f"stallscope convert --dataset_path {dataset_path} --output_path RECORDS, then "
                         f"--source records --dataset_path RECORDS"))
@@ -268,7 +318,8 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
             "data = [bytes(obstore.get(store, key).bytes()) for key in group]  # on a pool of request threads",
             f"TF's gs:// pays a TCP+TLS handshake with every request ({current.connections_per_image:.3g} "
             f"connections per image); {pooled.reads}, over kept-alive connections: "
-            f"{pooled.images_per_second:,.0f} images/s ({pooled.prediction.input_share * 100:.0f}% input) instead of "
+            f"{pooled.images_per_second:,.0f} images/s ({fmt_share(pooled.prediction.input_share, 0)} input) "
+            "instead of "
             f"{max(cell.images_per_second, enough.images_per_second):,.0f}", evidence))
     elif cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second:
         knobs: dict[str, Any] = {"read_parallelism": enough.read_parallelism,
@@ -289,7 +340,7 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
             f"{wait:.1f} ms x {enough.images_per_second * reading.requests_per_image:,.0f} requests/s needs "
             f"{enough.read_parallelism} in flight, and a pool of {enough.private_threadpool_size} threads (reads + "
             f"decode; the shared pool has one per core): {enough.images_per_second:,.0f} images/s "
-            f"({enough.prediction.input_share * 100:.0f}% input)", evidence))
+            f"({fmt_share(enough.prediction.input_share, 0)} input)", evidence))
     if config.cache == "none":
         fits = data_bytes < memory_bytes * CACHE_MEMORY_FRACTION
         advice.append(Advice(

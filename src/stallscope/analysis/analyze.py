@@ -67,11 +67,13 @@ class Analysis:
         return slowest(self.hosts).host if len(self.hosts) > 1 else None
 
     @property
-    def input_share(self) -> float:
+    def input_share(self) -> float | None:
+        """Input wait / step time (0..1); None when the steps hold no iterator call (not measured)."""
         return self.steps.input_share
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> str | None:
+        """'highly', 'moderately' or 'not' input-bound; None with an unmeasured share."""
         return self.steps.verdict
 
     @property
@@ -96,13 +98,15 @@ class Analysis:
         return "bottleneck" if self.input_bound else "slowest stage"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: `input_share` (0..1) and `bottleneck` (stage name) at the top level."""
+        """JSON-ready: `input_share` (0..1) and `bottleneck` (stage name) at the top level; the share,
+        verdict, input_bound and the input/compute split are null where the share was not measured."""
         stages = [dict(dataclasses.asdict(s), busy_ms=s.busy_ms) for s in self.tree.stages]
+        measured = self.input_share is not None
         return json_ready({
             "input_share": self.input_share,
             "bottleneck": self.bottleneck,
             "slowest_stage": self.slowest_stage,
-            "input_bound": self.input_bound,
+            "input_bound": self.input_bound if measured else None,
             "verdict": self.verdict,
             "source": self.source,
             "profile": self.profile_path,
@@ -116,9 +120,10 @@ class Analysis:
                 "has_iterator": self.steps.has_iterator,
                 "counted": self.steps.counted_steps,
                 "step_ms": dataclasses.asdict(self.steps.step_ms),
-                "input_ms": dataclasses.asdict(self.steps.input_ms),
-                "compute_ms": dataclasses.asdict(self.steps.compute_ms),
-                "get_next_mean_us": self.steps.get_next_mean_us,
+                "input_ms": dataclasses.asdict(self.steps.input_ms) if measured else None,
+                "compute_ms": dataclasses.asdict(self.steps.compute_ms) if measured else None,
+                "get_next_mean_us": self.steps.get_next_mean_us if measured else None,
+                "between_steps": dataclasses.asdict(self.steps.between) if self.steps.between else None,
                 "per_step": [dataclasses.asdict(s) for s in self.steps.steps],
             },
             "xprof": dataclasses.asdict(self.xprof) if self.xprof else None,
@@ -159,9 +164,8 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
     run_dir = _run_dir_of(Path(path), profile_file)
     tree = stage_tree(profile)
     notes: list[str] = []
-    if not steps.has_iterator:
-        notes.append("no tf.data iterator events in the profiled steps (input fed as NumPy arrays or "
-                     "tensors?): the input share is not measurable from this profile")
+    if steps.input_share is None:
+        notes.append(_unmeasured_note(steps))
     resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
     pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, []) if run_dir else None  # its absence: a note below
     run = None
@@ -188,6 +192,16 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
     )
     return dataclasses.replace(partial, advice=tuple(advice_module.recommend(
         partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None)))
+
+
+def _unmeasured_note(steps: StepBreakdown) -> str:
+    """Why the share is not measured: the iterator runs outside the step markers, or there is none."""
+    if steps.between is not None:
+        return ("the tf.data iterator's IteratorGetNext runs between the step markers, not inside them (a "
+                "`for x in dataset:` loop fetches the batch before the step marker opens): the input share is not "
+                "measurable from the steps; fetch the batch inside the marker (see Fix)")
+    return ("no tf.data iterator events in the profiled steps (input fed as NumPy arrays or tensors?): the input "
+            "share is not measurable from this profile")
 
 
 def slowest(hosts: list[HostSteps] | tuple[HostSteps, ...]) -> HostSteps:

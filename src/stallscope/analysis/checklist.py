@@ -8,7 +8,7 @@ from typing import Any
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
 from stallscope.cpu_limits import cpu_named, quota_limited, quota_throttled
-from stallscope.verdict import MODERATELY_INPUT_BOUND
+from stallscope.verdict import MODERATELY_INPUT_BOUND, fmt_share
 
 SLOW_GET_NEXT_US = 50.0        # seed-004: IteratorGetNext returning within 50 us means data was ready
 CPU_SATURATED_PERCENT = 90.0   # all cores this busy on average leaves the pipeline no room to grow
@@ -19,7 +19,8 @@ ANSWERS = ("yes", "no", "unknown")
 class CheckItem:
     key: str          # get_next_slow, prefetch_at_end, cpu_saturated, bottleneck
     question: str
-    answer: str       # yes / no / unknown; for `bottleneck` the stage name, or "none" when the input keeps up
+    answer: str       # yes / no / unknown; for `bottleneck` the stage name, "none" when the input keeps up,
+                      # "unknown" when the share was not measured
     evidence: str
     needs_action: bool
 
@@ -34,8 +35,29 @@ def checklist(steps: StepBreakdown, tree: StageTree, resources: dict[str, Any] |
 
 
 def input_bound(steps: StepBreakdown) -> bool:
-    """The verdict's test: input wait is at least XProf's 'moderately' share of step time."""
-    return steps.has_iterator and steps.input_share >= MODERATELY_INPUT_BOUND
+    """The verdict's test: input wait is at least XProf's 'moderately' share of step time (False when
+    the share was not measured: the verdict is then unknown, not 'not')."""
+    return steps.input_share is not None and steps.input_share >= MODERATELY_INPUT_BOUND
+
+
+def between_steps_text(steps: StepBreakdown) -> str:
+    """'5 calls, waiting 81.8 ms before each step on average (96.0% of the time from one step's end to
+    the next's)': the iterator's calls outside the step markers, where a loop fetches before the step opens."""
+    between = steps.between
+    if between is None:
+        return ""
+    if between.share is None:
+        return fmt_calls(between.calls)
+    return (f"{fmt_calls(between.calls)}, waiting {between.wait_ms.mean:.1f} ms before each step on average "
+            f"({fmt_share(between.share)} of the time from one step's end to the next's)")
+
+
+def not_measured_text(steps: StepBreakdown, *, detail: bool = True) -> str:
+    """Why a profile's steps give no input share: an iterator outside them, or none at all."""
+    if steps.between is not None:
+        where = "no IteratorGetNext inside the step markers; it runs between them"
+        return f"{where}: {between_steps_text(steps)}" if detail else where
+    return "no IteratorGetNext in the profiled steps"
 
 
 def _get_next(steps: StepBreakdown) -> CheckItem:
@@ -43,20 +65,20 @@ def _get_next(steps: StepBreakdown) -> CheckItem:
     disagree; seed-004's 50 us per call is quoted beside it. A 100 us call before a 10 ms step is
     above 50 us yet costs 1% of the step: not slow in any sense that matters."""
     question = "Is IteratorGetNext slow?"
-    if not steps.has_iterator:
-        return CheckItem("get_next_slow", question, "unknown", "no IteratorGetNext in the profiled steps",
-                         needs_action=False)
+    if steps.input_share is None:
+        return CheckItem("get_next_slow", question, "unknown", not_measured_text(steps), needs_action=False)
     mean, share = steps.get_next_mean_us, steps.input_share
     slow = input_bound(steps)
     per_call = (f"{mean:.0f} us per call over {fmt_calls(steps.get_next_calls)} "
                 f"({'above' if mean > SLOW_GET_NEXT_US else 'within'} seed-004's {SLOW_GET_NEXT_US:.0f} us)")
     threshold = f"input-bound from {MODERATELY_INPUT_BOUND:.0%}"
     if slow:
-        evidence = f"the wait is {share:.1%} of step time ({threshold}); {per_call}"
+        evidence = f"the wait is {fmt_share(share)} of step time ({threshold}); {per_call}"
     elif mean > SLOW_GET_NEXT_US:
-        evidence = f"{per_call}, but the wait is only {share:.1%} of step time ({threshold}): too little to matter"
+        evidence = (f"{per_call}, but the wait is only {fmt_share(share)} of step time ({threshold}): "
+                    "too little to matter")
     else:
-        evidence = f"the wait is {share:.1%} of step time ({threshold}); {per_call}"
+        evidence = f"the wait is {fmt_share(share)} of step time ({threshold}); {per_call}"
     return CheckItem("get_next_slow", question, "yes" if slow else "no", evidence, needs_action=slow)
 
 
@@ -105,7 +127,7 @@ def _samples(count) -> str:
 
 def _bottleneck(tree: StageTree, steps: StepBreakdown) -> CheckItem:
     """The walk's stage limits the run only when the run waits for input; otherwise it is just the
-    slowest stage, named without alarm."""
+    slowest stage, named without alarm. Without a measured share neither is known."""
     stage = tree.bottleneck_stage
     if stage is None:
         return CheckItem("bottleneck", "Which stage is the bottleneck?", "unknown", tree.reason, needs_action=False)
@@ -113,6 +135,11 @@ def _bottleneck(tree: StageTree, steps: StepBreakdown) -> CheckItem:
     if input_bound(steps):
         return CheckItem("bottleneck", "Which stage is the bottleneck?", stage.name,
                          f"walked {walk}: {tree.reason}", needs_action=True)
+    if steps.input_share is None:
+        return CheckItem("bottleneck", "Which stage is the bottleneck?", "unknown",
+                         f"whether the input keeps up is not measured ({not_measured_text(steps, detail=False)}), "
+                         f"so neither is whether a stage holds the run back; the slowest is {stage.name} "
+                         f"(walked {walk}: {tree.reason})", needs_action=False)
     return CheckItem("bottleneck", "Which stage is the bottleneck?", "none",
-                     f"the input keeps up ({steps.input_share:.1%} of step time), so no stage holds the run back; "
-                     f"the slowest is {stage.name} (walked {walk}: {tree.reason})", needs_action=False)
+                     f"the input keeps up ({fmt_share(steps.input_share)} of step time), so no stage holds the run "
+                     f"back; the slowest is {stage.name} (walked {walk}: {tree.reason})", needs_action=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.analysis import differential
-from stallscope.analysis.advice import Advice
+from stallscope.analysis.advice import GENERATOR_STAGES, Advice, parallel_generator
 from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
@@ -36,6 +36,7 @@ from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
 from stallscope.storage.s3_reading import READ_STAGE
+from stallscope.verdict import fmt_share
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload import rundir
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
@@ -149,6 +150,11 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                     warm=warm)
     if graph is None or not decodes_images(graph):  # no image decoded: smaller ones would not help
         advice = [a for a in advice if a.key != "max_side"]
+    if chain and not set(chain) & set(MAP_STAGES):  # no map: nothing to run one intra-op thread per element
+        advice = [a for a in advice if a.key != "outer_parallelism"]
+    generator = next((name for name in chain if name.startswith(GENERATOR_STAGES)), None)
+    if generator:  # its source is Python (from_generator): no files to read in parallel
+        advice = [parallel_generator(generator, a.evidence) if a.key == "parallel_interleave" else a for a in advice]
     stateful = _stateful_map_ops(graph) if config.map_parallelism is None else []
     if stateful and dataset.options().experimental_optimization.map_parallelization is not False:
         notes.append(f"TF's map_parallelization left a map sequential: its function holds a stateful op "
@@ -156,7 +162,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      "num_parallel_calls=tf.data.AUTOTUNE yourself, or use stateless ops (tf.random.stateless_uniform "
                      "with a seed, tf.image.stateless_random_flip_left_right, ...)")
     if phase.cause != "none":
-        advice = reader_advice(ops, files, f"{phase.input_share:.0%} of the step waits for input, "
+        advice = reader_advice(ops, files, f"{fmt_share(phase.input_share, 0)} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
     figures = what = None
     if options.storage_scenarios or options.storage_client or in_store or requests.requests:

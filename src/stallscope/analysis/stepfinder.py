@@ -59,8 +59,9 @@ def find_steps(profile: Profile) -> FoundSteps:
 def find_steps_in(host: Plane, source: str) -> FoundSteps:
     events = list(host.events())
     markers = _sorted(e for e in events if "step_num" in e.stats and e.stats.get("_r") == 1)
-    if markers:
-        return FoundSteps(_spans(markers), f"step markers {_names(markers)}")
+    if markers:  # numbered by their first batch (StallMonitor under steps_per_execution): the stride says how many
+        spans = _spans(markers)
+        return FoundSteps(spans, f"step markers {_names(markers)}", batches_per_step=_stride(spans))
     numbered = _sorted(e for e in events if "step_num" in e.stats)
     if len(numbered) >= MIN_CALLS or (numbered and any(e.name == KERAS_BATCH for e in numbered)):
         how = "Keras' 'Profiled batch' spans" if _names(numbered) == repr(KERAS_BATCH) else f"spans {_names(numbered)}"

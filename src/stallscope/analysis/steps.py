@@ -9,7 +9,10 @@ Definition, aligned with XProf's Input Pipeline Analyzer (TensorBoard's Profile 
   step (XProf's "Input" category on a CPU-only host, where there is no infeed), overlaps merged;
 - compute is the rest of the step;
 - the input share is total input wait / total step time over the counted steps (XProf's
-  "x% of the total step time sampled is waiting for input"), not the mean of per-step shares.
+  "x% of the total step time sampled is waiting for input"), not the mean of per-step shares;
+- steps that hold no IteratorGetNext have no measured share and no verdict (None): a loop fed NumPy
+  arrays, or `for x in dataset: with step(i): ...`, whose `for` fetches the batch before the step
+  opens. In the latter the calls fall between the steps; `BetweenSteps` measures them there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stallscope.analysis.stepfinder import FoundSteps, find_steps
+from stallscope.analysis.stepfinder import FoundSteps, StepSpan, find_steps
 from stallscope.analysis.xplane import Event, Profile, ps_to_ms
 from stallscope.tfimport import stderr_fd_silenced
 from stallscope.verdict import verdict_for
@@ -67,17 +70,30 @@ class Spread:
 
 
 @dataclasses.dataclass(frozen=True)
+class BetweenSteps:
+    """IteratorGetNext calls outside the step markers, where a loop fetches its batch before the step
+    opens. `wait_ms` is per counted step: the calls' time in the gap before it; `share` is that wait
+    over the time from the previous step's end to this one's (the gap plus the step)."""
+
+    calls: int            # GetNext calls that start outside every step span
+    wait_ms: Spread       # per counted step with a step before it
+    gap_ms: Spread        # the gap before each of those steps
+    share: float | None   # total wait / total (gap + step); None without a gap to measure
+
+
+@dataclasses.dataclass(frozen=True)
 class StepBreakdown:
     steps: tuple[StepTiming, ...]
     step_ms: Spread
     input_ms: Spread
     compute_ms: Spread
-    input_share: float    # 0..1
-    verdict: str
+    input_share: float | None   # 0..1; None when no step holds an IteratorGetNext (not measured)
+    verdict: str | None         # None with the share
     get_next_mean_us: float   # mean IteratorGetNext duration over counted steps (seed-004's 50 us test)
     get_next_calls: int
     method: str = "step markers"    # how the steps were found (stepfinder)
     batches_per_step: int = 1         # >1 under Keras' steps_per_execution: one step runs that many batches
+    between: BetweenSteps | None = None   # with no share: GetNext calls outside the steps; else None
 
     @property
     def has_iterator(self) -> bool:
@@ -137,16 +153,40 @@ def step_breakdown(profile: Profile, found: FoundSteps | None = None) -> StepBre
     counted = [t for t in timings if t.counted]
     total_step = sum(t.step_ms for t in counted)
     share = sum(t.input_ms for t in counted) / total_step if total_step > 0 else 0.0
+    if not any(t.get_next_calls for t in timings):
+        share = None  # no step waited on an iterator: the wait is not in the steps, not zero
     mean_us = sum(e.duration_ps for e in calls) / len(calls) / 1e6 if calls else 0.0
     return StepBreakdown(
         steps=tuple(timings),
         step_ms=Spread.of([t.step_ms for t in counted]),
         input_ms=Spread.of([t.input_ms for t in counted]),
         compute_ms=Spread.of([t.compute_ms for t in counted]),
-        input_share=share, verdict=verdict_for(share),
+        input_share=share, verdict=None if share is None else verdict_for(share),
         get_next_mean_us=mean_us, get_next_calls=len(calls), method=found.method,
         batches_per_step=found.batches_per_step,
+        between=between_steps(markers, get_next, timings) if share is None else None,
     )
+
+
+def between_steps(markers: Sequence[StepSpan], get_next: Sequence[Event],
+                  timings: Sequence[StepTiming]) -> BetweenSteps | None:
+    """GetNext calls outside the step spans, and their time in the gap before each counted step
+    (from the previous step's end to this one's start); None when every call is inside a step."""
+    inside = sum(t.get_next_calls for t in timings)
+    if len(get_next) <= inside:
+        return None
+    waits, gaps, cycles = [], [], []
+    for index in range(1, len(markers)):
+        if not timings[index].counted:
+            continue
+        start, end = markers[index - 1].end_ps, markers[index].start_ps
+        if end <= start:
+            continue  # steps that touch or overlap leave no gap
+        waits.append(ps_to_ms(_union_ps(_overlapping(get_next, start, end), start, end)))
+        gaps.append(ps_to_ms(end - start))
+        cycles.append(gaps[-1] + timings[index].step_ms)
+    return BetweenSteps(calls=len(get_next) - inside, wait_ms=Spread.of(waits), gap_ms=Spread.of(gaps),
+                        share=sum(waits) / sum(cycles) if sum(cycles) > 0 else None)
 
 
 def run_timing(records: Sequence[StepRecord]) -> RunTiming | None:
@@ -211,6 +251,11 @@ def _within(events: Sequence[Event], start_ps: int, end_ps: int) -> list[Event]:
     first = bisect.bisect_left(events, start_ps, key=lambda e: e.start_ps)
     last = bisect.bisect_left(events, end_ps, key=lambda e: e.start_ps)
     return list(events[first:last])
+
+
+def _overlapping(events: Sequence[Event], start_ps: int, end_ps: int) -> list[Event]:
+    """Events that overlap [start, end): a call may start just before a gap (a step's end) and run into it."""
+    return [e for e in events if e.start_ps < end_ps and e.end_ps > start_ps]
 
 
 def _union_ps(events: Sequence[Event], start_ps: int, end_ps: int) -> int:

@@ -73,9 +73,10 @@ def _watch(options, args: argparse.Namespace) -> int:
 
 def _line(summary) -> str:
     from stallscope.report.text import fmt_ms, fmt_share
+    from stallscope.verdict import verdict_phrase
 
     if summary.error:
         return f"{summary.time}  no steps: {summary.error}"
     return (f"{summary.time}  {summary.steps:>5} steps  step {fmt_ms(summary.step_ms):>9}  "
-            f"input {fmt_share(summary.input_share):>6}  {summary.verdict} input-bound  "
+            f"input {fmt_share(summary.input_share):>6}  {verdict_phrase(summary.verdict)}  "
             f"bottleneck {summary.bottleneck or 'none found'}")

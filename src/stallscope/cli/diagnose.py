@@ -218,8 +218,10 @@ def _ms(value: float) -> str:
     return f"{value:.1f} ms"
 
 
-def _pct(value: float) -> str:
-    return f"{value * 100:.1f}%"
+def _pct(value: float | None) -> str:
+    from stallscope.verdict import fmt_share
+
+    return fmt_share(value)
 
 
 def _rate(value: float) -> str:

@@ -42,6 +42,7 @@ from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_prese
 from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION_IMAGES
 from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
+from stallscope.verdict import fmt_share
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "0"}
@@ -309,7 +310,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         f"step time       {summary['step_time_ms']:.1f} ms (p50 {summary['step_time_p50_ms']:.1f}, "
         f"p90 {summary['step_time_p90_ms']:.1f})",
         f"input wait      {summary['input_wait_ms']:.1f} ms per step",
-        f"input share     {summary['input_share'] * 100:.1f}% -> {summary['verdict']} input-bound",
+        f"input share     {fmt_share(summary['input_share'])} -> {summary['verdict']} input-bound",
     ]
     if summary.get("cpu"):
         lines.append(f"CPU             {cpu_line(summary['cpu'])}")

@@ -8,7 +8,8 @@ import html
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
 from stallscope.report.plots import stage_bars_png, step_bars_png
-from stallscope.report.text import STAGE_COLUMNS_NOTE, fmt_knobs, fmt_ms, run_timing_line, source_lines, verdict_line, xprof_line
+from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, fmt_ms, no_fix_line, run_timing_line,
+                                    source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
@@ -28,9 +29,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_html(analysis: Analysis) -> str:
     e = html.escape
     steps = analysis.steps
-    spread_rows = [[label, fmt_ms(s.mean), fmt_ms(s.p50), fmt_ms(s.p90), fmt_ms(s.std)]
-                   for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms),
-                                    ("compute", steps.compute_ms))]
+    step_rows = [[label, *spread_cells(spread)] for label, spread in spread_rows(steps)]
     marked = "hot" if analysis.input_bound else "slowest"   # red only for a stage that holds the run back
     stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="{marked}">{e(s.name)}</span>'
                                                if s.long_name == analysis.tree.bottleneck else e(s.name)),
@@ -45,7 +44,7 @@ def render_html(analysis: Analysis) -> str:
         f"<h1>Input pipeline analysis</h1><p><code>{e(analysis.profile_path)}</code></p>",
         "<pre>" + e("\n".join(source_lines(analysis))) + "</pre>",
         f"<p><b>{e(verdict_line(analysis))}</b>. {e(xprof_line(analysis))}.</p>",
-        _table(["per step", "mean", "p50", "p90", "std"], spread_rows),
+        _table(["per step", "mean", "p50", "p90", "std"], step_rows),
         f"<p>{e(timing)}.</p>" if timing else "",
         _img(step_bars_png(analysis), "per-step input wait and compute"),
         "<h2>tf.data stages</h2>",
@@ -63,10 +62,11 @@ def render_html(analysis: Analysis) -> str:
     parts += [f"<li>TF rewrite: {e(r.describe())}</li>" for r in analysis.rewrites]
     parts.append("</ul><h2>Fix</h2>")
     if not analysis.advice:
-        parts.append("<p>None needed: the input pipeline keeps up.</p>")
+        parts.append(f"<p>{e(no_fix_line(analysis).capitalize())}.</p>")
     parts.append("<ol>")
     for item in analysis.advice:
-        knobs = f" <code>{e(fmt_knobs(item.knobs))}</code>" if item.knobs else ""
+        flags = advice_flags(analysis, item)
+        knobs = f" <code>{e(flags)}</code>" if flags else ""
         command = f"<pre>$ {e(item.command)}</pre>" if item.command else ""
         parts.append(f"<li><b>{e(item.title)}</b>{knobs}: {e(item.reason)}{command}<pre>{e(item.code)}</pre></li>")
     parts.append("</ol>")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
-from stallscope.report.text import (STAGE_COLUMNS_NOTE, fmt_knobs, fmt_ms, run_timing_line, source_lines,
-                                    verdict_line, xprof_line)
+from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, fmt_ms, no_fix_line, run_timing_line,
+                                    source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
 
 
 def render_markdown(analysis: Analysis) -> str:
@@ -20,8 +20,8 @@ def render_markdown(analysis: Analysis) -> str:
         "| per step | mean | p50 | p90 | std |",
         "|---|---:|---:|---:|---:|",
     ]
-    for label, s in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
-        out.append(f"| {label} | {fmt_ms(s.mean)} | {fmt_ms(s.p50)} | {fmt_ms(s.p90)} | {fmt_ms(s.std)} |")
+    for label, spread in spread_rows(steps):
+        out.append(f"| {label} | " + " | ".join(spread_cells(spread)) + " |")
     timing = run_timing_line(analysis)
     if timing is not None:
         out += ["", f"{timing}."]
@@ -43,9 +43,10 @@ def render_markdown(analysis: Analysis) -> str:
     out += [f"- TF rewrite: {r.describe()}" for r in analysis.rewrites]
     out += ["", "## Fix", ""]
     if not analysis.advice:
-        out.append("None needed: the input pipeline keeps up.")
+        out.append(f"{no_fix_line(analysis).capitalize()}.")
     for number, item in enumerate(analysis.advice, 1):
-        knobs = f" (`{fmt_knobs(item.knobs)}`)" if item.knobs else ""
+        flags = advice_flags(analysis, item)
+        knobs = f" (`{flags}`)" if flags else ""
         out.append(f"{number}. **{item.title}**{knobs}: {item.reason}.")
         if item.command:
             out.append(f"   `{item.command}`")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from stallscope.analysis.analyze import Analysis
+from stallscope.verdict import fmt_share, verdict_phrase
 
 
 def _figure():
@@ -50,7 +51,10 @@ def step_bars_figure(analysis: Analysis):
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
-    ax.set_title(f"Step time: input share {analysis.input_share * 100:.1f}% ({analysis.verdict} input-bound)")
+    if analysis.input_share is None:
+        ax.set_title("Step time: input share not measurable (no iterator call inside the steps)")
+    else:
+        ax.set_title(f"Step time: input share {fmt_share(analysis.input_share)} ({verdict_phrase(analysis.verdict)})")
     return fig
 
 
@@ -76,6 +80,11 @@ def stage_bars_figure(analysis: Analysis):
     ax.set_yticks(range(len(stages)), names)
     ax.invert_yaxis()
     ax.set_xlabel("busy, ms (wall-clock time of the stage's own work)")
-    label = "bottleneck in red" if analysis.input_bound else "slowest stage in dark grey; the input keeps up"
+    if analysis.input_bound:
+        label = "bottleneck in red"
+    elif analysis.input_share is None:
+        label = "slowest stage in dark grey; whether the input keeps up is not measured"
+    else:
+        label = "slowest stage in dark grey; the input keeps up"
     ax.set_title(f"tf.data stages, outermost first ({label})")
     return fig

@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallscope.analysis.analyze import Analysis
-from stallscope.analysis.steps import StepBreakdown
+from stallscope.analysis.checklist import between_steps_text
+from stallscope.analysis.steps import Spread, StepBreakdown
 from stallscope.pipeline.config import describe_knob
+from stallscope.verdict import NOT_MEASURED, fmt_share, verdict_phrase  # fmt_share: the one share formatter
 
 
-def fmt_ms(value: float) -> str:
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return NOT_MEASURED
     return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
-
-
-def fmt_share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
 def fmt_count(count: int, noun: str) -> str:
@@ -50,15 +50,53 @@ def counted_steps_text(steps: StepBreakdown) -> str:
 def verdict_line(analysis: Analysis) -> str:
     """The verdict first; then the stage the walk found, as a bottleneck only when the run waits for input."""
     steps = analysis.steps
-    if not steps.has_iterator:
-        return "Input share: not measurable, no tf.data iterator in the profiled steps (input fed as NumPy arrays?)"
-    line = (f"Input share {fmt_share(analysis.input_share)}: {analysis.verdict} input-bound "
+    if analysis.input_share is None:
+        return unmeasured_line(steps)
+    line = (f"Input share {fmt_share(analysis.input_share)}: {verdict_phrase(analysis.verdict)} "
             f"({counted_steps_text(steps)})")
     if analysis.slowest_stage is None:
         return line
     if analysis.input_bound:
         return f"{line}; bottleneck: {analysis.slowest_stage}"
     return f"{line}; the input keeps up (slowest stage: {analysis.slowest_stage}, not holding the run back)"
+
+
+def unmeasured_line(steps: StepBreakdown) -> str:
+    """No share and no verdict, and why: the iterator runs between the step markers, or there is none."""
+    if steps.between is not None:
+        return ("Input share: not measurable, verdict unknown: the tf.data iterator's IteratorGetNext runs between "
+                f"the step markers, not inside them ({between_steps_text(steps)}); fetch the batch inside the "
+                "marker (Fix below)")
+    return ("Input share: not measurable, verdict unknown: no tf.data iterator in the profiled steps "
+            "(input fed as NumPy arrays?)")
+
+
+def spread_rows(steps: StepBreakdown) -> list[tuple[str, Spread | None]]:
+    """The per-step table's rows; the input wait/compute split is None (n/a) where the share was not measured."""
+    measured = steps.input_share is not None
+    return [("step", steps.step_ms), ("input wait", steps.input_ms if measured else None),
+            ("compute", steps.compute_ms if measured else None)]
+
+
+def spread_cells(spread: Spread | None) -> list[str]:
+    """mean, p50, p90, std as text; n/a for a figure not measured."""
+    if spread is None:
+        return [NOT_MEASURED] * 4
+    return [fmt_ms(spread.mean), fmt_ms(spread.p50), fmt_ms(spread.p90), fmt_ms(spread.std)]
+
+
+def no_fix_line(analysis: Analysis) -> str:
+    """What an empty fix list means: the input keeps up, or nothing measured says what to fix."""
+    if analysis.input_share is None:
+        return "none advised; the input share was not measured, so whether the input keeps up is unknown"
+    return "none needed; the input pipeline keeps up"
+
+
+def advice_flags(analysis: Analysis, item) -> str:
+    """The advice's knobs as `stallscope train`/`diagnose` flags, only for a run of stallscope's own
+    workload (its pipeline.json has the requested config): a user's own pipeline has no such flags,
+    its fix is the code."""
+    return fmt_knobs(item.knobs) if item.knobs and analysis.config is not None else ""
 
 
 def run_timing_line(analysis: Analysis) -> str | None:
@@ -73,7 +111,7 @@ def run_timing_line(analysis: Analysis) -> str | None:
         return (f"{line}{rate}; its input wait was not timed (a callback sees whole steps), so the split "
                 "above is the profile's")
     line += f", input wait {fmt_ms(run.input_ms.mean)}, input share {fmt_share(run.input_share)} ({run.verdict}){rate}"
-    if analysis.steps.has_iterator and run.verdict != analysis.verdict:
+    if analysis.verdict is not None and run.verdict != analysis.verdict:
         line += (f"; the profiled window ({fmt_count(analysis.steps.counted_steps, 'step')}) says {analysis.verdict} "
                  f"input-bound: slow steps (an epoch start, a shuffle buffer filling) fall inside or outside a window, "
                  f"so the verdict above is the window's; a longer window comes closer to the run's")
@@ -91,6 +129,9 @@ def xprof_line(analysis: Analysis) -> str:
         return "TensorBoard (xprof): not run"
     if figure.input_share is None:
         return f"TensorBoard (xprof): no figure ({figure.error or 'no steps found'})"
+    if analysis.input_share is None:
+        return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
+                "(stallscope: not measurable, no iterator call inside the steps; its figure counts none either)")
     delta = (analysis.input_share - figure.input_share) * 100
     return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
             f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
@@ -109,8 +150,9 @@ def batch_lines(steps: StepBreakdown) -> list[str]:
     n = steps.batches_per_step
     if n <= 1:
         return []
+    wait = fmt_ms(steps.input_ms.mean / n) if steps.input_share is not None else NOT_MEASURED
     return [f"each step runs {n} batches (steps_per_execution={n}): per batch, step "
-            f"{fmt_ms(steps.step_ms.mean / n)}, input wait {fmt_ms(steps.input_ms.mean / n)}"]
+            f"{fmt_ms(steps.step_ms.mean / n)}, input wait {wait}"]
 
 
 def host_lines(analysis: Analysis) -> list[str]:
@@ -121,8 +163,9 @@ def host_lines(analysis: Analysis) -> list[str]:
              f"{analysis.slowest_host} (the one the others wait for):"]
     for host in analysis.hosts:
         mark = " <- slowest" if host.host == analysis.slowest_host else ""
+        wait = fmt_ms(host.steps.input_ms.mean) if host.steps.input_share is not None else NOT_MEASURED
         lines.append(f"  {host.host:<20} input share {fmt_share(host.steps.input_share):>6}, step "
-                     f"{fmt_ms(host.steps.step_ms.mean)}, input wait {fmt_ms(host.steps.input_ms.mean)}{mark}")
+                     f"{fmt_ms(host.steps.step_ms.mean)}, input wait {wait}{mark}")
     return lines
 
 
@@ -145,9 +188,8 @@ def render_text(analysis: Analysis) -> str:
         "",
         f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
     ]
-    for label, spread in (("step", steps.step_ms), ("input wait", steps.input_ms), ("compute", steps.compute_ms)):
-        lines.append(f"{label:<12}{fmt_ms(spread.mean):>11}{fmt_ms(spread.p50):>11}{fmt_ms(spread.p90):>11}"
-                     f"{fmt_ms(spread.std):>11}")
+    for label, spread in spread_rows(steps):
+        lines.append(f"{label:<12}" + "".join(f"{cell:>11}" for cell in spread_cells(spread)))
     timing = run_timing_line(analysis)
     if timing is not None:
         lines += ["", timing]
@@ -178,9 +220,10 @@ def render_text(analysis: Analysis) -> str:
         lines.append(f"  TF rewrite: {change.describe()}")
     if analysis.written_chain and not analysis.rewrites:
         lines.append("  TF ran what was written")
-    lines += ["", "Fix, most helpful first" if analysis.advice else "Fix: none needed; the input pipeline keeps up"]
+    lines += ["", "Fix, most helpful first" if analysis.advice else f"Fix: {no_fix_line(analysis)}"]
     for number, item in enumerate(analysis.advice, 1):
-        knobs = f" [{fmt_knobs(item.knobs)}]" if item.knobs else ""
+        flags = advice_flags(analysis, item)
+        knobs = f" [{flags}]" if flags else ""
         lines.append(f"  {number}. {item.title}{knobs}: {item.reason}")
         if item.command:
             lines.append(f"     $ {item.command}")
@@ -199,7 +242,7 @@ def fmt_rate(images_per_second: float) -> str:
 
 def _cell(cell) -> str:
     """'125/s 90% (C=1.6, requests)': images/s, input share, reads in flight and the limiting term."""
-    return (f"{fmt_rate(cell.images_per_second)} {cell.prediction.input_share * 100:.0f}% "
+    return (f"{fmt_rate(cell.images_per_second)} {fmt_share(cell.prediction.input_share, 0)} "
             f"(C={cell.in_flight:.3g}, {cell.bound})")
 
 
