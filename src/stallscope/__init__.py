@@ -9,14 +9,17 @@ __version__ = "0.1.0"
 
 
 def step(number: int):
-    """`with stallscope.step(i):` around each step of a custom loop marks it for the profiler."""
+    """`with stallscope.step(i):` around each step of a custom loop marks it for the profiler; it goes around
+    the call of a tf.function, not inside one (a UsageError says so)."""
     from stallscope.workload.marking import step as _step
 
     return _step(number)
 
 
 def profile(log_dir, steps=(10, 20), dataset=None):
-    """`with stallscope.profile(LOG, steps=(10, 20)):` captures those `stallscope.step`s; `.analyze()` after.
+    """`with stallscope.profile(LOG, steps=(10, 20)):` captures those `stallscope.step`s; `.analyze()` after
+    reads this window's own capture and CPU figures, whatever later windows wrote to LOG. A LOG that is a
+    file or cannot be written is a UsageError here, before the loop runs.
     `dataset=`: the tf.data.Dataset the loop reads, so the analysis names TF's rewrites of it."""
     from stallscope.workload.marking import Profile
 

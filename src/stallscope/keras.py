@@ -1,32 +1,42 @@
 """`StallMonitor`: a Keras callback that makes a `model.fit` analysable by stallscope.
 
-Each training batch runs inside a step marker (`Trace('train', step_num=i, _r=1)`, opened in
+Each training step runs inside a step marker (`Trace('train', step_num=i, _r=1)`, opened in
 `on_train_batch_begin` and closed in `on_train_batch_end`), the window `profile_steps` is profiled,
 and at the end of training the profile is analysed and the verdict, bottleneck and top fix logged;
 `monitor.analysis` holds the `Analysis`. Every step's wall time goes to LOG_DIR/steps.csv and the CPU
 the fit used (and, in a container, how often its CPU quota ran out) to LOG_DIR/resources.json. A callback
 sees only whole batches, so input wait and compute per step are left unmeasured there (NaN): the
 split comes from the profile.
+
+Steps are numbered in batches: under `steps_per_execution=N` one step (one call of Keras' train
+function) runs N batches, is numbered by its first batch, and the analysis says N batches per step.
+Each fit is its own run: its batches are numbered from 1 and its window profiled again; LOG_DIR holds
+the latest fit, and when a monitor is reused the earlier fit's files move to LOG_DIR/fit-K/.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import keras
 
+from stallscope.errors import UsageError
+from stallscope.verdict import fmt_share, verdict_phrase
 from stallscope.workload import rundir
-from stallscope.workload.marking import dataset_or_none, window_of, write_chains
+from stallscope.workload.marking import dataset_or_none, folder_to_write, window_of, write_chains
 from stallscope.workload.profiling import StepProfiler
 from stallscope.workload.resources import ResourceMonitor, minor_faults
 
 log = logging.getLogger(__name__)
 
 PROFILE_SUBDIR = "profile"
+FIT_FILES = (rundir.STEPS_NAME, rundir.RESOURCES_NAME, rundir.PIPELINE_NAME, PROFILE_SUBDIR)
 
 # Keras 3 calls no callback when fit raises, so a monitor whose fit failed inside its window would
 # leave TF's profiler running and the next fit unable to profile: the next monitor closes it.
@@ -36,8 +46,12 @@ _unfinished: "StallMonitor | None" = None
 class StallMonitor(keras.callbacks.Callback):
     """Marks, times and profiles training steps; analyses the window when training ends.
 
-    profile_steps: (start, stop) global training steps, 1-based and inclusive, or None for timing only.
+    profile_steps: (start, stop) batches of each fit, 1-based and inclusive, counted across epochs, or
+    None for timing only. Under steps_per_execution=N a step runs N batches and is profiled when any of
+    them is in the window.
     log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None makes a new temporary one.
+    Reused for another fit, the monitor starts a new run: the earlier fit's files move to LOG_DIR/fit-K/
+    (K = 1, 2, ...), and `analysis` is of the latest fit (None until its window has run).
     verbose: print the one-line diagnosis when training ends (as Keras' own callbacks print); it is logged either way.
     dataset: the tf.data.Dataset the fit reads, if you pass it: its stages as written and as TF runs them go to
     LOG_DIR/pipeline.json, so the analysis names TF's rewrites (a callback cannot see the fit's dataset).
@@ -49,12 +63,15 @@ class StallMonitor(keras.callbacks.Callback):
         self.dataset = dataset_or_none(dataset, "StallMonitor dataset")
         self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
-        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.log_dir = folder_to_write(log_dir, "StallMonitor log_dir") if log_dir is not None else None
         self.analysis = None
         self.records: list[rundir.StepRecord] = []
+        self.fits = 0                 # fits begun with this monitor
         self._profiler: StepProfiler | None = None
         self._marker = None
-        self._step = 0
+        self._batches = 0             # batches this fit has run
+        self._per_step = 1            # batches per step (steps_per_execution)
+        self._step = 0                # the running step's number: its first batch
         self._started = 0.0
         self._step_started = 0.0
         self._faults_started: int | None = None
@@ -62,20 +79,33 @@ class StallMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         global _unfinished
-        if _unfinished is not None:
-            _unfinished._close_after_failed_fit()
+        _close_unfinished()
+        self._begin_fit()
         _unfinished = self
-        if self.log_dir is None:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="stallscope-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         log.info("stallscope: step times and profile go to %s", self.log_dir)
         self._profiler = StepProfiler(self.window, self.log_dir / PROFILE_SUBDIR, owner="StallMonitor profile_steps")
         self._resources = ResourceMonitor().__enter__()
         self._started = time.perf_counter()
 
+    def _begin_fit(self) -> None:
+        """A new run: the earlier fit's files kept aside, counters and analysis reset."""
+        self.fits += 1
+        if self.log_dir is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="stallscope-"))
+        elif self.fits > 1:
+            _keep_earlier_fit(self.log_dir, self.fits - 1)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"StallMonitor log_dir: {str(self.log_dir)!r} cannot be made ({exc.strerror or exc})") from None
+        self.analysis = None
+        self.records = []
+        self._batches = 0
+        self._per_step = _steps_per_execution(self.model)
+
     def on_train_batch_begin(self, batch, logs=None) -> None:
-        self._step += 1
-        self._marker = self._profiler.step(self._step)
+        self._step = self._batches + 1
+        self._marker = self._profiler.step(self._step, batches=self._per_step)
         self._marker.__enter__()
         self._step_started = time.perf_counter()
         self._faults_started = minor_faults()
@@ -85,10 +115,11 @@ class StallMonitor(keras.callbacks.Callback):
         faults = minor_faults()
         self._marker.__exit__(None, None, None)
         self._marker = None
+        self._batches += self._per_step
         self.records.append(rundir.StepRecord(
             step=self._step, phase="train", started_s=round(self._step_started - self._started, 6),
             step_ms=(done - self._step_started) * 1000.0, input_wait_ms=math.nan, compute_ms=math.nan,
-            images=_batch_size(logs), warmup=self._step == 1,
+            images=_batch_size(logs) * self._per_step, warmup=self._step == 1,
             minor_faults=None if faults is None or self._faults_started is None else faults - self._faults_started,
         ))
 
@@ -99,15 +130,25 @@ class StallMonitor(keras.callbacks.Callback):
         self._write_run_files()
         if self._profiler.captured_steps == 0:
             if self.window is not None:
-                log.warning("stallscope: training ended before step %d; no profile was captured", self.window.start)
+                log.warning("stallscope: the fit ended after %d batch(es), before batch %d of the window %s; "
+                            "no profile was captured", self._batches, self.window.start, self.window.text)
             return
-        from stallscope.analysis.analyze import analyze_run
-
-        self.analysis = analyze_run(self.log_dir)  # the run directory: its steps.csv and resources.json too
+        self.analysis = self._analyze()
         line = summary_line(self.analysis)
         log.info("stallscope: %s", line)
         if self.verbose:
             print(f"stallscope: {line} (profile under {self.log_dir / PROFILE_SUBDIR})")
+
+    def _analyze(self):
+        """This fit's own capture (not the newest under LOG_DIR), with its batches per step."""
+        from stallscope.analysis.analyze import analyze_run
+
+        capture = self._profiler.capture  # by its path: an earlier fit's, in LOG_DIR/fit-K/, may share its name
+        analysis = analyze_run(self.log_dir, capture=str(capture.relative_to(self.log_dir)) if capture else None)
+        if analysis.steps.batches_per_step != self._per_step:  # one step marked: no stride to tell it from
+            steps = dataclasses.replace(analysis.steps, batches_per_step=self._per_step)
+            analysis = dataclasses.replace(analysis, steps=steps)
+        return analysis
 
     def _close_after_failed_fit(self) -> None:
         """Saves what a fit that raised left behind: its partial profile and the steps it timed."""
@@ -122,19 +163,70 @@ class StallMonitor(keras.callbacks.Callback):
         self._write_run_files()
 
     def _write_run_files(self) -> None:
+        resources, self._resources = self._resources, None
+        if resources is not None:
+            resources.__exit__(None, None, None)   # first: its sampling thread ends even if a write fails
         rundir.write_steps(self.log_dir, self.records)
         write_chains(self.log_dir, self.dataset)
-        if self._resources is not None:
-            self._resources.__exit__(None, None, None)
-            rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())
-            self._resources = None
+        if resources is not None:
+            rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
+
+
+def _close_unfinished() -> None:
+    """Closes what an earlier fit that raised left open. Saving its files may fail too (its folder gone,
+    say): that is logged, never raised into the fit that is starting."""
+    global _unfinished
+    earlier, _unfinished = _unfinished, None
+    if earlier is None:
+        return
+    try:
+        earlier._close_after_failed_fit()
+    except Exception as exc:  # anything: the new fit must run whatever the old one left behind
+        log.warning("stallscope: could not save what an earlier failed fit left in %s (%s: %s)",
+                    earlier.log_dir, type(exc).__name__, exc)
+
+
+def _keep_earlier_fit(log_dir: Path, fit: int) -> None:
+    """Moves fit `fit`'s files from LOG_DIR to LOG_DIR/fit-<fit>/ so the next fit does not overwrite them."""
+    present = [name for name in FIT_FILES if (log_dir / name).exists()]
+    if not present:
+        return
+    target = log_dir / f"fit-{fit}"
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = log_dir / f"fit-{fit}.{suffix}"
+    try:
+        target.mkdir()
+        for name in present:
+            os.replace(log_dir / name, target / name)
+    except OSError as exc:
+        log.warning("stallscope: could not keep the earlier fit's files in %s (%s); the next fit overwrites "
+                    "them", target, exc)
+        return
+    log.info("stallscope: fit %d's files moved to %s", fit, target)
+
+
+def _steps_per_execution(model) -> int:
+    """Batches one call of Keras' train function runs (compile's steps_per_execution); 1 when unknown."""
+    value = getattr(model, "steps_per_execution", 1)
+    try:
+        return max(int(value), 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 def summary_line(analysis) -> str:
-    """Verdict, input share, bottleneck stage and the most helpful fix, in one line."""
+    """Verdict, input share, bottleneck stage and the most helpful fix, in one line; a step of several
+    batches (steps_per_execution) says so, with the time per batch."""
     fix = analysis.advice[0].title if analysis.advice else "none"
-    return (f"{analysis.verdict} input-bound ({analysis.input_share:.0%} of step time waits for input); "
-            f"bottleneck: {analysis.bottleneck or 'none found'}; top fix: {fix}")
+    verdict = verdict_phrase(analysis.verdict)
+    if analysis.input_share is not None:
+        verdict += f" ({fmt_share(analysis.input_share)} of step time waits for input)"
+    per_step = analysis.steps.batches_per_step
+    batches = (f"; each step runs {per_step} batches, {analysis.steps.step_ms.mean / per_step:.1f} ms per batch"
+               if per_step > 1 else "")
+    return f"{verdict}{batches}; bottleneck: {analysis.bottleneck or 'none found'}; top fix: {fix}"
 
 
 def _batch_size(logs) -> int:

@@ -9,8 +9,10 @@ with TensorBoard or `stallscope capture`, has steps xprof and `analyze` can find
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
+import os
 import socket
 from pathlib import Path
 
@@ -35,26 +37,43 @@ def window_of(steps: tuple[int, int] | None, *, name: str = "steps") -> ProfileW
     return ProfileWindow(start, stop)
 
 
+def folder_to_write(log_dir, name: str) -> Path:
+    """`log_dir` as a Path, once known to be a folder that exists and can be written, or can be made:
+    checked when the user gives it, so training does not fail at its first write with an OS error."""
+    from stallscope.cli.flags import creatable_dir
+
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise UsageError(f"{name}: expected a folder to write into, got {type(log_dir).__name__} {log_dir!r}")
+    try:
+        return creatable_dir(os.fspath(log_dir))
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+
+
 @contextlib.contextmanager
 def step(number: int):
     """Marks one training step (number is 1-based); profiled when inside an active `profile` window."""
+    import tensorflow as tf
+
+    if tf.inside_function():  # a marker traced into a graph would mark the tracing, not each step
+        raise UsageError("stallscope.step: used inside a tf.function; put `with stallscope.step(i):` around "
+                         "the call of the tf.function, not inside it")
     if _active is not None:
         with _active.step(int(number)):
             yield
         return
-    import tensorflow as tf
-
     with tf.profiler.experimental.Trace(STEP_TRACE_NAME, step_num=int(number), _r=1):
         yield
 
 
 class Profile:
-    """A window of `step(i)`s to capture; the profile lands under LOG_DIR/plugins/profile/ and the CPU
-    the block used (and how often a container's CPU quota ran out) in LOG_DIR/resources.json, which
-    `analyze` reads with the profile."""
+    """A window of `step(i)`s to capture; the profile lands under LOG_DIR/plugins/profile/<capture>/ and
+    the CPU the block used (and how often a container's CPU quota ran out) in LOG_DIR/resources.json,
+    which `analyze` reads with the profile. The capture folder keeps its own copy of resources.json (and
+    pipeline.json), so a later window into the same LOG_DIR leaves this window's analysis its own."""
 
     def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20), dataset=None) -> None:
-        self.log_dir = Path(log_dir)
+        self.log_dir = folder_to_write(log_dir, "stallscope.profile log_dir")
         self.dataset = dataset_or_none(dataset, "stallscope.profile dataset")
         window = window_of(steps, name="stallscope.profile steps")
         if window is None:
@@ -75,25 +94,29 @@ class Profile:
         _active = None
         self.profiler.stop()
         self._resources.__exit__(*exc_info)
-        try:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            rundir.write_json(self.log_dir, rundir.RESOURCES_NAME, self._resources.report.to_dict())
-            write_chains(self.log_dir, self.dataset)
-        except OSError as exc:  # the profile is the result; its CPU figures are not worth the user's error
-            log.warning("stallscope.profile: could not write %s (%s)", self.log_dir / rundir.RESOURCES_NAME, exc)
+        for folder in (self.log_dir, self.profiler.capture):
+            if folder is None:
+                continue
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                rundir.write_json(folder, rundir.RESOURCES_NAME, self._resources.report.to_dict())
+                write_chains(folder, self.dataset)
+            except OSError as exc:  # the profile is the result; its CPU figures are not worth the user's error
+                log.warning("stallscope.profile: could not write %s (%s)", folder / rundir.RESOURCES_NAME, exc)
 
     @property
     def captured_steps(self) -> int:
         return self.profiler.captured_steps
 
     def analyze(self):
-        """The same `Analysis` `stallscope analyze LOG_DIR` computes."""
+        """The `Analysis` `stallscope analyze` computes, of this window's own capture and CPU figures
+        (its capture folder), whatever later windows wrote to the same LOG_DIR."""
         from stallscope.analysis.analyze import analyze_run
 
-        if self.captured_steps == 0:
+        if self.captured_steps == 0 or self.profiler.capture is None:
             raise UsageError(f"stallscope.profile: no step of the window {self.profiler.window.text} ran; "
                              "nothing was captured")
-        return analyze_run(self.log_dir)
+        return analyze_run(self.profiler.capture)
 
 
 def dataset_or_none(dataset, name: str):

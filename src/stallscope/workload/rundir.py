@@ -18,6 +18,11 @@ RUN_DIR/
   train/              TensorBoard scalars: loss, examples_per_sec, input_wait_ms, step_time_ms
                       (and validation/top1, top5, loss)
 
+A user's own program writes the same files: StallMonitor into LOG_DIR (its profile under
+LOG_DIR/profile/plugins/profile/; under Keras' steps_per_execution a step's `step` is its first batch,
+and an earlier fit of a reused monitor moves to LOG_DIR/fit-K/), stallscope.profile into LOG_DIR and a
+copy of resources.json and pipeline.json into its own capture folder, so each window reads its own.
+
 summary.json keys (numbers stay numbers; times in ms are means over non-warm-up steps):
   images_per_second, step_time_ms, input_wait_ms, compute_ms, input_share (0..1), verdict,
   step_time_p50_ms, step_time_p90_ms, step_time_std_ms, input_wait_p50_ms, input_wait_p90_ms,
