@@ -7,7 +7,9 @@ tensorflow/datasets word their errors, so a bad option never reaches TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from stallscope.errors import UsageError
@@ -47,6 +49,28 @@ def require_choice(name: str, value: Any, choices: Iterable[str]) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise UsageError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+def why_not_writable(folder: Path) -> str:
+    """'' when `folder` exists and can be written, or can be made (`mkdir -p`); otherwise why not.
+    Checked when a folder is given, so a run does not fail at its first write with an OS error."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        return f"{str(existing)!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{str(existing)!r} cannot be written"
+    return ""
+
+
+def require_folder_to_write(name: str, value: Any) -> Path:
+    """`value` as a Path, once known to be a folder that exists and can be written, or can be made."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UsageError(f"{name}: expected a folder to write into, got {type(value).__name__} {value!r}")
+    path = Path(value)
+    why = "a file is there" if path.exists() and not path.is_dir() else why_not_writable(path)
+    if why:
+        raise UsageError(f"{name}: expected a folder to write into, got {os.fspath(value)!r} ({why})")
+    return path
 
 
 def to_dict(options: Any) -> dict[str, Any]:

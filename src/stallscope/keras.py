@@ -26,10 +26,11 @@ from pathlib import Path
 
 import keras
 
+from stallscope.config import require_folder_to_write
 from stallscope.errors import UsageError
 from stallscope.verdict import fmt_share, verdict_phrase
 from stallscope.workload import rundir
-from stallscope.workload.marking import dataset_or_none, folder_to_write, window_of, write_chains
+from stallscope.workload.marking import dataset_or_none, window_of, write_chains
 from stallscope.workload.profiling import StepProfiler
 from stallscope.workload.resources import ResourceMonitor, minor_faults
 
@@ -63,7 +64,7 @@ class StallMonitor(keras.callbacks.Callback):
         self.dataset = dataset_or_none(dataset, "StallMonitor dataset")
         self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
-        self.log_dir = folder_to_write(log_dir, "StallMonitor log_dir") if log_dir is not None else None
+        self.log_dir = require_folder_to_write("StallMonitor log_dir", log_dir) if log_dir is not None else None
         self.analysis = None
         self.records: list[rundir.StepRecord] = []
         self.fits = 0                 # fits begun with this monitor

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stallscope.config import AUTOTUNE
+from stallscope.config import AUTOTUNE, why_not_writable
 
 if TYPE_CHECKING:
     from stallscope.storage.stuck_calls import StuckCallWatch
@@ -235,7 +235,7 @@ def creatable_dir(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise _type_error("a folder to write into", text, "a file is there")
-    why = _why_not_creatable(path)
+    why = why_not_writable(path)
     if why:
         raise _type_error("a folder to write into", text, why)
     return path
@@ -246,20 +246,10 @@ def creatable_file(text: str) -> Path:
     path = Path(text)
     if path.is_dir():
         raise _type_error("a file to write", text, "a folder is there")
-    why = _why_not_creatable(path.parent)
+    why = why_not_writable(path.parent)
     if why:
         raise _type_error("a file to write", text, why)
     return path
-
-
-def _why_not_creatable(folder: Path) -> str:
-    """'' when `folder` exists and can be written, or can be made; otherwise why not."""
-    existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        return f"{str(existing)!r} is a file"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{str(existing)!r} cannot be written"
-    return ""
 
 
 def data_location(text: str):

@@ -9,13 +9,12 @@ with TensorBoard or `stallscope capture`, has steps xprof and `analyze` can find
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
-import os
 import socket
 from pathlib import Path
 
+from stallscope.config import require_folder_to_write
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.workload import rundir
 from stallscope.workload.profiling import STEP_TRACE_NAME, ProfileWindow, StepProfiler
@@ -35,19 +34,6 @@ def window_of(steps: tuple[int, int] | None, *, name: str = "steps") -> ProfileW
     except (TypeError, ValueError):
         raise UsageError(f"{name}: expected (START, STOP) such as (10, 20), got {steps!r}") from None
     return ProfileWindow(start, stop)
-
-
-def folder_to_write(log_dir, name: str) -> Path:
-    """`log_dir` as a Path, once known to be a folder that exists and can be written, or can be made:
-    checked when the user gives it, so training does not fail at its first write with an OS error."""
-    from stallscope.cli.flags import creatable_dir
-
-    if not isinstance(log_dir, (str, os.PathLike)):
-        raise UsageError(f"{name}: expected a folder to write into, got {type(log_dir).__name__} {log_dir!r}")
-    try:
-        return creatable_dir(os.fspath(log_dir))
-    except argparse.ArgumentTypeError as exc:
-        raise UsageError(f"{name}: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -73,7 +59,7 @@ class Profile:
     pipeline.json), so a later window into the same LOG_DIR leaves this window's analysis its own."""
 
     def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20), dataset=None) -> None:
-        self.log_dir = folder_to_write(log_dir, "stallscope.profile log_dir")
+        self.log_dir = require_folder_to_write("stallscope.profile log_dir", log_dir)
         self.dataset = dataset_or_none(dataset, "stallscope.profile dataset")
         window = window_of(steps, name="stallscope.profile steps")
         if window is None:
