@@ -12,6 +12,7 @@ import_tensorflow()
 
 import io
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,22 @@ def make_image_tree(
             for i in range(per_class):
                 (folder / f"img_{i:03d}.jpg").write_bytes(jpeg_bytes(rng, size))
     return Path(root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folder_of_the_session(tmp_path_factory):
+    """What the code under test keeps in the temporary folder on purpose (a diagnosis's profile, a
+    monitor's log without log_dir) goes under the session's own folder, which pytest prunes, instead of
+    staying in /tmp for good; child processes get it through TMPDIR."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = folder, folder
+    yield folder
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
 
 
 @pytest.fixture

@@ -46,19 +46,21 @@ def watch_storage(timeout_s: float = 30.0, on_stuck=None):
 
 
 def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None,
-             what_if_storage: str | None = None, storage_client: str | None = None):
+             what_if_storage: str | None = None, storage_client: str | None = None, work_dir=None):
     """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled
     model, or an emulated device of `accelerator` speed), the pipeline alone warm and cold (where its
     files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text()).
     `what_if_storage` ("10ms,200Mbit", preset names; as `diagnose --what-if-storage`) adds the storage
-    what-if, which files in a store get with the presets anyway; `storage_client` picks its client."""
+    what-if, which files in a store get with the presets anyway; `storage_client` picks its client.
+    `work_dir`: where the profile of the end-to-end steps is kept (a new folder in it each call; None: a
+    new temporary folder), for `stallscope analyze` and TensorBoard."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
     from stallscope.analysis.storage_whatif import parse_scenarios
 
     options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
                                      files=tuple(files) if files is not None else None,
                                      storage_scenarios=parse_scenarios(what_if_storage) if what_if_storage else (),
-                                     storage_client=storage_client)
+                                     storage_client=storage_client, work_dir=work_dir)
     return diagnose_dataset(dataset, model=model, options=options)
 
 

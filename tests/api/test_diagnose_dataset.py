@@ -82,14 +82,16 @@ def test_bad_arguments_name_themselves():
         stallscope.diagnose(tf.data.Dataset.range(4).batch(2), model=uncompiled)
 
 
-def test_cli_dataset_fn_and_model_fn(capsys):
+def test_cli_dataset_fn_and_model_fn(capsys, tmp_path):
     code = main(["diagnose", "--dataset-fn", f"{PROGRAMS / 'pipelines.py'}:stalled",
-                 "--model-fn", f"{PROGRAMS / 'pipelines.py'}:model", "--probe-steps", "6", "--json"])
+                 "--model-fn", f"{PROGRAMS / 'pipelines.py'}:model", "--probe-steps", "6", "--json",
+                 "--work_dir", str(tmp_path / "work")])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert report["verdict"] == "highly" and report["bottleneck"] == "Map"
     assert report["accelerator"].startswith("model ")
+    assert list((tmp_path / "work").glob("*/plugins/profile/*/*.xplane.pb"))  # the profile kept where asked
 
 
 @pytest.mark.parametrize("args, message", [

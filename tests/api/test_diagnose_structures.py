@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import stallscope
+from stallscope.errors import UsageError
 from stallscope.workload.accelerator import batch_examples
 
 EXAMPLES = 32
@@ -52,3 +53,24 @@ def test_a_python_generator_source_is_advised_as_one_not_as_files_to_read_in_par
     assert diagnosis.verdict == "highly" and "parallel_generator" in keys, keys
     assert "parallel_interleave" not in keys and "outer_parallelism" not in keys
     assert "Generator" in diagnosis.text()
+
+
+def test_the_profile_of_a_diagnosis_is_kept_in_the_work_dir_given(tmp_path):
+    dataset = tf.data.Dataset.from_tensor_slices(_features()).repeat().batch(8).prefetch(2)
+    stallscope.diagnose(dataset, steps=4, work_dir=tmp_path / "work")
+    stallscope.diagnose(dataset, steps=4, work_dir=tmp_path / "work")
+    kept = sorted((tmp_path / "work").iterdir())
+    assert len(kept) == 2  # one folder each call: the second does not overwrite the first
+    assert all(list(folder.glob("plugins/profile/*/*.xplane.pb")) for folder in kept)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(UsageError, match="work_dir: expected a folder to write into"):
+        stallscope.diagnose(dataset, steps=4, work_dir=tmp_path / "a_file")
+
+
+def test_a_dataset_without_a_batch_stage_is_named_in_a_note():
+    """Elements of one image each: the first dimension (a height) would be read as a batch size."""
+    unbatched = tf.data.Dataset.from_tensor_slices(_features()["image"]).repeat()
+    notes = stallscope.diagnose(unbatched, steps=4).notes
+    assert any("has no batch stage" in note and ".batch(BATCH_SIZE)" in note for note in notes), notes
+    batched = stallscope.diagnose(unbatched.batch(8), steps=4).notes
+    assert not any("has no batch stage" in note for note in batched)

@@ -207,7 +207,8 @@ def test_steps_per_execution_counts_the_window_in_batches_and_says_so(tmp_path):
 
     dataset = tf.data.Dataset.from_tensor_slices(_tiny_data()).repeat().batch(4)
     monitor = StallMonitor(profile_steps=(9, 16), log_dir=tmp_path, verbose=False)
-    _tiny_model(steps_per_execution=4).fit(dataset, steps_per_epoch=24, epochs=1, verbose=0, callbacks=[monitor])
+    _tiny_model(steps_per_execution=4).fit(dataset, steps_per_epoch=24, epochs=1, verbose=0, callbacks=[monitor],
+                                               shuffle=False)  # a Dataset: nothing for Keras to shuffle
     assert [int(r["step"]) for r in _steps_csv(tmp_path)] == [1, 5, 9, 13, 17, 21]
     assert monitor.analysis.steps.batches_per_step == 4
     assert [s.step for s in monitor.analysis.steps.steps] == [9, 13]

@@ -26,7 +26,7 @@ from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
-from stallscope.config import AUTOTUNE
+from stallscope.config import AUTOTUNE, require_folder_to_write
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.describe import (
@@ -49,6 +49,7 @@ PROFILED_STEPS = 8           # end-to-end steps profiled after the measured ones
 COMPUTE_CACHED_BATCHES = differential.COMPUTE_CACHED_BATCHES
 PIPELINE_BUDGET_S = 10.0
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
+BATCH_STAGES = ("Batch", "MapAndBatch", "PaddedBatch", "ParallelBatch", "DenseToRaggedBatch", "RaggedBatch")
 _GLOB_CHARS = frozenset("*?[")
 MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
 
@@ -59,6 +60,7 @@ class DatasetDiagnoseOptions:
     accelerator: the device the compute probe emulates when no model is given ("emulated:2000").
     files: the dataset's files, when the graph does not name them (None: found in the graph).
     profile: profile a few end-to-end steps for the stage tree.
+    work_dir: where that profile is kept (a new folder inside it each call); None: a new temporary folder.
     storage_scenarios: the storage what-if's scenarios (none: the presets, and only where the files are
     in a store). storage_client: the object-store client it models (None: the one the graph reads with)."""
 
@@ -69,8 +71,11 @@ class DatasetDiagnoseOptions:
     profile: bool = True
     storage_scenarios: tuple[StorageScenario, ...] = ()
     storage_client: str | None = None
+    work_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.work_dir is not None:
+            object.__setattr__(self, "work_dir", require_folder_to_write("work_dir", self.work_dir))
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
             raise UsageError(f"steps: expected an integer >= 2, got {self.steps!r}")
         parse_accelerator(self.accelerator)
@@ -98,6 +103,10 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     notes: list[str] = []
     graph = _graph(dataset)  # serialized once: its files, ops and reading stage are read from it
     ran, chain = _as_run(dataset, notes)  # and once as TF runs it: its stages and maps' parallel calls
+    if chain and not any(name.startswith(BATCH_STAGES) for name in chain):
+        notes.append(f"the dataset has no batch stage ({' -> '.join(chain)}): each element is taken as one batch, "
+                     "of as many examples as its first dimension; if that is an image's height, add "
+                     ".batch(BATCH_SIZE) before diagnosing")
     ops = _ops_in(graph)
     files = list(options.files) if options.files is not None else _files_in(graph)
     run_step, device_name = _device(model, options.accelerator)
@@ -141,7 +150,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                             warmup=WARMUP_STEPS)
     record = pipeline_record(graph, ran) if graph is not None and ran is not None else None
     analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes),
-                                     record=record) if options.profile else None)
+                                     record=record, work_dir=options.work_dir) if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
@@ -443,7 +452,7 @@ def _device(model, accelerator: str):
 
 
 def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS,
-                         record: dict | None = None):
+                         record: dict | None = None, work_dir: Path | None = None):
     """`steps` end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck,
     the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and
     `record` (`describe.pipeline_record`: the stages as written and as run) as pipeline.json, so the
@@ -452,7 +461,10 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = 
     from stallscope.errors import StallscopeError
 
     say(f"probe: end to end, profiled (stage tree, {steps} steps)")
-    log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-"))  # kept: TensorBoard can open it
+    if work_dir is not None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    # kept: TensorBoard and `stallscope analyze` can open it
+    log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-", dir=work_dir))
     profiler = StepProfiler(ProfileWindow(WARMUP_STEPS + 1, WARMUP_STEPS + steps), log_dir)
     with ResourceMonitor() as resources:
         probe_loop("profiled", "train", dataset.repeat(), run_step, steps=steps, warmup=WARMUP_STEPS,

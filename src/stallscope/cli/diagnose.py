@@ -89,7 +89,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(probes, "warmup_steps", type=flags.non_negative_int, default=2,
                    help="first probe steps left out of the means (tracing; default: 2)")
     flags.add_flag(probes, "work_dir", type=flags.creatable_dir, default=None, metavar="DIR",
-                   help="keep the probe runs' directories here (default: a temporary directory, removed)")
+                   help="keep the probe runs' directories here, and with --dataset-fn the profile of its end-to-end steps "
+                        "(default: a temporary directory, removed; --dataset-fn's profile is kept)")
     storage = parser.add_argument_group("storage what-if")
     flags.add_flag(storage, "what_if_storage", type=_storage_scenarios, action="append", default=None,
                    metavar="LATENCY,BANDWIDTH|PRESET",
@@ -150,7 +151,7 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     options = DatasetDiagnoseOptions(steps=args.probe_steps, accelerator=args.accelerator,
                                      pipeline_budget_s=args.pipeline_budget,
                                      storage_scenarios=tuple(s for group in args.what_if_storage or () for s in group),
-                                     storage_client=args.storage_client)
+                                     storage_client=args.storage_client, work_dir=args.work_dir)
     return diagnose_dataset(dataset, model=model, options=options, progress=progress)
 
 
