@@ -74,3 +74,16 @@ def test_a_dataset_without_a_batch_stage_is_named_in_a_note():
     assert any("has no batch stage" in note and ".batch(BATCH_SIZE)" in note for note in notes), notes
     batched = stallscope.diagnose(unbatched.batch(8), steps=4).notes
     assert not any("has no batch stage" in note for note in batched)
+
+
+def test_when_the_probe_and_the_profiled_steps_disagree_a_note_says_which_is_the_verdict():
+    from types import SimpleNamespace
+
+    from stallscope.analysis.dataset_diagnosis import _verdicts_differ_note
+
+    probe = SimpleNamespace(input_share=0.057, verdict="moderately", step_ms=4.4)
+    profiled = SimpleNamespace(input_share=0.011, verdict="not")
+    note = _verdicts_differ_note(probe, profiled)
+    assert note.startswith("the profiled steps say 1.1% (not input-bound), the end-to-end probe 5.7% (moderately)")
+    assert "steps of 4.4 ms" in note
+    assert "steps of" not in _verdicts_differ_note(SimpleNamespace(**{**vars(probe), "step_ms": 40.0}), profiled)

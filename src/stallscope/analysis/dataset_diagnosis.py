@@ -49,6 +49,7 @@ PROFILED_STEPS = 8           # end-to-end steps profiled after the measured ones
 COMPUTE_CACHED_BATCHES = differential.COMPUTE_CACHED_BATCHES
 PIPELINE_BUDGET_S = 10.0
 MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
+SHORT_STEP_MS = 10.0  # steps this short put scheduling noise of a fraction of a ms at several points of share
 BATCH_STAGES = ("Batch", "MapAndBatch", "PaddedBatch", "ParallelBatch", "DenseToRaggedBatch", "RaggedBatch")
 _GLOB_CHARS = frozenset("*?[")
 MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
@@ -154,6 +155,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
+    if analysis is not None and analysis.verdict is not None and analysis.verdict != phase.verdict:
+        notes.append(_verdicts_differ_note(phase, analysis))
     examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
@@ -189,6 +192,17 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(chain), storage=figures, storage_whatif=what,
     )
+
+
+def _verdicts_differ_note(phase, analysis) -> str:
+    """The end-to-end probe and the profiled steps are two windows of the same pipeline; where their
+    verdicts differ, the report says which one the headline is, and why they can differ."""
+    note = (f"the profiled steps say {fmt_share(analysis.input_share)} ({analysis.verdict} input-bound), the "
+            f"end-to-end probe {fmt_share(phase.input_share)} ({phase.verdict}): the verdict above is the probe's")
+    if phase.step_ms < SHORT_STEP_MS:
+        note += (f"; with steps of {phase.step_ms:.1f} ms a fraction of a millisecond of thread wake-up moves the "
+                 "share by points, so more steps (steps=, --probe-steps) or a real model's step steady it")
+    return note
 
 
 def _is_file(name: str) -> bool:
