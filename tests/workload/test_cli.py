@@ -203,6 +203,19 @@ def test_unwritable_outputs_are_one_line_before_any_work(tiny_tree, tmp_path, ca
     assert a_file.read_text() == "not a folder\n"
 
 
+@pytest.mark.parametrize("kept", ["manifest.json", "notes.txt"])
+def test_fix_never_overwrites_a_file_that_is_not_a_pipeline_config(tiny_tree, tmp_path, capsys, kept):
+    """--fixed-config pointed at a records folder's manifest or the user's notes: refused before any probe,
+    the file kept as it was."""
+    target = tmp_path / kept
+    target.write_text('{"format": "stallscope-records", "splits": {}}\n' if kept.endswith(".json") else "my notes\n")
+    before = target.read_text()
+    code = main(["diagnose", "--dataset_path", str(tiny_tree), "--fix", "--fixed_config", str(target),
+                 "--accelerator", "emulated:1ms", *TINY])
+    err, _ = _one_line_error(capsys)
+    assert code == 2 and "--fixed_config: expected a new file or a pipeline config an earlier --fix saved" in err
+    assert target.read_text() == before
+
 def test_fine_tuning_one_class_is_refused_and_an_emulated_run_on_it_goes_on(tiny_tree, tmp_path, capsys):
     """A softmax over one class learns nothing (loss 0, top-1 1.0 from the first step): a real model is
     refused in one line; an emulated accelerator, which trains no model, measures the input as before."""

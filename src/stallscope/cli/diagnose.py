@@ -129,6 +129,20 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 OWN_DATASET_DEFAULT_ACCELERATOR = "emulated:2000"
 
 
+def _check_overwritable(path: Path) -> None:
+    """--fix replaces only a pipeline config (one an earlier --fix saved, or one written by hand), never
+    another file the user keeps there (a records folder's manifest.json, notes)."""
+    from stallscope.pipeline.config import PipelineConfig
+
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        PipelineConfig.load(path)
+    except (UsageError, OSError, UnicodeDecodeError):
+        raise UsageError(f"--fixed-config: expected a new file or a pipeline config an earlier --fix saved, got "
+                         f"{str(path)!r} (it holds something else, which --fix will not overwrite)") from None
+
+
 def diagnose_own_dataset(args: argparse.Namespace, progress):
     """`--dataset-fn` (and `--model-fn`): the probes on the user's own dataset and model."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
@@ -194,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             flags.creatable_file(str(args.fixed_config))
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--fixed-config: {exc}") from None
+        _check_overwritable(Path(args.fixed_config))
     require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
     source = open_probed_source(options)  # once, for the diagnosis and the fix's re-run
     diagnosis = diagnose(options, progress=progress, source=source)
