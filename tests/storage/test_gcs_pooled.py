@@ -270,3 +270,33 @@ def test_a_gs_listing_is_one_paged_request_a_folder_with_every_size(served, gs_s
     with pytest.raises(StorageError, match="bucket 'nope' does not exist") as info:
         _gs().list(location.as_path("gs://nope/tree"))
     assert "\n" not in str(info.value)
+
+
+def test_a_store_that_stops_in_the_middle_of_training_through_tfs_gs_is_one_line(served, tmp_path):
+    """TF's own gs:// client gives up on a store that went away with an AbortedError after its retries:
+    one line naming the object, exit code 2, not a traceback."""
+    import select
+
+    with emulate(served, kind="gcs", latency_s=0.01, max_duration_s=LIMIT_S) as store:
+        train = subprocess.Popen(
+            [sys.executable, "-m", "stallscope", "train", "--dataset_path", f"{store.url}/tree", "--pipeline", "seed",
+             "--batch-size", "4", "--image-size", "32", "--steps", "2000", "--accelerator", "emulated:50",
+             "--storage-timeout", "2", "--shuffle-buffer", "0", "--log-path", str(tmp_path / "run")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(store.env))
+        try:
+            deadline, stepped = time.monotonic() + 60, False
+            while not stepped and time.monotonic() < deadline and train.poll() is None:
+                if select.select([train.stdout], [], [], 1.0)[0]:
+                    stepped = train.stdout.readline().startswith("step ")
+            assert stepped, "training never reached its first step line"
+        except BaseException:
+            train.kill()
+            raise
+    try:  # the store has stopped: the run must end on its own
+        _, err = train.communicate(timeout=LIMIT_S)
+    finally:
+        train.kill()
+    lines = err.strip().splitlines()
+    assert train.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert lines[-1].startswith(f"stallscope train: error: --dataset_path: {store.url}/tree/"), lines[-1]
+    assert "the store did not answer" in lines[-1]

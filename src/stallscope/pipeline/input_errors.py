@@ -37,6 +37,21 @@ def input_error(source, exc) -> DataError:
     return _files_error(source, what)
 
 
+def store_error(source, exc):
+    """A store that stopped answering in the middle of the run (TF's own gs:// client gives up with
+    AbortedError after its retries): one line naming the object it was reading, not a traceback."""
+    import re
+
+    from stallscope.storage.location import StorageError, short
+
+    text = " ".join((getattr(exc, "message", None) or str(exc)).split())
+    named = re.search(r"(?:gs|s3)://\S+?(?=[\s,;'\"]|$)", text)
+    curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
+    where = named.group(0) if named else (str(source.path) if source is not None else "the input")
+    return StorageError(f"--dataset-path: {where}: the store did not answer ({short(curl.group(0) if curl else text)}); "
+                        "expected it to answer within --storage-timeout")
+
+
 def _records_error(source, what: str) -> DataError:
     from stallscope.records.verify import verify_records
 

@@ -94,6 +94,9 @@ def evaluate_model(model, dataset, source=None) -> EvalResult:
             tf.errors.PermissionDeniedError) as exc:
         from stallscope.pipeline.input_errors import input_error
         raise input_error(source, exc) from None  # names the shard or image
+    except (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as exc:
+        from stallscope.pipeline.input_errors import store_error
+        raise store_error(source, exc) from None  # TF's gs:// gave up on the store
     except tf.errors.UnknownError as exc:
         from stallscope.storage.readers import storage_failure
         if storage_failure(exc) is None:

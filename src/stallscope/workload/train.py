@@ -461,6 +461,10 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                                 tf.errors.PermissionDeniedError) as exc:
                             from stallscope.pipeline.input_errors import input_error
                             raise input_error(source, exc) from None  # names the shard or image
+                        except (tf.errors.AbortedError, tf.errors.UnavailableError,
+                                tf.errors.DeadlineExceededError) as exc:  # TF's gs:// gave up on the store
+                            from stallscope.pipeline.input_errors import store_error
+                            raise store_error(source, exc) from None
                         except tf.errors.UnknownError as exc:
                             from stallscope.storage.readers import storage_failure
                             if storage_failure(exc) is None:
