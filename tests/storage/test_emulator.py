@@ -477,3 +477,27 @@ def test_diagnose_on_the_emulated_gs_bucket_measures_requests_per_image(served, 
         as_read = report["storage_what_if"]["scenarios"][0]["scenario"]
         assert as_read["name"] == "as read" and "small GETs, one at a time" in as_read["meaning"]
         assert 8.0 <= as_read["latency_ms"] <= 15.0
+
+
+def test_a_store_port_left_in_time_wait_can_be_served_again_and_a_listening_one_cannot():
+    """A store stopped with clients connected leaves its closed connections in TIME-WAIT for a minute;
+    its port must take a new store at once, while a port another store listens on still fails."""
+    import errno
+    import socket
+
+    from stallscope.storage.http_base import listening_socket
+
+    first = listening_socket(0)
+    port = first.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    accepted, _ = first.accept()
+    accepted.close()  # the store closes first: its side of the connection waits in TIME-WAIT
+    client.close()
+    first.close()
+    again = listening_socket(port)
+    try:
+        with pytest.raises(OSError) as taken:
+            listening_socket(port)
+        assert taken.value.errno == errno.EADDRINUSE
+    finally:
+        again.close()

@@ -33,7 +33,7 @@ import threading
 from typing import Iterator
 
 from stallscope.storage.counters import SharedCounters
-from stallscope.storage.http_base import IDLE_TIMEOUT_S, LOOPBACK, CountingHandler
+from stallscope.storage.http_base import IDLE_TIMEOUT_S, CountingHandler, listening_socket
 from stallscope.storage.objects import FileRange
 
 log = logging.getLogger(__name__)
@@ -433,11 +433,8 @@ class EventLoopServer:
         self.tls = tls
         self.handler_class = handler
         self.connections: set[Connection] = set()
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket = listening_socket(port)  # a taken port fails; one in TIME-WAIT only does not
         try:
-            # No SO_REUSEADDR: a second store on a taken port must fail, not share it.
-            self.socket.bind((LOOPBACK, port))
-            self.socket.listen(128)
             self.loop = asyncio.new_event_loop()
             self._listener = self.loop.run_until_complete(self.loop.create_server(
                 lambda: Connection(self), sock=self.socket, ssl=tls,

@@ -7,13 +7,31 @@ from __future__ import annotations
 import abc
 import http.server
 import logging
+import socket
 import ssl
+import sys
 from typing import Iterable
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 IDLE_TIMEOUT_S = 30.0
+
+
+def listening_socket(port: int) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1:`port` and listening. SO_REUSEADDR lets a store stopped with
+    clients connected start again on its port while their closed connections wait out TIME-WAIT (a
+    minute); on Linux it never lets two sockets listen on one port, so a taken port still fails."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if sys.platform != "win32":  # there it would share a port that is listening
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((LOOPBACK, port))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta):

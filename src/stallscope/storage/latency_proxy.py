@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from stallscope.storage.http_base import IDLE_TIMEOUT_S, LOOPBACK
+from stallscope.storage.http_base import IDLE_TIMEOUT_S, LOOPBACK, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -232,13 +232,7 @@ class LatencyProxy:
         self.latency_s = max(0.0, float(latency_s))
         self.up_throttle = Throttle(bandwidth_bps) if bandwidth_bps else None
         self.down_throttle = Throttle(bandwidth_bps) if bandwidth_bps else None
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            self._listener.bind((LOOPBACK, port))
-            self._listener.listen(128)
-        except OSError:
-            self._listener.close()
-            raise
+        self._listener = listening_socket(port)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self.loop = asyncio.new_event_loop()
