@@ -252,6 +252,8 @@ def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, 
     ("--pipeline", "fastest", "--pipeline: expected presets from"),
     ("--steps", "3", "--steps: expected at least 5"),
     ("--repeats", "0", "--repeats: expected a positive integer"),
+    ("--store", "mount", "--store: applies to an emulated store, which only a --latency other than local starts"),
+    ("--bandwidth", "1Kbit", "--bandwidth: applies to an emulated store, which only a --latency other than local"),
 ])
 def test_bad_axis_values_are_one_line_exit_2(data, tmp_path, capsys, flag, value, expected):
     argv = ["sweep", "--data", str(data), "--out", str(tmp_path / "s"), "--warmup-steps", "1", flag, value]

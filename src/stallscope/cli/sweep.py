@@ -41,6 +41,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.workload.models import MODELS
 
 DEFAULT_STEPS = 20
+DEFAULT_STORE = "gcs"  # the emulated store a latency other than local starts, unless --store names another
 DEFAULT_REPEATS = 3
 DEFAULT_PROFILE_LAST = 2
 LOCK_NAME = "sweep.lock"
@@ -92,7 +93,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         f"figures; 0: no profile, no bottleneck (default: {DEFAULT_PROFILE_LAST})")
     flags.add_flag(runs, "run_timeout", type=flags.duration, default=None, metavar="DURATION",
                    help="stop a run that takes longer (it counts as failed and runs again on resume; default: none)")
-    flags.add_flag(runs, "store", choices=STORE_KINDS, default="gcs",
+    flags.add_flag(runs, "store", choices=STORE_KINDS, default=None,
                    help="the emulated store a latency other than local uses (default: gcs)")
     flags.add_flag(runs, "bandwidth", type=bandwidth, default=None, metavar="RATE",
                    help="the emulated store's shared bandwidth cap, e.g. 200Mbit (default: none)")
@@ -200,6 +201,19 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_store_flags(args: argparse.Namespace) -> None:
+    """--store and --bandwidth shape the emulated store, which only a latency other than local starts: with
+    every run on local disk they would be recorded in the grid and change nothing. Then --store's default."""
+    latencies = [item.strip() for item in str(args.latency).split(",")]
+    if all(latency == "local" for latency in latencies):
+        for flag, value in (("--store", args.store), ("--bandwidth", args.bandwidth)):
+            if value is not None:
+                raise UsageError(f"{flag}: applies to an emulated store, which only a --latency other than local "
+                                 f"starts; expected a --latency such as 0ms or 10ms beside it, got --latency "
+                                 f"{args.latency}")
+    args.store = args.store or DEFAULT_STORE
+
+
 def run(args: argparse.Namespace) -> int:
     from stallscope.records.lock import exclusive_lock
     from stallscope.records.manifest import write_json_atomic
@@ -210,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.storage import require_emulator
     from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
 
+    _check_store_flags(args)
     grid = build_grid(args)
     require_emulator(grid.axes.latencies, args.store)
     out = Path(args.out)
