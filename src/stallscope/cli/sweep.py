@@ -201,17 +201,15 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _check_store_flags(args: argparse.Namespace) -> None:
-    """--store and --bandwidth shape the emulated store, which only a latency other than local starts: with
-    every run on local disk they would be recorded in the grid and change nothing. Then --store's default."""
-    latencies = [item.strip() for item in str(args.latency).split(",")]
+def _check_store_flags(latencies, given: dict[str, Any], latency_text: str) -> None:
+    """--store and --bandwidth (`given`, as typed) shape the emulated store, which only a latency other than
+    local starts: with every run on local disk they would be recorded in the grid and change nothing."""
     if all(latency == "local" for latency in latencies):
-        for flag, value in (("--store", args.store), ("--bandwidth", args.bandwidth)):
+        for flag, value in given.items():
             if value is not None:
                 raise UsageError(f"{flag}: applies to an emulated store, which only a --latency other than local "
                                  f"starts; expected a --latency such as 0ms or 10ms beside it, got --latency "
-                                 f"{args.latency}")
-    args.store = args.store or DEFAULT_STORE
+                                 f"{latency_text}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,8 +222,10 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.storage import require_emulator
     from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
 
-    _check_store_flags(args)
+    given = {"--store": args.store, "--bandwidth": args.bandwidth}
+    args.store = args.store or DEFAULT_STORE
     grid = build_grid(args)
+    _check_store_flags(grid.axes.latencies, given, args.latency)
     require_emulator(grid.axes.latencies, args.store)
     out = Path(args.out)
     if out.resolve().is_relative_to(Path(args.dataset_path).resolve()):

@@ -23,6 +23,21 @@ def _tf_line(exc) -> str:
     return tf_error_line(getattr(exc, "message", None) or str(exc))
 
 
+def data_errors() -> tuple[type, ...]:
+    """TF's errors for input that is damaged, gone or unreadable: `input_error` names the file."""
+    import tensorflow as tf
+
+    return (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
+            tf.errors.PermissionDeniedError)
+
+
+def store_errors() -> tuple[type, ...]:
+    """TF's errors for a store that stopped answering (its gs:// client after its retries): `store_error`."""
+    import tensorflow as tf
+
+    return tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError
+
+
 def input_error(source, exc) -> DataError:
     """A DataError naming where `exc` (a TF error raised while reading `source`) comes from."""
     import tensorflow as tf
@@ -42,13 +57,13 @@ def store_error(source, exc):
     AbortedError after its retries): one line naming the object it was reading, not a traceback."""
     import re
 
+    from stallscope.storage.gcs import libcurl_reason
     from stallscope.storage.location import StorageError, short
 
     text = " ".join((getattr(exc, "message", None) or str(exc)).split())
     named = re.search(r"(?:gs|s3)://\S+?(?=[\s,;'\"]|$)", text)
-    curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
     where = named.group(0) if named else (str(source.path) if source is not None else "the input")
-    return StorageError(f"--dataset-path: {where}: the store did not answer ({short(curl.group(0) if curl else text)}); "
+    return StorageError(f"--dataset-path: {where}: the store did not answer ({short(libcurl_reason(text))}); "
                         "expected it to answer within --storage-timeout")
 
 

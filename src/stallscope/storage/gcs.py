@@ -151,8 +151,7 @@ class GcsStore(Store):
     def _errors(self, path: RemotePath, exc: Exception, action: str = "read") -> StorageError:
         tf = self._tf()
         text = " ".join(str(exc).split())
-        curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
-        text = curl.group(0) if curl else text
+        text = libcurl_reason(text)
         if action != "read" and (isinstance(exc, tf.errors.PermissionDeniedError) or " 403" in text):
             return StorageError(f"{path}: gs:// refused to {action} ({short(text)}); expected credentials and a bucket "
                                 f"that allow storage.objects.{'create' if action == 'write' else 'delete'} here")
@@ -277,3 +276,10 @@ class GcsStore(Store):
     def delete(self, path: RemotePath) -> None:
         tf = self._tf()
         self._call(path, lambda: tf.io.gfile.remove(str(path)), "delete")
+
+
+def libcurl_reason(text: str) -> str:
+    """TF's gs:// error reduced to its libcurl cause ("libcurl code 7 meaning 'Could not connect to
+    server'"), where it names one; else the text."""
+    curl = re.search(r"libcurl code \d+ meaning '[^']*'", text)
+    return curl.group(0) if curl else text

@@ -18,6 +18,7 @@ from typing import Any
 from stallscope.config import AUTOTUNE, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.input_errors import data_errors, input_error, store_error, store_errors
 from stallscope.storage.location import as_path
 from stallscope.workload.checkpoints import checkpoint_holds_model, list_checkpoints, restore_model
 from stallscope.workload.models import MODEL_SPEC_NAME, ModelSpec
@@ -90,12 +91,9 @@ def evaluate_model(model, dataset, source=None) -> EvalResult:
             correctk += float(topk)
             loss_sum += float(loss)
             total += int(count)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
-            tf.errors.PermissionDeniedError) as exc:
-        from stallscope.pipeline.input_errors import input_error
+    except data_errors() as exc:
         raise input_error(source, exc) from None  # names the shard or image
-    except (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as exc:
-        from stallscope.pipeline.input_errors import store_error
+    except store_errors() as exc:
         raise store_error(source, exc) from None  # TF's gs:// gave up on the store
     except tf.errors.UnknownError as exc:
         from stallscope.storage.readers import storage_failure

@@ -33,6 +33,7 @@ from stallscope import __version__
 from stallscope.config import json_ready, require_choice, require_non_negative, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.input_errors import data_errors, input_error, store_error, store_errors
 from stallscope.pipeline.sources import SOURCE_KINDS
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path
@@ -457,13 +458,9 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                             batch = next(iterator)
                         except StopIteration:
                             break
-                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
-                                tf.errors.PermissionDeniedError) as exc:
-                            from stallscope.pipeline.input_errors import input_error
+                        except data_errors() as exc:
                             raise input_error(source, exc) from None  # names the shard or image
-                        except (tf.errors.AbortedError, tf.errors.UnavailableError,
-                                tf.errors.DeadlineExceededError) as exc:  # TF's gs:// gave up on the store
-                            from stallscope.pipeline.input_errors import store_error
+                        except store_errors() as exc:  # TF's gs:// gave up on the store
                             raise store_error(source, exc) from None
                         except tf.errors.UnknownError as exc:
                             from stallscope.storage.readers import storage_failure
