@@ -389,3 +389,25 @@ def test_a_map_tf_leaves_sequential_for_its_stateful_op_is_named_with_the_statel
     seeded = stallscope.diagnose(tf.data.Dataset.range(64).map(stateless).batch(8).repeat(),
                                  accelerator="emulated:1ms", steps=6)
     assert seeded.pipeline.map_parallelism == -1 and not any("stateful" in n for n in seeded.notes)
+
+
+def test_the_dataset_is_probed_as_fit_runs_it_epoch_by_epoch_and_steps_per_execution_batches_a_step():
+    """diagnose added a `.repeat()` (TF then injects a prefetch above it that fit never runs) and stepped a
+    batch at a time under steps_per_execution=4. Now each epoch is the dataset as given from a new
+    iterator, and a step is one call of fit's train function: 4 batches fetched inside one graph."""
+    import numpy as np
+
+    images = np.zeros((48, 16, 16, 3), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((images, np.arange(48) % 4)).map(lambda x, y: (x + 1.0, y)).batch(4)
+    model = tf.keras.Sequential([tf.keras.Input((16, 16, 3)), tf.keras.layers.Conv2D(4, 3),
+                                 tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(4)])
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=4)
+    diagnosis = stallscope.diagnose(dataset, model=model, steps=4)
+    analysis = diagnosis.analysis
+    names = [stage.name for stage in analysis.tree.stages]
+    assert names and not any("Repeat" in name or "Prefetch" in name for name in names), names
+    assert analysis.steps.batches_per_step == 4
+    counted = [s for s in analysis.steps.steps if s.counted]
+    assert counted and all(s.get_next_calls == 4 for s in counted), analysis.steps.steps
+    end_to_end = diagnosis.phases[0].end_to_end
+    assert end_to_end.steps >= 3 and end_to_end.images_per_second > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import logging
+import math
 import os
 import tempfile
 import time
@@ -39,6 +40,7 @@ from stallscope.storage.s3_reading import READ_STAGE
 from stallscope.verdict import fmt_share
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload import rundir
+from stallscope.workload.fit_loop import eager_steps, model_steps, steps_per_execution
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
 from stallscope.workload.resources import ResourceMonitor
 
@@ -110,7 +112,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ".batch(BATCH_SIZE) before diagnosing")
     ops = _ops_in(graph)
     files = list(options.files) if options.files is not None else _files_in(graph)
-    run_step, device_name = _device(model, options.accelerator)
+    take_step, device_name, per_step = _device(model, options.accelerator)
 
     cold = None
     in_store = [f for f in files if is_remote(f)]
@@ -143,15 +145,19 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
 
     say("probe: compute alone")
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
-    compute = probe_loop("compute", "train", cached, run_step, steps=options.steps, warmup=WARMUP_STEPS)
+    compute = probe_loop("compute", "train", cached, take_step, steps=options.steps, warmup=WARMUP_STEPS,
+                         batches_per_step=per_step)
     say("probe: end to end")
-    window = _window(dataset_passes, options.steps, notes, step_ms=compute.step_ms + warm.ms_per_batch,
-                     ms_per_element=warm.ms_per_image)
-    end_to_end = probe_loop("end_to_end", "train", dataset.repeat(), run_step, steps=window,
-                            warmup=WARMUP_STEPS)
+    # a step of the loops is one call of fit's train function: `per_step` batches (steps_per_execution)
+    stepped = _in_steps(dataset_passes, per_step)
+    window = _window(stepped, options.steps, notes,
+                     step_ms=compute.step_ms + warm.ms_per_batch * per_step, ms_per_element=warm.ms_per_image)
+    end_to_end = probe_loop("end_to_end", "train", dataset, take_step, steps=window, warmup=WARMUP_STEPS,
+                            batches_per_step=per_step)
     record = pipeline_record(graph, ran) if graph is not None and ran is not None else None
-    analysis = (_profiled_stage_tree(dataset, run_step, notes, say, steps=_profiled_steps(window, dataset_passes),
-                                     record=record, work_dir=options.work_dir) if options.profile else None)
+    analysis = (_profiled_stage_tree(dataset, take_step, notes, say, steps=_profiled_steps(window, stepped),
+                                     record=record, work_dir=options.work_dir, per_step=per_step)
+                if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
                                    steady_cache=steady)
@@ -443,30 +449,30 @@ def _map_parallelism(ran, chain: Sequence[str]) -> Any:
 
 
 def _device(model, accelerator: str):
-    """`run_step(batch)` for the compute: the model's own compiled train step, or an emulated device."""
+    """(take_step, name, batches a step): the model's own train step on as many batches a step as its
+    steps_per_execution, fetched inside the graph as fit does; or an emulated device, a batch a step."""
     if model is None:
         device = EmulatedDevice(parse_accelerator(accelerator))
-        return device.run_step, device.accelerator.spec
+        return eager_steps(device.run_step), device.accelerator.spec, 1
     import keras
-    import tensorflow as tf
 
     if not isinstance(model, keras.Model):
         raise UsageError(f"model: expected a keras.Model, got {type(model).__name__}")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise UsageError("model: compile it first (model.compile(optimizer=..., loss=...)); the compute probe "
                          "trains it as fit would")
-    train_step = tf.function(model.train_step)
-
-    def run_step(batch) -> None:
-        logs = train_step(batch)
-        for value in tf.nest.flatten(logs)[:1]:
-            value.numpy()  # waits for the step to finish
-
-    return run_step, f"model {model.name}"
+    return model_steps(model), f"model {model.name}", steps_per_execution(model)
 
 
-def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = PROFILED_STEPS,
-                         record: dict | None = None, work_dir: Path | None = None):
+def _in_steps(dataset_passes: Passes, per_step: int) -> Passes:
+    """The passes counted in steps of `per_step` batches (steps_per_execution), as the loops step."""
+    if per_step == 1 or dataset_passes.steps is None:
+        return dataset_passes
+    return dataclasses.replace(dataset_passes, steps=math.ceil(dataset_passes.steps / per_step))
+
+
+def _profiled_stage_tree(dataset, take_step, notes: list[str], say, steps: int = PROFILED_STEPS,
+                         record: dict | None = None, work_dir: Path | None = None, per_step: int = 1):
     """`steps` end-to-end steps with step markers, profiled and analysed: the stage tree and bottleneck,
     the CPU they used (resources.json beside the profile, as `stallscope.profile` writes it), and
     `record` (`describe.pipeline_record`: the stages as written and as run) as pipeline.json, so the
@@ -479,10 +485,11 @@ def _profiled_stage_tree(dataset, run_step, notes: list[str], say, steps: int = 
         work_dir.mkdir(parents=True, exist_ok=True)
     # kept: TensorBoard and `stallscope analyze` can open it
     log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-", dir=work_dir))
-    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS + 1, WARMUP_STEPS + steps), log_dir)
+    # in batches: the markers are numbered by a step's first batch
+    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS * per_step + 1, (WARMUP_STEPS + steps) * per_step), log_dir)
     with ResourceMonitor() as resources:
-        probe_loop("profiled", "train", dataset.repeat(), run_step, steps=steps, warmup=WARMUP_STEPS,
-                   profiler=profiler)
+        probe_loop("profiled", "train", dataset, take_step, steps=steps, warmup=WARMUP_STEPS,
+                   profiler=profiler, batches_per_step=per_step)
     rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
     if record is not None:
         rundir.write_json(log_dir, rundir.PIPELINE_NAME, record)

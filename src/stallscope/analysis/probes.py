@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stallscope.analysis import iostats
@@ -25,7 +25,8 @@ from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.sources import DataSource
-from stallscope.workload.resources import ResourceMonitor
+from stallscope.workload.fit_loop import StepFn, epochs
+from stallscope.workload.resources import ResourceMonitor, minor_faults
 from stallscope.workload.rundir import StepRecord
 from stallscope.workload.timing import summarize_steps
 
@@ -197,9 +198,10 @@ def _so_far(images: int, wanted: int) -> tuple[int, bool]:
 
 def probe_dataset(dataset, *, cache_state: str, files: Sequence[str], max_batches: int,
                   budget_s: float) -> PipelineProbe:
-    """The user's own `tf.data.Dataset` alone (repeated), as fast as it goes, for `max_batches`
-    batches or `budget_s`; images are counted by each batch's leading dimension. `files` are the
-    dataset's files where known (evicted for a cold probe, read once for a warm one)."""
+    """The user's own `tf.data.Dataset` alone, as fast as it goes, for `max_batches` batches or
+    `budget_s`, epoch after epoch from a new iterator each as `fit` runs it (a `repeat` would add the
+    prefetch TF injects above it); images are counted by each batch's leading dimension. `files` are
+    the dataset's files where known (evicted for a cold probe, read once for a warm one)."""
     if cache_state not in CACHE_STATES:
         raise UsageError(f"cache_state: expected one of {', '.join(CACHE_STATES)}, got {cache_state!r}")
     if cache_state == "cold" and not files:
@@ -213,7 +215,7 @@ def probe_dataset(dataset, *, cache_state: str, files: Sequence[str], max_batche
         produced["batches"] += 1
         return produced["images"], produced["batches"] >= max_batches
 
-    probe = _timed_probe(dataset.repeat(), tally, cache_state=cache_state, files=list(files), budget_s=budget_s,
+    probe = _timed_probe(epochs(dataset), tally, cache_state=cache_state, files=list(files), budget_s=budget_s,
                          batch_size=0, source_kind="records", examples=0)
     batches = produced["batches"]
     return dataclasses.replace(probe, batch_size=round(produced["images"] / batches) if batches else 0)
@@ -312,25 +314,48 @@ class LoopProbe:
         return dataclasses.asdict(self)
 
 
-def probe_loop(kind: str, phase: str, dataset, run_step: Callable[[Any], Any], *, steps: int, warmup: int,
-               profiler=None) -> LoopProbe:
-    """A training loop over the user's own dataset: `run_step(batch)` is the model step (or the
-    emulated device); it must return only when the step is done. With a `StepProfiler`, each step
-    runs inside its step marker, so the profile can be analysed like any stallscope run."""
-    from stallscope.workload.timing import StepClock
-
-    clock = StepClock()
+def probe_loop(kind: str, phase: str, dataset, take_step: StepFn, *, steps: int, warmup: int,
+               profiler=None, batches_per_step: int = 1) -> LoopProbe:
+    """A training loop over the user's own dataset as `fit` runs it: epoch after epoch, a new iterator
+    each, `take_step(iterator)` one step (`fit_loop.model_steps`: the model's own train step on
+    `batches_per_step` batches; `eager_steps`: an emulated device), which returns only when the step
+    is done. Where TF knows the epoch's batches the next iterator is made between steps, as `fit`
+    does; else the step that finds the epoch ended makes it and runs on. With a `StepProfiler`, each
+    step runs inside its step marker, numbered by its first batch, so the profile can be analysed like
+    any stallscope run (and says `batches_per_step`)."""
     records = []
-    iterator = iter(dataset)
+    per_epoch = _batches_per_epoch(dataset)
+    iterator, in_epoch, batches = iter(dataset), 0, 0
+    run_started = time.perf_counter()
     for number in range(1, warmup + steps + 1):
-        marker = profiler.step(number) if profiler is not None else contextlib.nullcontext()
+        if per_epoch is not None and in_epoch >= per_epoch:
+            iterator, in_epoch = iter(dataset), 0
+        marker = profiler.step(batches + 1, batches=batches_per_step) if profiler is not None \
+            else contextlib.nullcontext()
         with marker:
-            clock.start()
-            batch = next(iterator)
-            clock.batch_received()
-            run_step(batch)
-            clock.step_done()
-        records.append(clock.record(step=number, phase=phase, images=batch_images(batch), warmup=number <= warmup))
+            started, faults = time.perf_counter(), minor_faults()
+            taken = take_step(iterator)
+            if taken.batches == 0:  # the epoch ended: a new iterator, as fit makes one
+                if in_epoch == 0:
+                    raise UsageError("dataset: an epoch of it holds no batch; there is nothing to measure")
+                iterator, in_epoch = iter(dataset), 0
+                taken = take_step(iterator)
+            done, faults_done = time.perf_counter(), minor_faults()
+        first = batches + 1
+        batches += taken.batches
+        in_epoch += taken.batches
+        step_ms, wait_ms = (done - started) * 1000.0, taken.wait_s * 1000.0
+        records.append(StepRecord(
+            step=first, phase=phase, started_s=round(started - run_started, 6), step_ms=step_ms,
+            input_wait_ms=wait_ms, compute_ms=max(step_ms - wait_ms, 0.0), images=taken.images,
+            warmup=number <= warmup,
+            minor_faults=None if faults is None or faults_done is None else faults_done - faults))
     if profiler is not None:
         profiler.stop()
     return LoopProbe.from_steps(kind, phase, records)
+
+
+def _batches_per_epoch(dataset) -> int | None:
+    """The dataset's batches in one epoch where TF knows them (None: unknown or endless)."""
+    count = int(dataset.cardinality())
+    return count if count > 0 else None
