@@ -20,6 +20,7 @@ from stallscope.errors import UsageError
 from stallscope.workload.capture import STAGING_PREFIX, CaptureOptions
 
 LIVE_JOB = Path(__file__).with_name("live_job.py")
+FIT_JOB = Path(__file__).with_name("fit_job.py")
 JOB_SECONDS = 240      # the job's own bound; the module's tests end it much earlier by its stop file
 READY_SECONDS = 120    # how long a job may take to import TF and run its first steps
 
@@ -33,14 +34,14 @@ def free_port() -> int:
 class LiveJob:
     """A live_job.py subprocess: its address, its own step timing, stopped by its stop file or PID."""
 
-    def __init__(self, folder: Path, *flags: str) -> None:
+    def __init__(self, folder: Path, *flags: str, program: Path = LIVE_JOB) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.timing = folder / "timing.jsonl"
         self.stop_file = folder / "stop"
         self.start_file = folder / "start"
         self.process = subprocess.Popen(
-            [sys.executable, str(LIVE_JOB), "--port", str(self.port), "--timing", str(self.timing),
+            [sys.executable, str(program), "--port", str(self.port), "--timing", str(self.timing),
              "--seconds", str(JOB_SECONDS), "--stop-file", str(self.stop_file), *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -154,6 +155,25 @@ def test_a_stalled_job_is_input_bound_with_the_map_named(stalled_job, tmp_path, 
     assert data["bottleneck"] == "Map"
     assert data["advice"][0]["knobs"] == {"map_parallelism": -1}
     assert_step_time_agrees(data, stalled_job)
+
+
+def test_a_fit_under_steps_per_execution_is_counted_in_batches_per_step_as_analyze_counts_them(tmp_path, capsys):
+    """A Keras fit with steps_per_execution=4 and no marker of stallscope's: the capture finds Keras' calls
+    of its train function, each fetching 4 batches. It said 1 batch per step (74.8 ms "steps" with 148
+    iterator calls over 37 of them) where analyze said 4; the batches of a step are its iterator calls."""
+    job = LiveJob(tmp_path / "job", "--per-step", "4", program=FIT_JOB)
+    try:
+        job.wait_until_stepping(steps=10)
+        assert main(["capture", job.address, "--duration", "1s", "--log_path", str(tmp_path / "captures"),
+                     "--no-xprof", "--json"]) == 0
+    finally:
+        job.end()
+    data = json.loads(capsys.readouterr().out)
+    steps = data["steps"]
+    assert "multi_step_on_iterator" in steps["found_by"], steps["found_by"]
+    counted = [step for step in steps["per_step"] if step["counted"]]
+    assert len(counted) >= 3 and all(step["get_next_calls"] == 4 for step in counted), counted
+    assert steps["batches_per_step"] == 4
 
 
 def test_watch_prints_one_line_per_capture(healthy_job, stalled_job, tmp_path, capsys):

@@ -47,7 +47,9 @@ class FoundSteps:
 
     spans: tuple[StepSpan, ...]
     method: str
-    batches_per_step: int = 1   # Keras' steps_per_execution: its step numbers advance by this much
+    # Keras' steps_per_execution: its step numbers advance by this much; None where the spans carry no
+    # numbers (Keras' train-function calls, a loop's step function): counted from their iterator calls
+    batches_per_step: int | None = 1
 
 
 
@@ -70,13 +72,13 @@ def find_steps_in(host: Plane, source: str) -> FoundSteps:
     python = [e for e in events if e.line == PYTHON_LINE]
     keras_calls = _top_level(e for e in python if e.name == KERAS_CALL)
     if keras_calls:
-        return FoundSteps(_spans(keras_calls), f"Keras' {KERAS_CALL} calls")
+        return FoundSteps(_spans(keras_calls), f"Keras' {KERAS_CALL} calls", batches_per_step=None)
     calls = _top_level(e for e in python if "tf_function_call" in e.stats)
     counts = Counter(e.name for e in calls)
     if counts and counts.most_common(1)[0][1] >= MIN_CALLS:
         name = counts.most_common(1)[0][0]
         return FoundSteps(_loop_spans([e for e in calls if e.name == name]),
-                          f"calls of the step function {name!r} (one loop iteration each)")
+                          f"calls of the step function {name!r} (one loop iteration each)", batches_per_step=None)
     eager_next = _top_level(e for e in python if e.name == EAGER_GET_NEXT)
     if len(eager_next) > MIN_CALLS:
         spans = tuple(StepSpan("next(iterator)", index, a.start_ps, b.start_ps)

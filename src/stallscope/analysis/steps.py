@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -163,9 +164,17 @@ def step_breakdown(profile: Profile, found: FoundSteps | None = None) -> StepBre
         compute_ms=Spread.of([t.compute_ms for t in counted]),
         input_share=share, verdict=None if share is None else verdict_for(share),
         get_next_mean_us=mean_us, get_next_calls=len(calls), method=found.method,
-        batches_per_step=found.batches_per_step,
+        batches_per_step=found.batches_per_step or calls_per_step(counted),
         between=between_steps(markers, get_next, timings) if share is None else None,
     )
+
+
+def calls_per_step(timings: Sequence[StepTiming]) -> int:
+    """The usual number of iterator calls in a step that made any: the batches a step runs where its
+    span carries no step number to read them from (a call of Keras' train function under
+    steps_per_execution fetches each of its batches inside the call)."""
+    calls = Counter(t.get_next_calls for t in timings if t.get_next_calls)
+    return calls.most_common(1)[0][0] if calls else 1
 
 
 def between_steps(markers: Sequence[StepSpan], get_next: Sequence[Event],

@@ -48,6 +48,12 @@ class Stage:
     inputs: tuple[str, ...]    # long names of its direct inputs
     per_element: bool = False  # made by its parent's function once per input element (an interleave's reader per file)
     autotuned: bool = False    # its parallelism is AUTOTUNE's (the profile shows the value tuned at the time)
+    device_feed: bool = False  # tf.distribute's per-device `Generator`, which only waits for the host pipeline
+
+    @property
+    def label(self) -> str:
+        """The name a report shows: tf.distribute's per-device feed is not a user's Python generator."""
+        return f"{self.name} (device feed)" if self.device_feed else self.name
 
     @property
     def busy_ms(self) -> float:
@@ -96,6 +102,22 @@ def work_text(stage: Stage) -> str:
     return f"{stage.busy_ms:.1f} ms ({stage.per_element_us:.0f} us per call)"
 
 
+DEVICE_FEED_NOTE = ("device feed: tf.distribute's per-device iterator (a `Generator` that only waits for the host "
+                    "pipeline beside it), not a Python generator of yours; the walk passes it by")
+
+
+def stage_key(event_name: str) -> str:
+    """An `Iterator::` event's stage: per-element indices removed, an `XImpl` placed under its `X`
+    (`...::MemoryCache::MemoryCacheImpl::...`), where its events run nested."""
+    parts: list[str] = []
+    for part in _INDEX.sub("", event_name).split("::"):
+        base = part[:-len("Impl")] if part.endswith("Impl") else ""
+        if base and (not parts or parts[-1] != base):
+            parts.append(base)
+        parts.append(part)
+    return "::".join(parts)
+
+
 def short_name(long_name: str) -> str:
     return long_name.rsplit("::", 1)[-1]
 
@@ -123,7 +145,7 @@ def stage_tree(profile: Profile) -> StageTree:
             while stack and stack[-1].end_ps <= event.start_ps:
                 stack.pop()
             if event.name.startswith(ITERATOR_PREFIX):
-                key = _INDEX.sub("", event.name)
+                key = stage_key(event.name)
                 if short_name(key) not in ROOT_NAMES:
                     record = totals[key]
                     if _PER_ELEMENT.search(event.name):
@@ -131,8 +153,8 @@ def stage_tree(profile: Profile) -> StageTree:
                     record[0] += 1
                     record[1] += event.duration_ps
                     parent = next((e for e in reversed(stack) if e.name.startswith(ITERATOR_PREFIX)), None)
-                    if parent is not None and key.startswith(_INDEX.sub("", parent.name) + "::"):
-                        totals[_INDEX.sub("", parent.name)][2] += event.duration_ps
+                    if parent is not None and key.startswith(stage_key(parent.name) + "::"):
+                        totals[stage_key(parent.name)][2] += event.duration_ps
                     _note_stats(key, event, datasets, parallelism, stage_of_id)
                     owner = _producer(stack)
                     if owner is not None and "parent_id" in event.stats:
@@ -236,7 +258,8 @@ def _build_stages(totals, datasets, parallelism, work_ps, concurrency, per_eleme
             parallelism=configured, concurrency=concurrency.get(key, 1.0), inputs=inputs,
             per_element=key in per_element, autotuned=asynchronous and key + "#autotune" in parallelism,
         ))
-    return tuple(stages)
+    feeds = {i.long_name for s in stages for i in _device_generators([t for t in stages if t.long_name in s.inputs])}
+    return tuple(dataclasses.replace(s, device_feed=True) if s.long_name in feeds else s for s in stages)
 
 
 def _depth_first(names: Sequence[str], totals: dict[str, list[float]]) -> list[str]:
@@ -264,8 +287,14 @@ def _depth_first(names: Sequence[str], totals: dict[str, list[float]]) -> list[s
 def _past_device_generators(inputs: Sequence[Stage]) -> Sequence[Stage]:
     """Under tf.distribute a multi-device iterator feeds each device through a `Generator` that only
     waits for the host pipeline, which appears beside it (the same Prefetch parent): follow that one."""
+    feeds = _device_generators(inputs)
+    return [s for s in inputs if s not in feeds] if feeds else inputs
+
+
+def _device_generators(inputs: Sequence[Stage]) -> list[Stage]:
+    """The `Generator` inputs that sit beside a host pipeline (tf.distribute's per-device feeds)."""
     pipelines = [s for s in inputs if s.name != "Generator"]
-    return pipelines if pipelines and len(pipelines) < len(inputs) else inputs
+    return [s for s in inputs if s.name == "Generator"] if pipelines and len(pipelines) < len(inputs) else []
 
 
 def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
