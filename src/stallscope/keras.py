@@ -11,7 +11,9 @@ split comes from the profile.
 Steps are numbered in batches: under `steps_per_execution=N` one step (one call of Keras' train
 function) runs N batches, is numbered by its first batch, and the analysis says N batches per step.
 Each fit is its own run: its batches are numbered from 1 and its window profiled again; LOG_DIR holds
-the latest fit, and when a monitor is reused the earlier fit's files move to LOG_DIR/fit-K/.
+the latest fit, and an earlier run's files there (the monitor's last fit, or an earlier program's) move
+to LOG_DIR/fit-K/, so each capture stays beside its own run's files. A file in LOG_DIR that stallscope did
+not write (a steps.csv of the user's) is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from stallscope.config import require_folder_to_write
 from stallscope.errors import UsageError
 from stallscope.verdict import fmt_share, verdict_phrase
 from stallscope.workload import rundir
+from stallscope.workload.fit_loop import steps_per_execution
 from stallscope.workload.marking import dataset_or_none, window_of, write_chains
 from stallscope.workload.profiling import StepProfiler
 from stallscope.workload.resources import ResourceMonitor, minor_faults
 
 log = logging.getLogger(__name__)
 
-PROFILE_SUBDIR = "profile"
+PROFILE_SUBDIR = rundir.MONITOR_PROFILE_DIR
 FIT_FILES = (rundir.STEPS_NAME, rundir.RESOURCES_NAME, rundir.PIPELINE_NAME, PROFILE_SUBDIR)
 
 # Keras 3 calls no callback when fit raises, so a monitor whose fit failed inside its window would
@@ -51,8 +54,8 @@ class StallMonitor(keras.callbacks.Callback):
     None for timing only. Under steps_per_execution=N a step runs N batches and is profiled when any of
     them is in the window.
     log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None makes a new temporary one.
-    Reused for another fit, the monitor starts a new run: the earlier fit's files move to LOG_DIR/fit-K/
-    (K = 1, 2, ...), and `analysis` is of the latest fit (None until its window has run).
+    Reused for another fit, the monitor starts a new run: the earlier run's files move to the first free
+    LOG_DIR/fit-K/ (K = 1, 2, ...), and `analysis` is of the latest fit (None until its window has run).
     verbose: print the one-line diagnosis when training ends (as Keras' own callbacks print); it is logged either way.
     dataset: the tf.data.Dataset the fit reads, if you pass it: its stages as written and as TF runs them go to
     LOG_DIR/pipeline.json, so the analysis names TF's rewrites (a callback cannot see the fit's dataset).
@@ -65,6 +68,8 @@ class StallMonitor(keras.callbacks.Callback):
         self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
         self.log_dir = require_folder_to_write("StallMonitor log_dir", log_dir) if log_dir is not None else None
+        if self.log_dir is not None:
+            _refuse_foreign(self.log_dir)
         self.analysis = None
         self.records: list[rundir.StepRecord] = []
         self.fits = 0                 # fits begun with this monitor
@@ -89,12 +94,14 @@ class StallMonitor(keras.callbacks.Callback):
         self._started = time.perf_counter()
 
     def _begin_fit(self) -> None:
-        """A new run: the earlier fit's files kept aside, counters and analysis reset."""
+        """A new run: an earlier run's files in LOG_DIR (this monitor's last fit, or an earlier program's)
+        kept aside, counters and analysis reset; a file of the user's there refused, never replaced."""
         self.fits += 1
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="stallscope-"))
-        elif self.fits > 1:
-            _keep_earlier_fit(self.log_dir, self.fits - 1)
+        else:
+            _refuse_foreign(self.log_dir)
+            _keep_earlier_run(self.log_dir)
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -102,7 +109,7 @@ class StallMonitor(keras.callbacks.Callback):
         self.analysis = None
         self.records = []
         self._batches = 0
-        self._per_step = _steps_per_execution(self.model)
+        self._per_step = steps_per_execution(self.model)
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
         self._step = self._batches + 1
@@ -187,34 +194,33 @@ def _close_unfinished() -> None:
                     earlier.log_dir, type(exc).__name__, exc)
 
 
-def _keep_earlier_fit(log_dir: Path, fit: int) -> None:
-    """Moves fit `fit`'s files from LOG_DIR to LOG_DIR/fit-<fit>/ so the next fit does not overwrite them."""
+def _refuse_foreign(log_dir: Path) -> None:
+    """A UsageError naming the file in LOG_DIR that a fit would replace and stallscope did not write."""
+    foreign = rundir.foreign_file(log_dir)
+    if foreign is not None:
+        raise UsageError(f"StallMonitor log_dir: {str(foreign)!r} is not written by stallscope and a fit would "
+                         "replace it; give a log_dir of stallscope's own or move the file")
+
+
+def _keep_earlier_run(log_dir: Path) -> None:
+    """Moves an earlier run's files from LOG_DIR to the first free LOG_DIR/fit-K/ (K = 1, 2, ...), so this
+    fit overwrites none of them and each capture stays beside its own run's files; where they cannot be
+    moved the fit is refused rather than let overwrite them."""
     present = [name for name in FIT_FILES if (log_dir / name).exists()]
     if not present:
         return
-    target = log_dir / f"fit-{fit}"
-    suffix = 1
-    while target.exists():
-        suffix += 1
-        target = log_dir / f"fit-{fit}.{suffix}"
+    number = 1
+    while (log_dir / f"fit-{number}").exists():
+        number += 1
+    target = log_dir / f"fit-{number}"
     try:
         target.mkdir()
         for name in present:
             os.replace(log_dir / name, target / name)
     except OSError as exc:
-        log.warning("stallscope: could not keep the earlier fit's files in %s (%s); the next fit overwrites "
-                    "them", target, exc)
-        return
-    log.info("stallscope: fit %d's files moved to %s", fit, target)
-
-
-def _steps_per_execution(model) -> int:
-    """Batches one call of Keras' train function runs (compile's steps_per_execution); 1 when unknown."""
-    value = getattr(model, "steps_per_execution", 1)
-    try:
-        return max(int(value), 1)
-    except (TypeError, ValueError):
-        return 1
+        raise UsageError(f"StallMonitor log_dir: the earlier run's files in {str(log_dir)!r} cannot be moved to "
+                         f"{str(target)!r} ({exc.strerror or exc}); this fit would overwrite them") from None
+    log.info("stallscope: the earlier run's files moved to %s", target)
 
 
 def summary_line(analysis) -> str:

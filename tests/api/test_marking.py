@@ -226,3 +226,52 @@ def test_step_inside_a_tf_function_names_the_mistake(tmp_path):
     with stallscope.profile(tmp_path, steps=(2, 3)):
         with pytest.raises(UsageError, match=r"stallscope.step: used inside a tf.function; put .* around the call"):
             train_step(tf.constant(1))
+
+
+def test_analyze_pairs_an_earlier_fits_capture_with_that_fits_own_files(tmp_path, capsys):
+    """A monitor reused on one log_dir: `analyze LOG --capture OLD` read the old capture beside the newest
+    fit's steps.csv, pipeline.json and CPU figures; each capture now goes with the files of its own fit."""
+    import json
+
+    from stallscope.cli.main import main
+
+    model = _tiny_model()
+    monitor = StallMonitor(profile_steps=(2, 4), log_dir=tmp_path, verbose=False)
+    x, y = _tiny_data(24)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])   # 6 steps
+    x, y = _tiny_data(40)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])   # 10 steps
+    (old,) = (tmp_path / "fit-1" / "profile" / "plugins" / "profile").iterdir()
+    # run_timing counts the steps past the first (warm-up) of the fit's steps.csv: 5 of 6, 9 of 10
+    for capture, run_dir, steps in ((str(old.relative_to(tmp_path)), tmp_path / "fit-1", 5), (None, tmp_path, 9)):
+        assert main(["analyze", str(tmp_path), "--no-xprof", "--json", *(["--capture", capture] if capture else [])]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["run_dir"] == str(run_dir), data["run_dir"]
+        assert data["run_timing"]["steps"] == steps and data["profile"].startswith(str(run_dir / "profile"))
+
+
+@pytest.mark.parametrize("name, text", [
+    ("steps.csv", "epoch,loss\n1,0.5\n"),
+    ("resources.json", '{"gpu": "mine"}'),
+    ("pipeline.json", "[1, 2]"),
+])
+def test_a_file_of_the_users_in_the_log_dir_is_refused_and_kept(tmp_path, name, text):
+    """StallMonitor replaced a steps.csv the user had in its log_dir; a file stallscope did not write is now
+    refused in one line naming it, before any fit, and left as it was."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(UsageError, match=f"StallMonitor log_dir: .*{name}.* not written by stallscope") as caught:
+        StallMonitor(profile_steps=None, log_dir=tmp_path, verbose=False)
+    assert "\n" not in str(caught.value)
+    assert (tmp_path / name).read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_new_monitor_keeps_an_earlier_programs_run_in_its_log_dir(tmp_path):
+    """A second program (a new monitor) on the log_dir of an earlier one: the earlier run moves aside
+    (LOG_DIR/fit-1/) instead of being overwritten."""
+    x, y = _tiny_data(24)
+    _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+                      callbacks=[StallMonitor(profile_steps=None, log_dir=tmp_path, verbose=False)])
+    x, y = _tiny_data(40)
+    _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+                      callbacks=[StallMonitor(profile_steps=None, log_dir=tmp_path, verbose=False)])
+    assert len(_steps_csv(tmp_path / "fit-1")) == 6 and len(_steps_csv(tmp_path)) == 10

@@ -210,8 +210,12 @@ def slowest(hosts: list[HostSteps] | tuple[HostSteps, ...]) -> HostSteps:
 
 
 def _run_dir_of(given: Path, profile_file: Path) -> Path | None:
-    """The run directory: the path given, or the one holding plugins/profile/<capture>/file."""
-    for candidate in (given, profile_file.parent.parent.parent.parent):
+    """The run directory of the capture: its own folder where it keeps copies of the run files
+    (stallscope.profile), the one holding plugins/profile/<capture>/file, or holding that in
+    profile/ (StallMonitor; an earlier fit's in LOG_DIR/fit-K/); else the path given."""
+    holder = profile_file.parent.parent.parent.parent
+    mine = [profile_file.parent, holder, *([holder.parent] if holder.name == rundir.MONITOR_PROFILE_DIR else [])]
+    for candidate in (*mine, given):
         if candidate.is_dir() and any((candidate / name).exists() for name in
                                       (rundir.STEPS_NAME, rundir.SUMMARY_NAME, rundir.PIPELINE_NAME,
                                        rundir.RESOURCES_NAME)):

@@ -60,6 +60,7 @@ STEPS_NAME = "steps.csv"
 PIPELINE_NAME = "pipeline.json"
 RESOURCES_NAME = "resources.json"
 PROFILE_DIR = Path("plugins") / "profile"
+MONITOR_PROFILE_DIR = "profile"  # StallMonitor's LOG_DIR/profile/, which holds its PROFILE_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,33 @@ def read_steps(run_dir: Path) -> list[StepRecord]:
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path}: malformed row {row} ({exc})") from None
     return records
+
+
+# What each run file stallscope writes starts with: a file without it is someone else's, never replaced.
+_STEPS_HEADER = ("step", "phase", "started_s", "step_ms", "input_wait_ms", "compute_ms", "images", "warmup")
+_JSON_KEYS = {RESOURCES_NAME: ("cpu", "samples"), PIPELINE_NAME: ("written", "ran", "requested"),
+              SUMMARY_NAME: ("step_time_ms", "input_share")}
+
+
+def foreign_file(run_dir: Path, names: tuple[str, ...] = (STEPS_NAME, RESOURCES_NAME, PIPELINE_NAME)) -> Path | None:
+    """The first of `names` in `run_dir` that stallscope did not write (a steps.csv without its header, a
+    JSON file without its keys): a run writing there would replace a file of the user's."""
+    for name in names:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            with open(path, encoding="utf-8") as handle:
+                if name == STEPS_NAME:
+                    ours = tuple(handle.readline().strip().split(","))[:len(_STEPS_HEADER)] == _STEPS_HEADER
+                else:
+                    data = json.load(handle)
+                    ours = isinstance(data, dict) and any(key in data for key in _JSON_KEYS[name])
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            ours = False
+        if not ours:
+            return path
+    return None
 
 
 def write_json(run_dir: Path, name: str, data: Any) -> None:
