@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,8 @@ from stallscope.analysis.storage_whatif import (
     StorageScenario,
     StorageWhatIf,
     Workload,
+    as_read_file_system,
+    as_read_row,
     as_read_scenario,
     client_for_path,
     client_named,
@@ -55,6 +58,8 @@ from stallscope.analysis.storage_whatif import (
     pattern_for,
     storage_whatif,
 )
+from stallscope.analysis.storage_whatif import predict_config as predict_storage_config
+from stallscope.analysis.stored_images import SHRINK_FROM
 from stallscope.config import AUTOTUNE, json_ready, require_choice
 from stallscope.cpu_limits import cpus_worth, quota_limited
 from stallscope.errors import UsageError
@@ -63,6 +68,7 @@ from stallscope.storage import request_tally
 from stallscope.storage.location import is_remote
 from stallscope.storage.request_tally import RequestTally
 from stallscope.storage.round_trips import TIMING_STEP, time_store
+from stallscope.storage.under import FileRoundTrips, StorageUnder, storage_under, time_file_round_trips
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
 from stallscope.workload.train import TrainOptions
@@ -404,9 +410,12 @@ def steady_state_for(data_bytes: int) -> str:
 
 
 def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConfig, parts: PipelineBreakdown,
-              *, examples: int, data_bytes: int, warm: PipelineProbe | None = None) -> list[Advice]:
+              *, examples: int, data_bytes: int, warm: PipelineProbe | None = None,
+              stored_side: int | None = None) -> list[Advice]:
     """Knob changes that address the stall the probes found, most effective first; `warm` (the
-    pipeline-alone probe) tells whether a CPU quota ran out while the pipeline ran flat out."""
+    pipeline-alone probe) tells whether a CPU quota ran out while the pipeline ran flat out;
+    `stored_side` (the stored images' longer side, where read) whether smaller stored images would
+    shrink anything: they are advised only from SHRINK_FROM times the model's input."""
     worst = max(diagnosis_phases, key=lambda p: p.input_share)
     advice: list[Advice] = []
     evidence = (f"pipeline alone {parts.warm_ms:.1f} ms per batch warm ({parts.cpu_ms:.1f} ms CPU work on "
@@ -446,11 +455,14 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
         advice.append(Advice(
             "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "the map is parallel already; parallelism across elements is cheaper than inside each op", evidence))
-        advice.append(Advice(
-            "max_side", "Store smaller images", {},
-            "# re-convert once; decoding a 256 px JPEG costs a fraction of a 500 px one",
-            "decoding is the slow part and its cost grows with the pixels stored", evidence,
-            command="stallscope convert IMAGES --output_path RECORDS --max-side 256"))
+        if stored_side is not None and stored_side >= SHRINK_FROM * config.image_size:
+            side = max(config.image_size, round(config.image_size * 8 / 7))
+            advice.append(Advice(
+                "max_side", "Store smaller images", {},
+                f"# re-convert once; decoding a {side} px JPEG costs a fraction of a {stored_side} px one",
+                f"decoding is the slow part and its cost grows with the pixels stored: the images are stored at "
+                f"{stored_side} px on the longer side for a {config.image_size} px input", evidence,
+                command=f"stallscope convert IMAGES --output_path RECORDS --max-side {side}"))
     if warm is not None and warm.throttled_share is not None:  # a quota: its counters were read
         pool = quota_pool(config, cpus=warm.cpus, quota_cores=warm.cores, throttled_share=warm.throttled_share,
                           evidence=f"the CPU quota ({cpus_worth(warm.cores)}, on {warm.cpus} CPUs) ran out in "
@@ -458,6 +470,30 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
         if pool is not None:
             advice.append(pool)
     return advice
+
+
+def stored_side(source: DataSource) -> int | None:
+    """The median longer side of the first few stored images (files; a shard's first records), None
+    where unknown (in a bucket, not plain JPEGs)."""
+    from stallscope.analysis.stored_images import HEADER_BYTES, SAMPLED, stored_images
+    from stallscope.data.images import plain_jpeg_size
+
+    if is_remote(str(source.path)):
+        return None
+    if source.kind != "files":
+        found = stored_images({"source": {"kind": source.kind, "path": str(source.path),
+                                          "schema": getattr(source, "schema", None) or "standard"}})
+        return found.side if found else None
+    sides = []
+    for path in source.files[:SAMPLED]:
+        try:
+            with open(path, "rb") as handle:
+                size = plain_jpeg_size(handle.read(HEADER_BYTES))
+        except OSError:
+            continue
+        if size:
+            sides.append(max(size))
+    return int(statistics.median(sides)) if sides else None
 
 
 def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig,
@@ -469,6 +505,58 @@ def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: Pipeline
     overlapped = phase.overlapped or new.prefetch is not None
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
                           overlapped=overlapped)
+
+
+def predict_config(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig, *, cores: float,
+                   what: StorageWhatIf | None = None) -> whatif.Prediction:
+    """The one model behind every predicted figure of a diagnosis (an advice's gain, the fix's predicted
+    column): `predict_fixed` for data on this machine; for data read from a bucket or a network file
+    system, the storage what-if's row of the store as read (`storage_whatif.predict_config`), whose
+    reads in flight, pool and decode share the same free cores."""
+    row = as_read_row(what)
+    if row is None:
+        return predict_fixed(phase, parts, new, cores=cores)
+    cell = predict_storage_config(what, row, new)
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=cell.prediction.pipeline_ms,
+                          batch_size=new.batch_size, overlapped=phase.overlapped or new.prefetch is not None)
+
+
+# Knobs the models of `predict_config` see: parallel stages and their pool, the overlap a prefetch gives,
+# who reads gs://; an element order or a TF default changes nothing they model.
+MODELLED_KNOBS = frozenset({"map_parallelism", "read_parallelism", "private_threadpool_size", "prefetch",
+                            "gcs_reader", "deterministic"})
+
+
+def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], parts: PipelineBreakdown,
+                 config: PipelineConfig, *, cores: float,
+                 what: StorageWhatIf | None = None) -> tuple[list[Advice], list[Advice]]:
+    """(fixes, checked): each advice that changes knobs gets the step the model predicts with it applied
+    alone to the worst phase, against the step measured; one that changes nothing (its knobs are set
+    already) is dropped, and one predicted to gain under MIN_GAIN is checked, not a fix. Advice without
+    knobs (a conversion, smaller images) keeps what its own model said."""
+    from stallscope.analysis.fix_gain import MIN_GAIN
+
+    worst = max(phases, key=lambda p: p.input_share)
+    fixes, checked = [], []
+    for item in advice:
+        if not item.knobs:
+            fixes.append(item)
+            continue
+        new = apply_advice(config, item)
+        if new == config:
+            continue
+        unmodelled = sorted(k for k, v in item.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
+        if unmodelled:  # the model would say "no gain" for what it does not see: say so instead
+            fixes.append(dataclasses.replace(item, gain_basis=f"not predicted: the model does not cover "
+                                                              f"{', '.join(unmodelled)}"))
+            continue
+        predicted = predict_config(worst, parts, new, cores=cores, what=what)
+        gain = worst.step_ms / predicted.step_ms - 1.0 if predicted.step_ms > 0 else math.inf
+        basis = (f"step {worst.step_ms:.1f} -> {predicted.step_ms:.1f} ms predicted, "
+                 + ("the storage what-if at the store as read" if as_read_row(what) else "the more-cores what-if"))
+        priced = dataclasses.replace(item, predicted_step_ms=predicted.step_ms, predicted_gain=gain, gain_basis=basis)
+        (fixes if gain >= MIN_GAIN else checked).append(priced)
+    return fixes, checked
 
 
 def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
@@ -603,16 +691,24 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     train = options.train
     with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
-        config = tuned_for_source(options.pipeline, source)  # as `train` would read this source
+        under = storage_under(source.path)
+        file_trips = None
+        if under.kind == "network-fs":
+            say(FILE_TIMING_STEP)
+            file_trips = time_file_round_trips([str(f) for f in source.files])
+        # as `train` would read this source (on a network file system, sized by the round trip just timed)
+        config = tuned_for_source(options.pipeline, source,
+                                  round_trip_ms=file_trips.open_and_read_ms if file_trips else None)
         max_images = source.num_examples
         cold = None
         probe_notes = []
         in_store = is_remote(str(source.path))
-        if options.cold_cache and in_store:
+        if options.cold_cache and under.remote:
             # Both probes would read the same objects from the store, and their difference is noise.
-            probe_notes.append(f"cold page cache not probed: the data is in a store ({source.path}), which every "
-                               "epoch reads again, so the pipeline-alone probe measures reads from it; the local "
-                               "I/O counters do not see those reads (storage per image has them)")
+            where = f"in a store ({source.path})" if in_store else f"on a network file system ({under.label})"
+            probe_notes.append(f"cold page cache not probed: the data is {where}, which every epoch reads again, "
+                               "so the pipeline-alone probe measures reads from it; the local page-cache and I/O "
+                               "counters do not see those reads (storage per image has them)")
         elif options.cold_cache:
             say("probe: pipeline alone, cold page cache")
             cold = probe_pipeline(config, source, cache_state="cold", max_images=max_images,
@@ -653,15 +749,20 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     phases = tuple(phases)
     from stallscope.storage.readers import describe_reader
 
-    advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm)
+    advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
+                       stored_side=stored_side(source))
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
-                                           round_trips, bandwidth)
+                                           round_trips, bandwidth, under=under, file_trips=file_trips)
     advice = merge_advice(advice, storage_advice(
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
-        local_images_per_second=_cached_rate(warm, parts, in_store), dataset_path=str(source.path)))
+        local_images_per_second=_cached_rate(warm, parts, under.remote), dataset_path=str(source.path)))
+    advice, checked = price_advice(advice, phases, parts, config, cores=free_cores(warm),
+                                   what=what if under.remote else None)
+    notes = (*notes, *(f"checked, no gain expected: {a.title} ({a.gain_basis})" for a in checked))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
+                "storage": storage_summary(under, file_trips, round_trips),
                 "reader": describe_reader(source.kind, source.files, read_parallelism=config.read_parallelism,
                                           map_parallelism=config.map_parallelism,
                                           private_pool=config.private_threadpool_size,
@@ -700,16 +801,37 @@ def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
     return counted
 
 
+FILE_TIMING_STEP = "probe: the network file system's round trip (files opened and read one at a time)"
+
+
+def storage_summary(under: StorageUnder, file_trips: FileRoundTrips | None,
+                    round_trips: RequestTally | None) -> dict[str, Any]:
+    """What storage the data is on and its round trip as measured here: {"kind", "type", "label",
+    "round_trip_ms", "round_trip", "basis"} ("measured", or "none" where nothing was timed)."""
+    if file_trips is not None and file_trips.open_and_read_ms is not None:
+        trip, what = file_trips.open_and_read_ms, "open + read"
+    elif round_trips is not None and round_trips.requests:
+        trip, what = round_trips.percentile_ms(0.1), "request"
+    else:
+        trip, what = None, None
+    return {"kind": under.kind, "type": under.fstype, "label": under.label, "round_trip_ms": trip,
+            "round_trip": what, "basis": "measured" if trip is not None else "none"}
+
+
 def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,
                     parts: PipelineBreakdown, phases: tuple[PhaseDiagnosis, ...],
                     served: StorageCounters | None, requests: RequestTally | None = None,
-                    round_trips: RequestTally | None = None, bandwidth: float | None = None
+                    round_trips: RequestTally | None = None, bandwidth: float | None = None, *,
+                    under: StorageUnder | None = None, file_trips: FileRoundTrips | None = None,
                     ) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
     """Storage per image (measured by the store where its counters moved, else by stallscope's reader
     where it read, else modelled) and the storage what-if, from the probes' figures: nothing here is
-    measured twice."""
+    measured twice. Data on a network file system is modelled as POSIX opens and reads, its latency
+    from `file_trips`, never as an object store's client."""
     notes = []
     client = options.storage_client or client_for_path(str(source.path), config.gcs_reader)
+    networked = under is not None and under.kind == "network-fs"
+    own_client = "network-fs" if networked else client
     pattern = pattern_for(source.kind, examples=source.num_examples, total_bytes=source.total_bytes,
                           files=len(source.files))
     if served is not None and served.requests == 0:
@@ -717,10 +839,13 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                      "the data was not read through it, so requests are modelled")
     pattern = measured_pattern(pattern, served, warm.images)
     worst = max(phases, key=lambda p: p.input_share)
+    as_read = as_read_file_system(file_trips.open_and_read_ms, file_trips.count, under.label) \
+        if networked and file_trips is not None else None
     figures, what = storage_model(pattern, client, config, warm, parts, worst, examples=source.num_examples,
                                   scenarios=options.storage_scenarios, requests=requests,
-                                  in_store=is_remote(str(source.path)), round_trips=round_trips,
-                                  bandwidth=bandwidth)
+                                  in_store=under.remote if under is not None else is_remote(str(source.path)),
+                                  round_trips=round_trips, bandwidth=bandwidth, figures_client=own_client,
+                                  as_read=as_read)
     return figures, what, tuple(notes)
 
 
@@ -729,16 +854,19 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                   scenarios: Sequence[StorageScenario] = (),
                   requests: RequestTally | None = None, in_store: bool = False,
                   round_trips: RequestTally | None = None,
-                  bandwidth: float | None = None) -> tuple[StorageFigures, StorageWhatIf]:
+                  bandwidth: float | None = None, figures_client: str | None = None,
+                  as_read: StorageScenario | None = None) -> tuple[StorageFigures, StorageWhatIf]:
     """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
     the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`);
     `requests`: the requests stallscope's reader made during the warm probe, measured figures for a
     store that counts nothing itself. in_store: the data is read from a store, so the local read
     calls (evidence that they do not carry over to requests) say nothing and are left out.
     round_trips, bandwidth: one-byte GETs timed one at a time and the bytes/s of ranged GETs of shards
-    (`round_trips.time_store`): the store as read."""
+    (`round_trips.time_store`): the store as read. figures_client: the client the data is read with here,
+    where it is not `client` (a network file system's); as_read: the storage the data is on, as read,
+    where the caller timed it (a network file system)."""
     io = None if in_store else warm.io_per_image
-    figures = storage_figures(pattern, client_named(client),
+    figures = storage_figures(pattern, client_named(figures_client or client),
                               wait_ms_per_image=(parts.waiting_ms + parts.storage_ms) / config.batch_size,
                               read_calls=io.read_calls if io else None, files_opened=io.files_opened if io else None,
                               requests=requests, images=warm.images)
@@ -746,9 +874,11 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=free_cores(warm),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
-    timed_by = obstore_client_for(client_named(client).scheme)
+    if as_read is None:
+        timed_by = obstore_client_for(client_named(client).scheme)
+        as_read = as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth)
     return figures, storage_whatif(pattern, config, workload, scenarios=scenarios, object_client=client,
-                                   as_read=as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth))
+                                   as_read=as_read)
 
 
 class _ProbeRunDirs:
@@ -779,15 +909,49 @@ class PhaseFix:
     after: LoopProbe
 
 
+# The fix loop goes on past the advice where the run falls short of its prediction by more than this
+# share, or stays input-bound reading from remote storage; at most SEARCH_MOST_TRIES more runs.
+SEARCH_SHORTFALL = 0.25
+SEARCH_MOST_TRIES = 3
+MOST_READS_IN_FLIGHT = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class FixTrial:
+    """One measured candidate of the fix loop: the config, why it was tried, each phase's run."""
+
+    config: PipelineConfig
+    why: str
+    phases: tuple[PhaseFix, ...]
+
+    @property
+    def images_per_second(self) -> float:
+        """The slowest phase's measured images/s: what the candidate is judged by."""
+        return min(p.after.images_per_second for p in self.phases)
+
+    @property
+    def short_of_prediction(self) -> float:
+        """How far the slowest phase fell below its prediction (0.4: 40% short; <= 0: met it)."""
+        return max(1.0 - p.after.images_per_second / p.predicted.images_per_second
+                   if p.predicted.images_per_second > 0 else 0.0 for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"why": self.why, "pipeline": self.config.to_dict(), "images_per_second": self.images_per_second,
+                "phases": [{"phase": p.phase, "predicted": p.predicted.to_dict(), "after": p.after.to_dict()}
+                           for p in self.phases]}
+
+
 @dataclasses.dataclass(frozen=True)
 class FixResult:
-    """`diagnose --fix`: the advice applied, the re-run, and where the fixed config was saved."""
+    """`diagnose --fix`: the advice applied, the re-run (and the candidates tried after it), and where
+    the best measured config was saved."""
 
     diagnosis: Diagnosis
     applied: tuple[Advice, ...]
     config: PipelineConfig
     phases: tuple[PhaseFix, ...]
     config_path: Path | None
+    trials: tuple[FixTrial, ...] = ()
 
     @property
     def config_changes(self) -> dict[str, Any]:
@@ -808,14 +972,34 @@ class FixResult:
             "held": self.held,
             "phases": [{"phase": p.phase, "before": p.before.to_dict(), "predicted": p.predicted.to_dict(),
                         "after": p.after.to_dict()} for p in self.phases],
+            "tried": [t.to_dict() for t in self.trials],
         }))
+
+
+def next_candidates(best: PipelineConfig, *, remote: bool, cores: float) -> list[tuple[str, PipelineConfig]]:
+    """What the fix loop tries after a candidate that fell short: on remote storage, reads in flight
+    doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
+    crowd out the decode), each on a private pool of the reads plus the cores."""
+    reads = best.read_parallelism
+    if not remote or reads is None or reads == AUTOTUNE:
+        return []
+    whole = max(1, math.ceil(cores))
+    found = []
+    for label, count in (("reads in flight x2", min(MOST_READS_IN_FLIGHT, reads * 2)),
+                         ("reads in flight /2", max(whole, reads // 2))):
+        if count != reads:
+            found.append((f"{label} ({reads} -> {count})",
+                          best.replace(read_parallelism=count, private_threadpool_size=count + whole)))
+    return found
 
 
 def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None = None,
         progress: Callable[[str], None] | None = None, source: DataSource | None = None) -> FixResult:
     """Applies the diagnosis' advice as a new PipelineConfig, runs the end-to-end probe again and
-    sets before, predicted and after side by side; saves the config where `train
-    --pipeline-config FILE` reads it. `source`: the one the diagnosis probed, when the caller has it."""
+    sets before, predicted and after side by side. Where the run falls short of the prediction by more
+    than SEARCH_SHORTFALL, or stays input-bound on remote storage, it tries the next candidates
+    (`next_candidates`, at most SEARCH_MOST_TRIES more runs) and keeps the best measured; saves that
+    config where `train --pipeline-config FILE` reads it. `source`: the one the diagnosis probed."""
     say = progress or (lambda message: logger.info("%s", message))
     applicable = tuple(a for a in diagnosis.advice if a.knobs)
     if not applicable:
@@ -826,18 +1010,41 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
     if source is None:
         source = open_probed_source(options)
     cores = free_cores(diagnosis.warm)
-    phases = []
+    remote = storage_under(source.path).remote
+    what = diagnosis.storage_whatif if remote else None
+    trials: list[FixTrial] = []
     with _ProbeRunDirs(options) as work_dir:
         prober = _Prober(options, source, work_dir)
         prober.counter = 50
-        for phase in diagnosis.phases:
-            say(f"re-run with the fixed pipeline ({phase.phase})")
-            after = prober.end_to_end(new, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
-            phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
-                                   predicted=predict_fixed(phase, diagnosis.pipeline_breakdown, new, cores=cores),
-                                   after=after))
-    result = FixResult(diagnosis=diagnosis, applied=applicable, config=new, phases=tuple(phases),
-                       config_path=Path(save_to) if save_to is not None else None)
+
+        def measure(config: PipelineConfig, why: str) -> FixTrial:
+            phases = []
+            for phase in diagnosis.phases:
+                say(f"re-run with the fixed pipeline ({phase.phase}): {why}")
+                after = prober.end_to_end(config, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
+                phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
+                                       predicted=predict_config(phase, diagnosis.pipeline_breakdown, config,
+                                                                cores=cores, what=what),
+                                       after=after))
+            return FixTrial(config=config, why=why, phases=tuple(phases))
+
+        trials.append(measure(new, "the advice"))
+        queue = next_candidates(new, remote=remote, cores=cores)
+        while queue and len(trials) <= SEARCH_MOST_TRIES:
+            best = max(trials, key=lambda t: t.images_per_second)
+            still_bound = remote and any(p.after.verdict != "not" for p in best.phases)
+            if best.short_of_prediction <= SEARCH_SHORTFALL and not still_bound:
+                break
+            why, candidate = queue.pop(0)
+            if any(t.config == candidate for t in trials):
+                continue
+            trials.append(measure(candidate, why))
+            if trials[-1] is max(trials, key=lambda t: t.images_per_second):
+                queue = next_candidates(candidate, remote=remote, cores=cores) + queue
+    best = max(trials, key=lambda t: t.images_per_second)
+    result = FixResult(diagnosis=diagnosis, applied=applicable, config=best.config, phases=best.phases,
+                       config_path=Path(save_to) if save_to is not None else None,
+                       trials=tuple(trials) if len(trials) > 1 else ())
     if save_to is not None:
         save_fixed_config(result, Path(save_to))
     return result

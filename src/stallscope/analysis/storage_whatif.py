@@ -42,7 +42,7 @@ from stallscope.analysis import whatif
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
-from stallscope.pipeline.presets import tuned_for_store
+from stallscope.pipeline.presets import NETWORK_FS, tuned_for_store
 from stallscope.storage import gcs_objects, s3_reading
 from stallscope.storage.request_tally import RequestTally
 
@@ -204,8 +204,18 @@ def posix_client() -> StorageClient:
         description="a file system (one open and one read per MiB)")
 
 
+def network_fs_client() -> StorageClient:
+    """A network file system (NFS, SMB, a FUSE mount such as gcsfuse or mountpoint-s3): POSIX opens and
+    reads, each a round trip to the server (LOOKUP/OPEN, then a READ per MiB), over one mount connection;
+    `tuned` keeps reads in flight on it as on a bucket (`presets.NETWORK_FS`)."""
+    return dataclasses.replace(posix_client(), name="network-fs", scheme=NETWORK_FS,
+                               description="a network file system (one open and one read per MiB, each a round trip)")
+
+
 CLIENTS = {"tf-gcs": tf_gcs_client, "obstore-gcs": obstore_gcs_client, "s3fs": s3fs_client, "obstore": obstore_client,
-           "posix": posix_client}
+           "posix": posix_client, "network-fs": network_fs_client}
+# The client each kind of scenario is read with (an object store's: the one the diagnosis models).
+SCENARIO_CLIENTS = {"filesystem": "posix", "network-fs": "network-fs"}
 
 
 def obstore_client_for(scheme: str) -> StorageClient:
@@ -238,10 +248,14 @@ def _as_read_by(config: PipelineConfig, client: StorageClient) -> PipelineConfig
     return config.replace(gcs_reader="pooled" if client.name == "obstore-gcs" else "tf")
 
 
+SCENARIO_KINDS = ("object", "filesystem", "network-fs")
+
+
 @dataclasses.dataclass(frozen=True)
 class StorageScenario:
     """Where the data could live: a per-request latency and a shared bandwidth (inf: uncapped).
-    kind "object" is read with the object-store client, "filesystem" with the posix client."""
+    kind "object" is read with the object-store client, "filesystem" (a local disk) with the posix
+    client, "network-fs" (NFS, SMB, a FUSE mount) with the network file system's."""
 
     name: str
     latency_ms: float
@@ -254,8 +268,8 @@ class StorageScenario:
             raise UsageError(f"latency: expected a finite duration >= 0, got {self.latency_ms!r}")
         if not (isinstance(self.bandwidth_bytes_per_s, (int, float)) and self.bandwidth_bytes_per_s > 0):
             raise UsageError(f"bandwidth: expected a bandwidth above 0, got {self.bandwidth_bytes_per_s!r}")
-        if self.kind not in ("object", "filesystem"):
-            raise UsageError(f"kind: expected object or filesystem, got {self.kind!r}")
+        if self.kind not in SCENARIO_KINDS:
+            raise UsageError(f"kind: expected one of {', '.join(SCENARIO_KINDS)}, got {self.kind!r}")
 
     @property
     def label(self) -> str:
@@ -268,8 +282,9 @@ PRESETS = {
         "local-nvme", 0.1, 2e9, "filesystem",
         "a local NVMe SSD: ~0.1 ms per random read, ~2 GB/s"),
     "network-fs": StorageScenario(
-        "network-fs", 2.0, 125e6, "filesystem",
-        "a network file system in the same zone (NFS, EFS, Filestore): ~1-3 ms per operation, 1 Gbit/s"),
+        "network-fs", 2.0, 125e6, "network-fs",
+        "a network file system in the same zone (NFS, EFS, Filestore): ~1-3 ms per operation, 1 Gbit/s; "
+        "network-fs:LATENCY[:BANDWIDTH] sets its figures (network-fs:10ms, network-fs:20ms:10Gbit)"),
     "object-store-region": StorageScenario(
         "object-store-region", 20.0, 250e6, "object",
         "GCS or S3 in the same region: tens of ms to the first byte of a small GET, 2 Gbit/s to one VM"),
@@ -285,7 +300,8 @@ _BANDWIDTH_UNITS = {  # bytes per second
 }
 _NUMBER = r"\s*([0-9]+(?:\.[0-9]+)?)\s*"
 SPEC_HELP = ("LATENCY,BANDWIDTH pairs such as 10ms,200Mbit (latency in us/ms/s; bandwidth in bit, Kbit, "
-             "Mbit, Gbit or B/s, MB/s, MiB/s, GB/s, or 'unlimited') or presets: " + ", ".join(PRESETS))
+             "Mbit, Gbit or B/s, MB/s, MiB/s, GB/s, or 'unlimited') or presets: " + ", ".join(PRESETS)
+             + ", each with :LATENCY[:BANDWIDTH] to set its figures (network-fs:10ms)")
 
 
 def parse_latency_ms(text: str) -> float:
@@ -318,6 +334,10 @@ def parse_scenarios(text: str) -> tuple[StorageScenario, ...]:
     scenarios = []
     i = 0
     while i < len(tokens):
+        if ":" in tokens[i] and tokens[i].split(":", 1)[0].lower() in PRESETS:
+            scenarios.append(preset_with_figures(tokens[i]))
+            i += 1
+            continue
         if tokens[i].lower() in PRESETS:
             scenarios.append(PRESETS[tokens[i].lower()])
             i += 1
@@ -334,6 +354,20 @@ def parse_scenarios(text: str) -> tuple[StorageScenario, ...]:
                                          bandwidth, "object", "as given"))
         i += 2
     return tuple(scenarios)
+
+
+def preset_with_figures(text: str) -> StorageScenario:
+    """`network-fs:10ms` or `network-fs:10ms:10Gbit`: a preset's kind of storage at the latency (and
+    bandwidth) given. ValueError says what was expected."""
+    name, *figures = [part.strip() for part in text.split(":")]
+    preset = PRESETS[name.lower()]
+    if not 1 <= len(figures) <= 2 or not figures[0]:
+        raise ValueError(f"{name}:LATENCY or {name}:LATENCY:BANDWIDTH such as {name}:10ms or {name}:10ms:1Gbit, "
+                         f"got {text!r}")
+    latency = parse_latency_ms(figures[0])
+    bandwidth = parse_bandwidth(figures[1]) if len(figures) == 2 else preset.bandwidth_bytes_per_s
+    return StorageScenario(f"{preset.name} {format_latency(latency)},{format_bandwidth(bandwidth)}", latency, bandwidth,
+                           preset.kind, f"{preset.meaning.split(':')[0]}, at the figures given")
 
 
 # The "as read" scenario: requests this small take about the store's latency (75 KB at 1 Gbit/s: 0.6 ms
@@ -366,6 +400,23 @@ def as_read_scenario(round_trips: RequestTally | None, client: StorageClient, *,
         f"{fastest:.1f} ms, less {client.request_overhead_ms:g} ms of the client's own per request; "
         + (f"ranged GETs of 4 MiB blocks, 8 at once, moved {bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
            if measured else "bandwidth not measured (objects too small)"))
+
+
+def as_read_file_system(open_and_read_ms: float | None, files: int, label: str,
+                        client: StorageClient | None = None) -> StorageScenario | None:
+    """The network file system the data is on, as read: a file's open and first read, timed one file
+    at a time (`storage.under.time_file_round_trips`, the fastest tenth), are two round trips of the
+    network file system's client, less its own overhead for each. Bandwidth is not measured (a file
+    tree's reads are too small for their time to be transfer). None without a timing."""
+    if open_and_read_ms is None or files < 1:
+        return None
+    client = client or network_fs_client()
+    trips = client.requests_per_open + 1  # the open, then the first read
+    latency = round(max(0.0, open_and_read_ms / trips - client.request_overhead_ms), 2)
+    return StorageScenario(
+        "as read", latency, math.inf, "network-fs",
+        f"the {label} the data is on, as read: the fastest tenth of {files} files opened and read one at a "
+        f"time took {open_and_read_ms:.1f} ms for an open and a read ({trips} round trips); bandwidth not measured")
 
 
 def format_latency(ms: float) -> str:
@@ -726,8 +777,9 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
-    reads = reads_of(tuned_for_store(_as_read_by(config, client), pattern.format, client.scheme), pattern.format,
-                     workload.shared_pool_threads)
+    round_trip = scenario.latency_ms * (client.requests_per_open + 1) if client.scheme == NETWORK_FS else None
+    reads = reads_of(tuned_for_store(_as_read_by(config, client), pattern.format, client.scheme,
+                                     round_trip_ms=round_trip), pattern.format, workload.shared_pool_threads)
     if reads.parallel_calls is None:
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
     grouped = client.grouped_reads and pattern.format == "files"  # stallscope's s3:// reader
@@ -792,11 +844,12 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
     patterns = {pattern.format: pattern, other.format: other}
     rows = []
     for scenario in chosen:
-        client = client_named("posix" if scenario.kind == "filesystem" else object_client)
+        client = client_named(SCENARIO_CLIENTS.get(scenario.kind, object_client))
         formats = []
         for name in FORMATS:
             p = patterns[name]
-            if p.measured and scenario.kind == "filesystem":
+            # requests counted where the data is say nothing of another kind of storage
+            if p.measured and client.name != object_client and scenario is not as_read:
                 p = dataclasses.replace(p, requests_per_image=None, connections_per_image=None)
             formats.append(predict_format(p, scenario, client, config, workload,
                                           request_overhead_ms=request_overhead_ms if client.name == object_client
@@ -807,6 +860,25 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
         notes.append("per-request overhead is the client's default, not measured at 0 ms latency")
     return StorageWhatIf(source_format=pattern.format, object_client=object_client, scenarios=tuple(rows),
                          workload=workload, notes=tuple(notes))
+
+
+def as_read_row(what: StorageWhatIf | None) -> ScenarioWhatIf | None:
+    """The storage the data is on, as read during the diagnosis (None where it was not timed)."""
+    if what is None:
+        return None
+    return next((row for row in what.scenarios if row.scenario.name == "as read"), None)
+
+
+def predict_config(what: StorageWhatIf, row: ScenarioWhatIf, config: PipelineConfig) -> ReadPrediction:
+    """`config` reading the data set's own format at `row`'s store: the cell a fix of the reads is
+    predicted by (the same model and figures as the what-if table's row)."""
+    current = row.format(what.source_format)
+    measured = current.basis == "measured"
+    pattern = IoPattern(current.format, current.bytes_per_image, current.objects_per_image,
+                        requests_per_image=current.requests_per_image if measured else None,
+                        connections_per_image=current.connections_per_image if measured else None)
+    return as_configured(predict_format(pattern, row.scenario, client_named(current.client), config, what.workload),
+                         config)
 
 
 def as_configured_mode(config: PipelineConfig, source_format: str) -> str:

@@ -1,0 +1,154 @@
+"""Data on a network file system (here the emulator's FUSE mount): recognised, its round trip measured,
+modelled as POSIX opens and reads, and `tuned` / `diagnose --fix` keep reads in flight on it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from stallscope.analysis import differential
+from stallscope.analysis import storage_whatif as sw
+from stallscope.analysis.advice import Advice
+from stallscope.analysis.differential import PipelineBreakdown, attribute
+from stallscope.analysis.probes import LoopProbe
+from stallscope.cli.main import main
+from stallscope.config import AUTOTUNE
+from stallscope.cpu_limits import CpuLimits
+from stallscope.pipeline import presets
+from stallscope.pipeline.presets import get_preset
+from stallscope.storage.emulator import emulate
+from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.under import storage_under, time_file_round_trips
+
+WHY_NO_FUSE = why_no_fuse()
+needs_fuse = pytest.mark.skipif(bool(WHY_NO_FUSE), reason=f"needs a FUSE mount: {WHY_NO_FUSE}")
+LATENCY_S = 0.01
+LIMIT_S = 300
+
+
+@pytest.fixture
+def mounted(tiny_tree, tmp_path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    with emulate(tiny_tree, kind="mount", mount_point=mount, latency_s=LATENCY_S, max_duration_s=LIMIT_S):
+        yield mount
+
+
+@needs_fuse
+def test_the_mount_is_named_and_one_open_and_read_costs_two_round_trips(mounted, tiny_tree):
+    under = storage_under(mounted)
+    assert (under.kind, under.fstype, under.label, under.remote) == ("network-fs", "fuse", "fuse mount", True)
+    local = storage_under(tiny_tree)
+    assert (local.kind, local.label, local.remote) == ("local", "local disk", False)
+    assert storage_under("gs://bucket/x").label == "gs:// bucket"
+    files = sorted(str(p) for p in mounted.rglob("*.jpg"))
+    trips = time_file_round_trips(files, count=8)
+    assert trips.count == 8
+    # the emulator waits its latency on every open and every read: two round trips, never fewer
+    assert 2 * LATENCY_S * 1000 <= trips.open_and_read_ms < 2 * LATENCY_S * 1000 + 40
+    assert trips.open_ms >= LATENCY_S * 1000 and trips.read_ms >= LATENCY_S * 1000
+
+
+def test_tuned_on_a_network_file_system_keeps_the_round_trip_times_the_decode_rate_in_flight():
+    tuned, two = get_preset("tuned"), CpuLimits(cpus=(0, 1), quota_cores=None)
+    local = presets.tuned_for_store(tuned, "files", "file", two)
+    assert local.read_parallelism == AUTOTUNE and local.private_threadpool_size == 0
+    at_20ms = presets.tuned_for_store(tuned, "files", presets.NETWORK_FS, two, round_trip_ms=20.0)
+    expected = math.ceil(0.020 * presets.DECODE_IMAGES_PER_S_PER_CORE * 2)
+    assert at_20ms.read_parallelism == expected and at_20ms.private_threadpool_size == expected + 2
+    fast = presets.tuned_for_store(tuned, "files", presets.NETWORK_FS, two, round_trip_ms=0.1)
+    assert fast.read_parallelism == 2  # never fewer than a thread per core
+    slow = presets.tuned_for_store(tuned, "files", presets.NETWORK_FS, two, round_trip_ms=500.0)
+    assert slow.read_parallelism == presets.NETWORK_FS_MOST_IN_FLIGHT
+    records = presets.tuned_for_store(tuned, "records", presets.NETWORK_FS, two)
+    assert records.read_parallelism == presets.NETWORK_FS_SHARDS_IN_FLIGHT
+    assert records.private_threadpool_size == presets.NETWORK_FS_SHARDS_IN_FLIGHT + 2
+    chosen = tuned.replace(read_parallelism=4)  # the user's own choice stays
+    assert presets.tuned_for_store(chosen, "files", presets.NETWORK_FS, two, round_trip_ms=20.0) == chosen
+
+
+def test_a_network_file_system_is_named_at_any_latency_and_read_as_posix():
+    at_10, with_bandwidth = sw.parse_scenarios("network-fs:10ms,network-fs:20ms:10Gbit")
+    assert (at_10.kind, at_10.latency_ms, at_10.bandwidth_bytes_per_s) == ("network-fs", 10.0, 125e6)
+    assert (with_bandwidth.latency_ms, with_bandwidth.bandwidth_bytes_per_s) == (20.0, 10e9 / 8)
+    for bad in ("network-fs:", "network-fs:10parsecs", "network-fs:1ms:2ms:3ms"):
+        with pytest.raises(ValueError):
+            sw.parse_scenarios(bad)
+    client = sw.client_named("network-fs")
+    assert client.scheme == presets.NETWORK_FS and not client.new_connection_per_request
+    pattern = sw.IoPattern("files", 75_000, 1.0)
+    assert pattern.requests(client) == 2  # an open and a read, never an object store's one GET
+    workload = sw.Workload(cpu_ms_per_image=1.0, cores=2, compute_ms=8.0, batch_size=32, overlapped=True,
+                           examples=480)
+    what = sw.storage_whatif(pattern, get_preset("seed"), workload, scenarios=(at_10,))
+    row = what.scenarios[0].format("files")
+    assert row.client == "network-fs" and row.sequential.bound == "requests"
+    # one file at a time waits 2 x 10 ms; enough in flight lets the cores decode
+    assert row.sequential.images_per_second == pytest.approx(1000 / (20 + 2 * 0.03 + 1.0), rel=0.05)
+    assert row.enough_in_flight.images_per_second > 10 * row.sequential.images_per_second
+    as_read = sw.as_read_file_system(20.5, 24, "fuse mount")
+    assert as_read.kind == "network-fs" and as_read.latency_ms == pytest.approx(10.2, abs=0.01)
+    assert "fuse mount" in as_read.meaning and sw.as_read_file_system(None, 0, "fuse mount") is None
+
+
+def _loop(kind, step_ms, wait_ms, compute_ms):
+    share = wait_ms / step_ms
+    return LoopProbe(kind=kind, phase="head", steps=10, step_ms=step_ms, input_wait_ms=wait_ms,
+                     compute_ms=compute_ms, images_per_second=32000 / step_ms, input_share=share,
+                     verdict="highly" if share >= 0.2 else "not")
+
+
+def test_advice_that_changes_nothing_is_dropped_and_one_without_gain_is_only_checked():
+    """`diagnose` on the mount advised "one intra-op thread per element" to a `tuned` pipeline that
+    already had it, and --fix applied it: nothing changed, and the report said the advice did not hold."""
+    tuned = get_preset("tuned")
+    # 120 ms of one core's work per batch of 32: a sequential decode, or a parallel one on a busy core
+    parts = PipelineBreakdown(warm_ms=120.0, cold_ms=None, cpu_ms=120.0, waiting_ms=0.0, storage_ms=0.0,
+                              threads=1.0, cpu_ms_per_image=3.75)
+    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 121.0, 111.0, 10.0),
+                      parts=parts, batch_size=32, cores=2.0, phase="head")
+    same = Advice("outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, "", "", "")
+    nothing = Advice("prefetch", "Prefetch at the end", {"prefetch": AUTOTUNE}, "", "", "")
+    sequential = tuned.replace(map_parallelism=None, read_parallelism=None)
+    parallel = Advice("parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE}, "", "", "")
+    fixes, checked = differential.price_advice([same, nothing], (phase,), parts, tuned, cores=2.0)
+    assert fixes == [] and [a.key for a in checked] == []  # both knobs are set already: nothing to say
+    fixes, checked = differential.price_advice([parallel], (phase,), parts, sequential, cores=2.0)
+    assert [a.key for a in fixes] == ["parallel_map"] and fixes[0].predicted_gain >= 0.05
+    assert "predicted" in fixes[0].gain_basis
+
+
+def test_the_fix_loop_tries_reads_in_flight_either_side_only_on_remote_storage():
+    fixed = get_preset("seed").replace(read_parallelism=11, private_threadpool_size=13)
+    tried = differential.next_candidates(fixed, remote=True, cores=2.0)
+    assert [(c.read_parallelism, c.private_threadpool_size) for _, c in tried] == [(22, 24), (5, 7)]
+    assert differential.next_candidates(fixed, remote=False, cores=2.0) == []
+    assert differential.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0) == []
+
+
+@needs_fuse
+@pytest.mark.timeout(LIMIT_S)
+def test_diagnose_on_a_mount_measures_it_models_posix_and_fixes_with_reads_in_flight(mounted, tmp_path, capsys):
+    """The seeds' one-file-at-a-time pipeline on a 10 ms mount: the report names the mount and its
+    measured round trip, models opens and reads (not an object store), advises reads in flight on a
+    private pool, and --fix saves the best config it measured."""
+    fixed = tmp_path / "fixed.json"
+    code = main(["diagnose", "--dataset-path", str(mounted), "--pipeline", "seed", "--batch-size", "4",
+                 "--image-size", "32", "--accelerator", "emulated:4000", "--probe-steps", "4",
+                 "--pipeline-budget", "2", "--fix", "--fixed-config", str(fixed)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("storage: "))
+    assert line.startswith("storage: fuse mount, ") and line.endswith(" ms per open + read, measured")
+    assert float(line.split(", ")[1].split(" ms")[0]) >= 2 * LATENCY_S * 1000
+    assert "storage per image (modelled for network-fs): requests 2," in out
+    assert "obstore" not in out.split("storage what-if")[0] and "cold page cache not probed" in out
+    assert "as read (" in out and "reads in flight on a private thread pool" in out
+    assert "advice: none" not in out
+    saved = json.loads(fixed.read_text())
+    assert saved["pipeline"]["read_parallelism"] > 1 and saved["pipeline"]["private_threadpool_size"] > 1
+    assert saved["diagnosis"]["source"]["storage"]["kind"] == "network-fs"
+    assert os.path.ismount(mounted)
