@@ -5,23 +5,33 @@
   stallscope serve local --workers 2                   a dispatcher plus worker processes here
 
 Then train with `--data-service HOST:5050`: the pipeline up to the batch runs on the workers.
+Every role serves this machine only unless --host says otherwise (see --host in a role's --help).
 `stallscope serve ROLE --help` lists the flags of one role.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
-import threading
+import sys
+import time
 
 from stallscope.cli.flags import add_common_flags, add_flag, duration, non_negative_int, positive_int
-from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
+from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S, LOCAL_HOST
 
 _ROLES = {
     "dispatcher": "hand out the work of training jobs to the workers registered with it",
     "worker": "run pipelines for a dispatcher (one per machine or core set that should decode)",
     "local": "a dispatcher in this process plus worker processes beside it, for one machine",
 }
+
+
+_HOST_HELP = ("the address this server is for (default: 127.0.0.1, this machine only). TF's server listens on "
+              "every interface and has no authentication: anyone who can reach it can make it run a dataset "
+              "graph (read files, use CPU) as this user, so stallscope closes the port at every other address "
+              "of this machine. --host ADDRESS (one of this machine's) opens it there too, and 0.0.0.0 on every "
+              "interface: do that only on a network whose machines you trust")
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -35,43 +45,76 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
             add_flag(sub, "dispatcher_timeout", type=duration, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="DURATION",
                      help=f"give up if the dispatcher does not answer within this long "
                           f"(default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
+            add_flag(sub, "parent_pid", type=positive_int, default=None, help=argparse.SUPPRESS)  # serve local's
         add_flag(sub, "port", type=non_negative_int, default=0,
                  help=f"port the {'dispatcher' if role != 'worker' else 'worker'} listens on "
                       f"(default: 0, a free one)")
+        add_flag(sub, "host", default=LOCAL_HOST, metavar="ADDRESS", help=_HOST_HELP)
         if role == "local":
             add_flag(sub, "workers", type=positive_int, default=1, metavar="N",
                      help="worker processes to start (default: 1)")
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _interrupt_on_signals() -> dict:
+    """SIGTERM, like Ctrl-C, raises KeyboardInterrupt, from the start: whatever was started (a server,
+    worker processes) is stopped on the way out. Later signals are ignored while that happens.
+    Returns the handlers it replaced."""
+    def interrupt(*_) -> None:
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, interrupt) for sig in _SIGNALS}
+
+
+def _serve_until_signal(server) -> int:
+    """Waits for SIGINT or SIGTERM, then stops `server`; a stop TF does not finish in time ends the
+    process here (its threads may wait on a dispatcher that is gone)."""
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    if server is not None and not server.stop():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    before = _interrupt_on_signals()
+    try:
+        return _run(args)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace) -> int:
     from stallscope.service import servers
 
     if args.role == "dispatcher":
-        server = servers.start_dispatcher(args.port)
+        server = servers.start_dispatcher(args.port, args.host)
         print(f"tf.data service dispatcher at {server.target}; train with --data-service {server.target}", flush=True)
-        _wait_for_signal()
-        server.stop()
-    elif args.role == "worker":
+        return _serve_until_signal(server)
+    if args.role == "worker":
+        if args.parent_pid is not None:
+            servers.die_with_parent(args.parent_pid)
         address = servers.normalize_address(args.dispatcher, "--dispatcher")
 
         def waiting() -> None:
             print(f"waiting up to {args.dispatcher_timeout:g} s for the dispatcher at {address}", flush=True)
 
-        server = servers.start_worker(args.dispatcher, args.port, timeout_s=args.dispatcher_timeout, on_wait=waiting)
-        print(f"tf.data service worker registered with {address}", flush=True)
-        _wait_for_signal()
-        server.stop()
-    else:
-        options = servers.ServiceOptions(port=args.port, workers=args.workers)
-        with servers.local_service(options) as target:
-            print(f"tf.data service at {target} with {args.workers} worker process(es); "
-                  f"train with --data-service {target}; Ctrl-C stops", flush=True)
-            _wait_for_signal()
-    return 0
+        server = servers.start_worker(args.dispatcher, args.port, host=args.host, timeout_s=args.dispatcher_timeout,
+                                      on_wait=waiting)
+        print(f"tf.data service worker at {server.target} registered with {address}", flush=True)
+        return _serve_until_signal(server)
+    options = servers.ServiceOptions(port=args.port, workers=args.workers, host=args.host)
+    with servers.local_service(options) as target:
+        print(f"tf.data service at {target} with {args.workers} worker process(es); "
+              f"train with --data-service {target}; Ctrl-C stops", flush=True)
+        return _serve_until_signal(None)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -144,7 +145,8 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
                    help="a saved PipelineConfig JSON (e.g. from `diagnose --fix`); knob flags override it")
     add_knob_flags(group)
     flags.add_flag(group, "data_service_timeout", type=flags.duration, default=DEFAULT_CONNECT_TIMEOUT_S,
-                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer "
+                   metavar="DURATION", help=f"with --data-service: give up if the dispatcher does not answer, "
+                                            f"or the service sends no batch (no worker, or one that stopped), "
                                             f"within this long (default: {DEFAULT_CONNECT_TIMEOUT_S:g}s)")
 
 
@@ -285,6 +287,8 @@ def train_options_from_args(args: argparse.Namespace, **overrides):
         accelerator=args.accelerator, pipeline=pipeline,
         seed=pipeline.seed,
     )
+    if getattr(args, "data_service_timeout", None) is not None:
+        values["data_service_timeout_s"] = args.data_service_timeout
     for name in ("steps", "epochs", "learning_rate", "validation_path", "warmup_steps", "log_path",
                  "checkpoint_path", "checkpoint_every", "profile_steps", "log_every"):
         if hasattr(args, name):
@@ -378,7 +382,14 @@ def run(args: argparse.Namespace) -> int:
         if progress.log_line:
             print(progress.log_line, flush=True)
 
-    result = run_training(options, on_step=on_step)
+    def service_silent(message: str) -> None:
+        """The service sent no batch in time: the thread waiting in TF cannot stop, so the process
+        ends here, its output flushed, with the one line."""
+        sys.stdout.flush()
+        print(f"stallscope train: error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    result = run_training(options, on_step=on_step, on_service_silent=service_silent)
     announce_run_dir()
     if not result.steps:
         print(f"nothing to do: the checkpoint is already at step {result.summary['last_step']}")

@@ -17,11 +17,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 from stallscope.config import require_positive
 from stallscope.errors import DataError, UsageError
+from stallscope.service.guard import EVERY_INTERFACE, PortGuard, machine_addresses
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ MAX_PORT = 65535
 # How long a job or worker waits for a dispatcher to answer before saying it is not there.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 _POLL_S = 0.25
+LOCAL_HOST = "127.0.0.1"
+# How long a server's stop may take before the process ends without it.
+STOP_TIMEOUT_S = 5.0
+PR_SET_PDEATHSIG = 1
 
 
 def require_port(name: str, value: object) -> None:
@@ -40,15 +46,18 @@ def require_port(name: str, value: object) -> None:
 @dataclasses.dataclass(frozen=True)
 class ServiceOptions:
     """port: dispatcher port (0 picks a free one); workers: worker processes to start beside it;
-    startup_timeout_s: how long the workers may take to register (TensorFlow import included)."""
+    startup_timeout_s: how long the workers may take to register (TensorFlow import included);
+    host: the address the service is for (see `require_host`): 127.0.0.1 keeps it to this machine."""
 
     port: int = 0
     workers: int = 1
     startup_timeout_s: float = 120.0
+    host: str = LOCAL_HOST
 
     def __post_init__(self) -> None:
         require_port("port", self.port)
         require_positive("workers", self.workers)
+        object.__setattr__(self, "host", require_host(self.host))
 
 
 def normalize_address(address: str, flag: str = "--data-service") -> str:
@@ -118,6 +127,63 @@ def require_free_port(port: int, flag: str = "--port") -> None:
                              f"--port 0 picks a free one)") from None
 
 
+def require_host(host: str, flag: str = "--host") -> str:
+    """The address a server is for: one of this machine's addresses, 'localhost', or 0.0.0.0 / ::
+    (every interface). Anything else would be advertised to clients that can never reach it."""
+    text = host.strip().strip("[]")
+    if text == "localhost":
+        return LOCAL_HOST
+    if text in EVERY_INTERFACE:
+        return text
+    own = machine_addresses()
+    if text not in [a.split("%", 1)[0] for a in own]:
+        shown = ", ".join(a for a in own if "%" not in a)
+        raise UsageError(f"{flag}: expected an address of this machine ({shown}) or 0.0.0.0 for every interface, "
+                         f"got {host!r}")
+    return text
+
+
+def advertised(host: str) -> str:
+    """How clients name a server for `host`: the address itself, or this machine's name for every
+    interface; an IPv6 address in brackets."""
+    name = socket.gethostname() if host in EVERY_INTERFACE else host
+    return f"[{name}]" if ":" in name else name
+
+
+class ServiceServer:
+    """A started dispatcher or worker: TF's server, and the guard keeping its port off other machines."""
+
+    def __init__(self, server, port: int, host: str, guard: PortGuard | None) -> None:
+        self.server, self.port, self.host, self.guard = server, port, host, guard
+
+    @property
+    def target(self) -> str:
+        """The grpc:// address workers and training jobs use."""
+        return f"grpc://{advertised(self.host)}:{self.port}"
+
+    def num_workers(self) -> int | None:
+        """Workers registered with a dispatcher in this process; None where TF does not say."""
+        count = getattr(self.server, "_num_workers", None)
+        return count() if count is not None else None
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stops the server; False where TF's stop did not return within `timeout_s` (a worker whose
+        dispatcher is gone can wait on it): the caller then ends the process instead of waiting."""
+        if self.guard is not None:
+            self.guard.stop()
+        done = threading.Event()
+
+        def stop() -> None:
+            self.server.stop()
+            done.set()
+
+        threading.Thread(target=stop, name="stallscope-service-stop", daemon=True).start()
+        if not done.wait(timeout_s):
+            log.warning("the tf.data service server on port %d did not stop within %g s", self.port, timeout_s)
+            return False
+        return True
+
+
 def _start_server(start: Callable[[], object], port: int, flag: str):
     """Runs a TF server constructor with gRPC's C++ error lines hidden; a failure is one line."""
     from stallscope.tfimport import stderr_fd_silenced
@@ -129,32 +195,63 @@ def _start_server(start: Callable[[], object], port: int, flag: str):
         raise UsageError(f"{flag}: expected a port free to listen on, got {port} ({exc})") from None
 
 
-def start_dispatcher(port: int = 0):
-    """An in-process dispatcher; its `.target` is the grpc:// address workers and jobs use."""
+def _served(server, host: str) -> ServiceServer:
+    """`server` with its port kept to `host` and loopback (see guard.py); says where that fails."""
+    port = server._server.bound_port()
+    guard = PortGuard(port, host=host).start() if host not in EVERY_INTERFACE else None
+    if guard is not None and guard.unguarded:
+        log.warning("port %d is open to other machines at %s: TF's server listens on every interface and "
+                    "that address could not be taken from it", port, ", ".join(guard.unguarded))
+    return ServiceServer(server, port, host, guard)
+
+
+def start_dispatcher(port: int = 0, host: str = LOCAL_HOST) -> ServiceServer:
+    """An in-process dispatcher for `host` (see `ServiceServer`)."""
     import tensorflow as tf
 
     require_port("port", port)
+    host = require_host(host)
     require_free_port(port)
     config = tf.data.experimental.service.DispatcherConfig(port=port)
-    return _start_server(lambda: tf.data.experimental.service.DispatchServer(config), port, "--port")
+    return _served(_start_server(lambda: tf.data.experimental.service.DispatchServer(config), port, "--port"), host)
 
 
-def start_worker(dispatcher_address: str, port: int = 0, *, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-                 on_wait: Callable[[], None] | None = None):
-    """An in-process worker registered with the dispatcher (address without grpc://); a dispatcher
-    that does not answer within `timeout_s` is a one-line error, not a worker that waits forever."""
+def start_worker(dispatcher_address: str, port: int = 0, *, host: str = LOCAL_HOST,
+                 timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 on_wait: Callable[[], None] | None = None) -> ServiceServer:
+    """An in-process worker registered with the dispatcher (address without grpc://), telling it that
+    training jobs fetch from `host`; a dispatcher that does not answer within `timeout_s` is a one-line
+    error, not a worker that waits forever."""
     import tensorflow as tf
 
     require_port("port", port)
+    host = require_host(host)
     address = normalize_address(dispatcher_address, "--dispatcher")[len("grpc://"):]
     require_reachable(address, timeout_s, flag="--dispatcher", timeout_flag="--dispatcher-timeout", on_wait=on_wait)
     require_free_port(port)
-    config = tf.data.experimental.service.WorkerConfig(dispatcher_address=address, port=port)
-    return _start_server(lambda: tf.data.experimental.service.WorkerServer(config), port, "--port")
+    config = tf.data.experimental.service.WorkerConfig(dispatcher_address=address, port=port,
+                                                       worker_address=f"{advertised(host)}:%port%")
+    return _served(_start_server(lambda: tf.data.experimental.service.WorkerServer(config), port, "--port"), host)
 
 
-def worker_command(dispatcher_target: str) -> list[str]:
-    return [sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher_target]
+def worker_command(dispatcher_target: str, host: str = LOCAL_HOST, parent_pid: int | None = None) -> list[str]:
+    command = [sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher_target,
+               "--host", host]
+    return command + (["--parent-pid", str(parent_pid)] if parent_pid is not None else [])
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Makes the kernel send this process SIGTERM when its parent ends (Linux: PR_SET_PDEATHSIG), so a
+    worker started by `serve local` never outlives it, however the parent ends; exits at once if the
+    parent is already gone. The signal follows the parent's thread that started this process."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("could not ask to end with the parent process: %s", os.strerror(ctypes.get_errno()))
+    if os.getppid() != parent_pid:
+        raise SystemExit(0)
 
 
 @contextlib.contextmanager
@@ -162,41 +259,47 @@ def local_service(options: ServiceOptions = ServiceOptions()) -> Iterator[str]:
     """A dispatcher in this process plus `options.workers` worker *processes*; yields its target.
 
     Workers are separate processes so that their decoding escapes this process's GIL and can be
-    pinned or moved elsewhere; they are stopped when the block ends.
+    pinned or moved elsewhere; they are ended by PID when the block ends (an exception, Ctrl-C), and
+    end themselves when this process ends any other way.
     """
-    dispatcher = start_dispatcher(options.port)
+    dispatcher = start_dispatcher(options.port, options.host)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-    logs = [tempfile.TemporaryFile() for _ in range(options.workers)]
-    children = [
-        subprocess.Popen(worker_command(dispatcher.target), env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=log_file)
-        for log_file in logs
-    ]
-    log.info("tf.data service at %s with %d worker process(es)", dispatcher.target, len(children))
+    logs: list = []
+    children: list[subprocess.Popen] = []
     try:
+        for _ in range(options.workers):
+            logs.append(tempfile.TemporaryFile())
+            children.append(subprocess.Popen(worker_command(dispatcher.target, options.host, os.getpid()), env=env,
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logs[-1]))
+        log.info("tf.data service at %s with %d worker process(es)", dispatcher.target, len(children))
         _wait_for_workers(dispatcher, children, logs, options.startup_timeout_s)
         yield dispatcher.target
     finally:
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        end_children(children)
         for log_file in logs:
             log_file.close()
         dispatcher.stop()
 
 
-def _wait_for_workers(dispatcher, children, logs, timeout_s: float) -> None:
+def end_children(children: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """SIGTERM to each child by PID, then SIGKILL to any still there after `timeout_s`."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _wait_for_workers(dispatcher: ServiceServer, children, logs, timeout_s: float) -> None:
     """Returns once every worker process has registered; a worker that dies first is an error, not
     a job that waits forever for a worker that will never come."""
-    count = getattr(dispatcher, "_num_workers", None)
     deadline = time.monotonic() + timeout_s
-    while count is not None and count() < len(children):
+    while (count := dispatcher.num_workers()) is not None and count < len(children):
         for child, log_file in zip(children, logs):
             if child.poll() is not None:
                 log_file.seek(0)
@@ -204,7 +307,7 @@ def _wait_for_workers(dispatcher, children, logs, timeout_s: float) -> None:
                 raise DataError(f"tf.data service worker process exited with code {child.returncode} before "
                                 f"registering: {lines[-1] if lines else 'no output'}")
         if time.monotonic() > deadline:
-            raise DataError(f"tf.data service: {count()} of {len(children)} worker process(es) registered "
+            raise DataError(f"tf.data service: {count} of {len(children)} worker process(es) registered "
                             f"within {timeout_s:.0f} s")
         time.sleep(0.05)
 

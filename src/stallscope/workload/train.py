@@ -19,6 +19,7 @@ of short runs (the diagnosis' probes) does not scan the data set again for each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -67,6 +68,8 @@ class TrainOptions:
     checkpoint_path: where checkpoints go (and are resumed from); None: no checkpoints.
     profile_steps: (start, stop) global steps to profile, or "START:STOP"; needs nothing else.
     warmup_steps: first steps of this process left out of the means (tf.function tracing).
+    data_service_timeout_s: with `pipeline.data_service`, how long one wait for a batch from the service
+        may last before the run ends in one line (TF itself would wait for ever).
     """
 
     source: str
@@ -95,6 +98,7 @@ class TrainOptions:
     warmup_steps: int = 2
     log_every: int = 10
     seed: int = 0
+    data_service_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # normalise spellings once, so everything downstream sees one form
@@ -127,6 +131,9 @@ class TrainOptions:
         require_positive("max_checkpoints", self.max_checkpoints)
         require_non_negative("warmup_steps", self.warmup_steps)
         require_positive("log_every", self.log_every)
+        if isinstance(self.data_service_timeout_s, bool) or not isinstance(self.data_service_timeout_s, (int, float)) \
+                or not self.data_service_timeout_s > 0:
+            raise UsageError(f"data_service_timeout_s: expected seconds above 0, got {self.data_service_timeout_s!r}")
         if not self.accelerator.emulated:
             self.model_spec(("class",))  # model, alpha and image size checked before any data is read
         if self.validation_path is not None and self.accelerator.emulated:
@@ -339,9 +346,23 @@ def _for_source(options: TrainOptions, source) -> TrainOptions:
     return dataclasses.replace(options, pipeline=pipeline)
 
 
+def _service_watch(options: TrainOptions, on_silent: Callable[[str], None] | None):
+    """A watch on each wait for a batch from the tf.data service, where the pipeline uses one: TF's
+    client has no timeout, and a service with no worker, or one that stopped, sends nothing for ever."""
+    if not options.pipeline.data_service:
+        return None
+    from stallscope.service.watchdog import ServiceWatch
+    from stallscope.storage.stuck_calls import end_process
+
+    return ServiceWatch(options.pipeline.data_service, options.data_service_timeout_s, on_silent or end_process)
+
+
 def run_training(options: TrainOptions, *, dataset=None, source=None,
-                 on_step: Callable[[StepProgress], None] | None = None) -> TrainResult:
-    """Trains (or emulates training) as `options` say; writes the run directory; returns the figures."""
+                 on_step: Callable[[StepProgress], None] | None = None,
+                 on_service_silent: Callable[[str], None] | None = None) -> TrainResult:
+    """Trains (or emulates training) as `options` say; writes the run directory; returns the figures.
+    `on_service_silent(message)`: where the tf.data service sends no batch for the options' timeout;
+    it must end the process (by default: the line, exit code 2), as the waiting thread cannot stop."""
     from stallscope.tfimport import import_tensorflow
 
     tf = import_tensorflow()
@@ -419,24 +440,34 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     last_saved = start_step
     epochs_started = 0
 
+    service_watch = _service_watch(options, on_service_silent)
+    waiting = service_watch.waiting if service_watch is not None else contextlib.nullcontext
+
     def iterators():
-        """(iterator, steps to take from it) chunks: one repeating iterator, or one per epoch."""
+        """(iterator, steps to take from it) chunks: one repeating iterator, or one per epoch. Making
+        an iterator of a tf.data service pipeline waits on the service, so it is watched too."""
         nonlocal epochs_started
         if options.steps is not None:
             if options.steps > start_step:
                 epochs_started += 1
-                yield iter(dataset), options.steps - start_step
+                with waiting():
+                    iterator = iter(dataset)
+                yield iterator, options.steps - start_step
             return
         if plan.steps_per_epoch is None:  # a given dataset: iterated once per epoch
             for _ in range(options.epochs):
                 epochs_started += 1
-                yield iter(dataset), None
+                with waiting():
+                    iterator = iter(dataset)
+                yield iterator, None
             return
         offset = start_step - resume.epoch * plan.steps_per_epoch
         for epoch in range(resume.epoch, options.epochs):
             epochs_started += 1
             fresh = epoch != resume.epoch and not given_dataset
-            yield iter(epoch_dataset(epoch) if fresh else dataset), plan.steps_per_epoch - offset
+            with waiting():
+                iterator = iter(epoch_dataset(epoch) if fresh else dataset)
+            yield iterator, plan.steps_per_epoch - offset
             offset = 0
 
     batchnorm = _BatchNormKeeper(options, source, model, base)
@@ -448,6 +479,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     read_before = request_tally.snapshot()
     with monitor, writer.as_default():
         try:
+            if service_watch is not None:
+                service_watch.start()
             for iterator, count in iterators():
                 taken = 0
                 while count is None or taken < count:
@@ -455,7 +488,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                     with profiler.step(current):
                         clock.start()
                         try:
-                            batch = next(iterator)
+                            with waiting():
+                                batch = next(iterator)
                         except StopIteration:
                             break
                         except data_errors() as exc:
@@ -502,6 +536,8 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         except KeyboardInterrupt:
             interrupted = True  # keep what was measured; re-raised once the run directory is written
         finally:
+            if service_watch is not None:
+                service_watch.stop()
             profiler.stop()
             if store is not None and step != last_saved:
                 batchnorm.settle(step)
