@@ -26,11 +26,13 @@ def profile(log_dir, steps=(10, 20), dataset=None):
     return Profile(log_dir, steps, dataset)
 
 
-def serve_profiler(port: int) -> int:
-    """Starts TF's profiler server so `stallscope capture localhost:PORT` can attach to this job."""
+def serve_profiler(port: int, host: str = "127.0.0.1") -> int:
+    """Starts TF's profiler server so `stallscope capture localhost:PORT` can attach to this job. TF's
+    server listens on every interface with no authentication: stallscope keeps the port to this machine
+    unless `host` names another of its addresses, or "0.0.0.0" for every machine that can reach it."""
     from stallscope.workload.marking import serve_profiler as _serve
 
-    return _serve(port)
+    return _serve(port, host)
 
 
 def watch_storage(timeout_s: float = 30.0, on_stuck=None):

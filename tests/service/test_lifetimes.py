@@ -184,3 +184,25 @@ def test_a_wait_for_a_batch_longer_than_the_timeout_ends_the_run_and_time_betwee
     assert said == ["--data-service: the tf.data service at grpc://127.0.0.1:1 sent no batch for 0.5 s (no worker "
                     "registered, or the dispatcher or its workers stopped?); expected batches within "
                     "--data-service-timeout"]
+
+
+@pytest.mark.timeout(200)
+def test_serve_profiler_holds_its_port_at_every_address_but_loopback():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = subprocess.Popen([sys.executable, "-c", f"import stallscope, sys, time; stallscope.serve_profiler({port}); "
+                            f"print('ready', flush=True); time.sleep(120)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert select.select([job.stdout], [], [], START_S)[0] and job.stdout.readline() == "ready\n"
+        listening = [c.laddr for c in psutil.Process(job.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert sorted(a.ip for a in listening) == sorted(
+            ["::"] + [a.split("%")[0] for a in guard.other_addresses("127.0.0.1")]), listening
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()  # TF's server, on loopback
+    finally:
+        job.kill()
+        job.communicate(timeout=30)

@@ -1,7 +1,9 @@
 """Attach to a running job: capture a profile from its profiler server, as TensorBoard's "Capture
 profile" button does, and print the same report as `stallscope analyze`.
 
-The job needs one line: tf.profiler.experimental.server.start(6009)
+The job needs one line: stallscope.serve_profiler(6009), which keeps the port to this machine
+(TF's own tf.profiler.experimental.server.start(6009) listens on every interface, unauthenticated:
+anyone who reaches the port can trace the job; serve_profiler(6009, host="0.0.0.0") opens it on purpose).
 
   stallscope capture localhost:6009 --duration 5s
   stallscope capture localhost:6009 --watch --interval 30s      one line per capture, Ctrl-C stops

@@ -1,6 +1,7 @@
 """A profile captured from a running job, as TensorBoard's "Capture profile" button takes one.
 
-The job serves its profiler with one line, `tf.profiler.experimental.server.start(PORT)`.
+The job serves its profiler with one line, `stallscope.serve_profiler(PORT)` (this machine only) or TF's
+`tf.profiler.experimental.server.start(PORT)` (every interface, no authentication).
 TF's client (`tf.profiler.experimental.client.trace`) waits on its own clock (20 s to connect per
 attempt, a 60 s session) and prints to stdout, so it runs in a child process that is killed at our
 deadline; the port is tried first, so a job that is not there is named at once. One attempt: TF's
@@ -88,7 +89,8 @@ def check_listening(options: CaptureOptions) -> None:
     except ConnectionRefusedError:
         raise JobUnreachable(
             f"{options.display}: nothing listens there (connection refused); start the job's profiler server "
-            f"with tf.profiler.experimental.server.start({port})"
+            f"with stallscope.serve_profiler({port}), which keeps it to this machine "
+            f"(tf.profiler.experimental.server.start({port}) listens on every interface, unauthenticated)"
         ) from None
     except TimeoutError:
         raise JobUnreachable(f"{options.display}: no answer to a connection within "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from stallscope.config import require_folder_to_write
 from stallscope.errors import StallscopeError, UsageError
+from stallscope.service.guard import EVERY_INTERFACE, PortGuard
+from stallscope.service.servers import require_host
 from stallscope.workload import rundir
 from stallscope.workload.profiling import STEP_TRACE_NAME, ProfileWindow, StepProfiler
 from stallscope.workload.resources import ResourceMonitor
@@ -23,6 +25,7 @@ from stallscope.workload.resources import ResourceMonitor
 log = logging.getLogger(__name__)
 
 _active: StepProfiler | None = None
+_profiler_guards: dict[int, PortGuard] = {}
 
 
 def window_of(steps: tuple[int, int] | None, *, name: str = "steps") -> ProfileWindow | None:
@@ -128,14 +131,18 @@ def write_chains(log_dir: Path, dataset) -> None:
         rundir.write_json(log_dir, rundir.PIPELINE_NAME, chains)
 
 
-def serve_profiler(port: int) -> int:
+def serve_profiler(port: int, host: str = "127.0.0.1") -> int:
     """Starts TF's profiler server on `port` so `stallscope capture HOST:PORT` can attach; returns the port.
 
     TF's own server aborts the process or fails silently when the port is taken, so the port is
-    checked first and a taken port ends in one line.
+    checked first and a taken port ends in one line. TF's server listens on every interface, with no
+    authentication (whoever reaches it can trace this job); so the port is held at this machine's other
+    addresses, as `stallscope serve` does, and only `host` (default: this machine) can capture.
+    host="0.0.0.0" opens it to every machine that can reach this one.
     """
     if not isinstance(port, int) or not 0 < port < 65536:
         raise UsageError(f"serve_profiler: port must be an integer in 1..65535, got {port!r}")
+    host = require_host(host, "serve_profiler host")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
             probe.bind(("", port))
@@ -147,5 +154,7 @@ def serve_profiler(port: int) -> int:
         tf.profiler.experimental.server.start(port)
     except Exception as exc:  # TF raises its own error types here
         raise StallscopeError(f"serve_profiler: the profiler server did not start on port {port} ({exc})") from None
+    if host not in EVERY_INTERFACE:
+        _profiler_guards[port] = PortGuard(port, host=host).start()  # TF's server lives as long as the process
     log.info("TF profiler server listening on port %d; capture with `stallscope capture localhost:%d`", port, port)
     return port
