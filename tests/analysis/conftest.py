@@ -41,13 +41,17 @@ def _slow_generator():
 def build_pipeline(kind: str, *, rewrites: bool = False):
     """`stalled`: sequential slow map, no prefetch. `parallel`: the same map with 3 parallel calls
     and a prefetch. `healthy`: cheap map + prefetch. `generator`: a Python generator as slow per
-    element as the stalled map, batched, no prefetch."""
+    element as the stalled map, batched, no prefetch; `generator_cached`: the same with a cache after
+    the generator (the profile is of the epoch that fills it). `map_and_batch`: the parallel map fused
+    into its batch by TF (MapAndBatch, asynchronous), no prefetch."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.range(10_000)
-    if kind == "generator":
-        dataset = tf.data.Dataset.from_generator(
-            _slow_generator, output_signature=tf.TensorSpec([], tf.int64)).batch(BATCH)
+    if kind in ("generator", "generator_cached"):
+        dataset = tf.data.Dataset.from_generator(_slow_generator, output_signature=tf.TensorSpec([], tf.int64))
+        dataset = (dataset.cache() if kind == "generator_cached" else dataset).batch(BATCH)
+    elif kind == "map_and_batch":   # TF fuses the parallel map into the batch: an asynchronous last stage
+        dataset = dataset.map(_slow_decode, num_parallel_calls=3).batch(BATCH)
     elif kind == "stalled":
         dataset = dataset.map(_slow_decode).batch(BATCH)
     elif kind == "parallel":
@@ -60,15 +64,17 @@ def build_pipeline(kind: str, *, rewrites: bool = False):
         options = tf.data.Options()
         options.experimental_optimization.map_parallelization = False
         options.experimental_optimization.inject_prefetch = False
-        options.experimental_optimization.map_and_batch_fusion = False
+        options.experimental_optimization.map_and_batch_fusion = kind == "map_and_batch"
         dataset = dataset.with_options(options)
     return dataset
 
 
 def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float = DEVICE_S, profile: bool = True,
-                  fetch_inside: bool = True):
+                  fetch_inside: bool = True, xprof_marks: bool = True):
     """Runs `steps` steps (get_next + device sleep), profiling them; returns per-step StepRecords.
-    `fetch_inside=False` fetches each batch before the step marker opens, as `for x in dataset:` does."""
+    `fetch_inside=False` fetches each batch before the step marker opens, as `for x in dataset:` does.
+    `xprof_marks=False` numbers the markers without `_r=1`, as Keras' 'Profiled batch' spans are: XProf
+    then finds no steps."""
     import tensorflow as tf
 
     from stallscope.workload.rundir import StepRecord
@@ -82,7 +88,7 @@ def profiled_loop(log_dir: Path, dataset, *, steps: int = STEPS, device_s: float
     try:
         for step in range(steps):
             early = None if fetch_inside else next(iterator)
-            with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+            with tf.profiler.experimental.Trace("train", step_num=step, **({"_r": 1} if xprof_marks else {})):
                 started = time.perf_counter()
                 batch = next(iterator) if fetch_inside else early
                 got = time.perf_counter()
@@ -156,6 +162,44 @@ def generator_profile(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def stalled_run(tmp_path_factory) -> Path:
+    """A full run directory of the stalled pipeline as written (steps.csv, resources.json with CPU samples)."""
+    return write_run_dir(tmp_path_factory.mktemp("stalled-run") / "run", "stalled")
+
+
+@pytest.fixture(scope="session")
 def rewritten_run(tmp_path_factory) -> Path:
     """A full run directory of the stalled pipeline with TF's default rewrites left on."""
     return write_run_dir(tmp_path_factory.mktemp("rewritten") / "run", "stalled", rewrites=True)
+
+
+@pytest.fixture(scope="session")
+def generator_cached_profile(tmp_path_factory) -> Path:
+    """The slow generator with a cache after it: the profiled epoch is the one that fills the cache."""
+    log_dir = tmp_path_factory.mktemp("generator-cached")
+    profiled_loop(log_dir, build_pipeline("generator_cached"), steps=12)
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def map_and_batch_profile(tmp_path_factory) -> Path:
+    """The slow map made parallel and fused into its batch (MapAndBatch, asynchronous), no prefetch."""
+    log_dir = tmp_path_factory.mktemp("map-and-batch")
+    profiled_loop(log_dir, build_pipeline("map_and_batch"), steps=12)
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def few_steps_profile(tmp_path_factory) -> Path:
+    """Three marked steps of the stalled loop: the first and last are left out, one step is counted."""
+    log_dir = tmp_path_factory.mktemp("few-steps")
+    profiled_loop(log_dir, build_pipeline("stalled"), steps=3)
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def unmarked_profile(tmp_path_factory) -> Path:
+    """Eight steps of the stalled loop numbered without _r=1, as Keras' spans are: XProf finds no steps."""
+    log_dir = tmp_path_factory.mktemp("unmarked")
+    profiled_loop(log_dir, build_pipeline("stalled"), steps=8, xprof_marks=False)
+    return log_dir

@@ -27,13 +27,16 @@ def test_sequential_map_fix_is_a_parallel_map_and_missing_prefetch_is_found(stal
     assert "bare profile" in next(c.evidence for c in analysis.checklist if c.key == "cpu_saturated")
     assert answers["bottleneck"] == "Map"
     keys = [a.key for a in analysis.advice]
-    assert keys[0] == "parallel_map"
-    assert "prefetch" in keys
-    first = analysis.advice[0]
-    assert first.knobs == {"map_parallelism": AUTOTUNE}
-    assert "num_parallel_calls=tf.data.AUTOTUNE" in first.code
-    # smaller images are advised for a bottleneck map unless its dataset is known to decode none
-    assert "max_side" in keys
+    assert "parallel_map" in keys and "prefetch" in keys
+    parallel = next(a for a in analysis.advice if a.key == "parallel_map")
+    assert parallel.knobs == {"map_parallelism": AUTOTUNE}
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in parallel.code
+    # every fix carries its predicted gain, most first
+    gains = [a.predicted_gain for a in analysis.advice]
+    assert all(g >= 0.05 for g in gains) and gains == sorted(gains, reverse=True)
+    # smaller images are weighed for a bottleneck map unless its dataset is known to decode none; a bare
+    # profile does not say how large the stored images are, so they are checked, not advised
+    assert "max_side" not in keys and "max_side" in [a.key for a in analysis.checked]
     assert "max_side" not in [a.key for a in recommend(dataclasses.replace(analysis, decodes_images=False))]
 
 
@@ -45,7 +48,7 @@ def test_advice_skips_what_the_config_already_does(stalled_profile):
     # advice whose knobs the config already has would change nothing, so it is left out
     keys = [a.key for a in recommend(analysis, done)]
     assert "parallel_map" not in keys and "prefetch" not in keys
-    assert "max_side" in keys
+    assert "max_side" in keys  # weighed (its gain decides whether it is a fix)
 
 
 def test_apply_advice_sets_the_knobs_and_skips_non_config_fixes(stalled_profile):
@@ -55,7 +58,7 @@ def test_apply_advice_sets_the_knobs_and_skips_non_config_fixes(stalled_profile)
     assert fixed.map_parallelism == AUTOTUNE
     assert fixed.prefetch == AUTOTUNE
     assert fixed.batch_size == seed.batch_size
-    assert apply_advice(seed, analysis.advice[0]).prefetch is None
+    assert apply_advice(seed, next(a for a in analysis.advice if a.key == "parallel_map")).prefetch is None
     with pytest.raises(UsageError, match="knob"):
         apply_advice(seed, Advice("x", "x", {"no_such_knob": 1}, "", "", ""))
 

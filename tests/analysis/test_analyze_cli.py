@@ -14,7 +14,8 @@ def test_json_has_top_level_input_share_and_bottleneck(stalled_profile, capsys):
     assert data["bottleneck"] == "Map"
     assert data["verdict"] == "highly"
     assert {s["name"] for s in data["stages"]} == {"BatchV2", "Map", "Range"}
-    assert data["advice"][0]["knobs"] == {"map_parallelism": -1}
+    assert {"map_parallelism": -1} in [a["knobs"] for a in data["advice"]]
+    assert all(isinstance(a["predicted_gain"], float) for a in data["advice"])
 
 
 def test_text_markdown_and_html(stalled_profile, tmp_path, capsys):

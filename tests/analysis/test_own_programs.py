@@ -92,12 +92,18 @@ def test_validation_inside_the_window_is_kept_out_of_the_training_steps(keras_va
 
 
 def test_mirrored_strategy_on_two_logical_cpus(keras_variants):
+    from stallscope.report.text import render_text
+
     log_dir, times = keras_variants["mirrored"]
     analysis = analyze_run(log_dir, with_xprof=False)
     assert analysis.steps.batches_per_step == 1
     assert analysis.steps.step_ms.mean == pytest.approx(keras_counted_mean_ms(analysis, times), rel=0.10)
     assert analysis.verdict == "highly" and analysis.bottleneck == "Map"
     assert "Generator" in [stage.name for stage in analysis.tree.stages]   # the per-device feed, walked past
+    feed = next(stage for stage in analysis.tree.stages if stage.name == "Generator")
+    assert feed.device_feed and feed.label == "Generator (device feed)"
+    assert "tf.distribute's per-device iterator" in render_text(analysis)
+    assert "parallel_generator" not in [a.key for a in (*analysis.advice, *analysis.checked)]
     healthy = analyze_run(keras_variants["mirrored_healthy"][0], with_xprof=False)
     assert healthy.verdict != "highly" and healthy.steps.has_iterator
 

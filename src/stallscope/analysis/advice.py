@@ -8,6 +8,7 @@ source gets no file-reading advice, and steps that hold no input wait get a mark
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,15 +42,21 @@ class Advice:
     reason: str
     evidence: str
     command: str = ""
+    predicted_step_ms: float | None = None   # the what-if model's step time with this change alone
+    predicted_gain: float | None = None      # step time now / predicted, less 1 (0.25: 25% faster); None: not predicted
+    gain_basis: str = ""                     # the model's arithmetic, or why nothing was predicted
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: dict[str, Any] | None = None) -> list[Advice]:
-    """Advice for this analysis, best first. The profile decides what is wrong; `config` (else the
-    run's requested config) drops advice that would change nothing because its knobs are set already;
-    `cpu` (resources.json's "cpu") tells whether a CPU quota held the run back."""
+    """Every change that fits the evidence, each with its predicted gain (`fix_gain`), best first.
+    The profile decides what is wrong; `config` (else the run's requested config) drops advice that
+    would change nothing because its knobs are set already; `cpu` (resources.json's "cpu") tells
+    whether a CPU quota held the run back. `split_by_gain` parts the fixes from the changes checked."""
+    from stallscope.analysis import fix_gain
+
     config = config if config is not None else analysis.config
     tree = analysis.tree
     stage = tree.bottleneck_stage
@@ -59,80 +66,206 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
     no_prefetch = checks["prefetch_at_end"].answer == "no"
     cpu_saturated = checks["cpu_saturated"].answer == "yes"
     evidence = checks["bottleneck"].evidence
+    base = _baseline(analysis, cpu_saturated)
     pool = quota_pool(config, cpus=(cpu or {}).get("cpus"), quota_cores=(cpu or {}).get("quota_cores"),
                       throttled_share=(cpu or {}).get("throttled_share"), evidence=checks["cpu_saturated"].evidence)
     if not input_bound:
         marker = [_step_marker(analysis)] if analysis.input_share is None and analysis.steps.between else []
-        return [*marker, *([_prefetch(checks["prefetch_at_end"].evidence)] if no_prefetch else []),
-                *([pool] if pool else [])]
+        prefetch = [_gained(_prefetch(checks["prefetch_at_end"].evidence), base, fix_gain.with_prefetch)] \
+            if no_prefetch and base is not None else []
+        return _best_first([*marker, *prefetch, *([pool] if pool else [])])
 
-    kind = _kind(stage.name) if stage is not None else "other"
+    kind = _kind(stage) if stage is not None else "other"
     read_parallel = (config.read_parallelism is not None) if config else any(
         n.startswith("ParallelInterleave") for n in stage_names)
     map_parallel = (config.map_parallelism is not None) if config else any(
         n.startswith(("ParallelMap", "MapAndBatch")) for n in stage_names)
+    cached = any(n.startswith(CACHE_STAGES) for n in stage_names)
+
+    def parallel(item: Advice) -> Advice:
+        return _gained(item, base, lambda b: fix_gain.with_parallel_stage(b, stage))
+
+    def cached_away(item: Advice, what: str) -> Advice:
+        return _gained(item, base, lambda b: fix_gain.without_stages(b, fix_gain.below(tree, stage), what))
+
     advice: list[Advice] = []
     if kind == "source" and not read_parallel:
-        advice.append(Advice(
+        advice.append(parallel(Advice(
             "parallel_interleave", "Read shards in parallel", {"read_parallelism": AUTOTUNE, "deterministic": False},
             "files = tf.data.Dataset.list_files(pattern, shuffle=True)\n"
             "dataset = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,\n"
             "                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
-            f"the source stage {stage.name} is the bottleneck and reads one file at a time", evidence))
+            f"the source stage {stage.name} is the bottleneck and reads one file at a time", evidence)))
     if kind == "generator":
-        advice.append(parallel_generator(stage.name, evidence, per_element_us=stage.per_element_us))
+        advice.append(parallel(parallel_generator(stage.name, evidence, per_element_us=stage.per_element_us)))
     if kind == "map" and (not map_parallel or _underparallel(stage)):
-        advice.append(Advice(
+        advice.append(parallel(Advice(
             "parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE},
             "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE)",
             f"{stage.name} does its work one element at a time ({stage.per_element_us:.0f} us each)"
             if not stage.asynchronous else
             f"{stage.name} runs {stage.concurrency:.1f} calls at once (parallelism {stage.parallelism})",
-            evidence))
-    if no_prefetch:
-        advice.append(_prefetch(checks["prefetch_at_end"].evidence))
-    if kind == "source":
-        advice.append(Advice(
+            evidence)))
+    if no_prefetch and base is not None:
+        advice.append(_gained(_prefetch(checks["prefetch_at_end"].evidence), base, fix_gain.with_prefetch))
+    if kind == "source" and not cached:
+        advice.append(cached_away(Advice(
             "cache", "Cache the encoded bytes in memory", {"cache": "memory", "cache_at": "encoded"},
             "dataset = dataset.cache()  # after reading, before decoding; from the second epoch on, no I/O",
-            "reading is the slow part; a cache serves every epoch after the first from memory", evidence))
-    if kind == "generator":
-        advice.append(Advice(
-            "cache", "Cache the generator's elements", {},
-            "dataset = dataset.cache()  # right after from_generator, before any random augmentation",
+            "reading is the slow part; a cache serves every epoch after the first from memory", evidence),
+            "from the second epoch on, no reading"))
+    if kind == "generator" and not cached:
+        advice.append(cached_away(Advice(
+            "cache", "Cache the generator's elements (a generator that ends)", {},
+            "dataset = dataset.cache().repeat()  # right after from_generator, before any random augmentation;\n"
+            "# the generator must stop after one pass: an endless one (while True) never completes the cache",
             "the generator is the slow part; from the second epoch on a cache serves its elements from memory "
-            "without running it, where they fit in memory and are the same every epoch", evidence))
+            "without running it, where they fit in memory and are the same every epoch. Only a generator that "
+            "ends: the cache is complete only when its input ends, so an endless generator fills memory without "
+            "bound and is never served from the cache; make it yield one pass and repeat after the cache",
+            evidence), "from the second epoch on, the generator does not run"))
+    if kind == "generator" and cached:
+        advice.append(Advice(
+            "cache", "Cache the generator's elements", {}, "", "the pipeline has a cache already", evidence,
+            gain_basis="the pipeline caches already: the generator runs only in the epoch that fills the cache (the "
+                       "one profiled here, if its wait is the generator's) and not after it, where the generator "
+                       "ends; an endless generator never completes the cache"))
+    if kind == "map" and (cpu_saturated or map_parallel) and not cached:
+        advice.append(cached_away(_decoded_cache(analysis, evidence), "from the second epoch on, no decoding"))
     if kind == "map" and analysis.decodes_images is not False:  # False: its dataset decodes no images
-        advice.append(Advice(
-            "max_side", "Store smaller images", {},
-            "# re-convert once; decoding a 256 px JPEG costs a fraction of a 500 px one",
-            "decoding is the slow part and its cost grows with the pixels stored", evidence,
-            command="stallscope convert IMAGES --output_path RECORDS --max-side 256"))
+        advice.append(_max_side(analysis, stage, base, evidence))
     if kind == "source" and read_parallel:
-        advice.append(Advice(
+        advice.append(parallel(Advice(
             "more_shards", "Split the data into more shards", {},
             "# more, smaller files let the interleave read more of them at once",
             f"{stage.name} is still the bottleneck with parallel reads: too few files to read at once",
-            evidence, command="stallscope convert IMAGES --output_path RECORDS --shards 64"))
+            evidence, command="stallscope convert IMAGES --output_path RECORDS --shards 64")))
     if cpu_saturated or (kind == "map" and map_parallel):
         advice.append(Advice(
             "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "parallelism across elements is cheaper than inside each op (seed-004: +10% or more)",
-            checks["cpu_saturated"].evidence))
+            checks["cpu_saturated"].evidence, gain_basis="the what-if model has no term for intra-op threads: "
+            "no gain is predicted"))
     if pool is not None:
         advice.append(pool)
-    if cpu_saturated:
-        advice.append(Advice(
-            "data_service", "Move preprocessing to more machines (tf.data service)", {},
-            "dataset = dataset.apply(tf.data.experimental.service.distribute(\n"
-            "    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,\n"
-            "    service='grpc://DISPATCHER:5050'))  # before the final prefetch",
-            "every core here is busy; more CPUs are the remaining fix", checks["cpu_saturated"].evidence,
-            command="stallscope serve worker --dispatcher DISPATCHER:5050  # on each extra host, then "
-                    "train --data-service DISPATCHER:5050"))
+    if cpu_saturated and base is not None:
+        advice.append(_data_service(analysis, base, checks["cpu_saturated"].evidence))
     if config is not None:
         advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
-    return sorted(advice, key=lambda a: ORDER.index(a.key))
+    return _best_first(advice)
+
+
+def split_by_gain(advice: Sequence[Advice]) -> tuple[list[Advice], list[Advice]]:
+    """(fixes, checked): a change the model predicts to gain under MIN_GAIN, or predicts nothing for,
+    is checked, not a fix; a marker fix and a quota's pool (which evens steps out) are fixes unpredicted."""
+    from stallscope.analysis.fix_gain import MIN_GAIN
+
+    fixes, checked = [], []
+    for item in advice:
+        keep = item.key in UNPREDICTED_FIXES or (item.predicted_gain is not None and item.predicted_gain >= MIN_GAIN)
+        (fixes if keep else checked).append(item)
+    return fixes, checked
+
+
+UNPREDICTED_FIXES = ("step_marker", "quota_pool")  # a measurement fix; steps evened out, not made shorter
+CACHE_STAGES = ("MemoryCache", "Cache", "FileCache")
+
+
+def _best_first(advice: list[Advice]) -> list[Advice]:
+    """The marker fix first (nothing is measured without it), then by predicted gain in whole percent,
+    then in seed-004's order."""
+    def rank(item: Advice):
+        gain = item.predicted_gain
+        return (item.key != "step_marker", -round(gain * 100) if gain is not None else math.inf, ORDER.index(item.key))
+    return sorted(advice, key=rank)
+
+
+def _baseline(analysis: "Analysis", cpu_saturated: bool):
+    """The what-if model's baseline for this analysis: idle cores over the steps from the CPU samples,
+    else (a bare profile) assumed to be this machine's cores, said beside every gain."""
+    from stallscope.analysis import fix_gain
+    from stallscope.analysis.cpu_window import idle_cores
+    from stallscope.cpu_limits import current
+
+    idle = idle_cores(analysis.cpu_window, cpu_saturated)
+    assumed = idle is None
+    if assumed:
+        idle = 0.0 if cpu_saturated else float(max(1, len(current().cpus) - 1))
+    return fix_gain.baseline(analysis.steps, analysis.tree, idle_cores=idle, cores_assumed=assumed)
+
+
+def _gained(item: Advice, base, predictor) -> Advice:
+    """The advice with its predicted step time and gain; unpredicted where the share was not measured."""
+    if base is None:
+        return dataclasses.replace(item, gain_basis="not predicted: the input share was not measured")
+    prediction, basis = predictor(base)
+    return dataclasses.replace(item, predicted_step_ms=prediction.step_ms, predicted_gain=base.gain(prediction),
+                               gain_basis=f"step {base.step_ms:.1f} -> {prediction.step_ms:.1f} ms: {basis}")
+
+
+def _decoded_cache(analysis: "Analysis", evidence: str) -> Advice:
+    """Decoded images cached after the map: the CPU decodes each image once, where they fit in memory."""
+    size = ""
+    if analysis.examples and analysis.image_size:
+        decoded = analysis.examples * analysis.image_size ** 2 * 3 * 4
+        size = f" (here {analysis.examples:,} images x {analysis.image_size}x{analysis.image_size}x3 float32 = " \
+               f"{decoded / 1e9:.2f} GB)"
+    return Advice(
+        "cache", "Cache the decoded images (where they fit in memory)", {"cache": "memory", "cache_at": "decoded"},
+        "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE).cache()\n"
+        "# random augmentation after the cache, so each epoch still differs",
+        f"the CPU is the limit and decoding is its work: a cache of the decoded images decodes each once; only "
+        f"where they fit in memory{size}, else cache to a local file (cache('/local/ssd/decoded'))", evidence)
+
+
+def _max_side(analysis: "Analysis", stage, base, evidence: str) -> Advice:
+    """Smaller stored images, only where the stored ones exceed the model's input by 2x or more."""
+    from stallscope.analysis import fix_gain
+    from stallscope.analysis.stored_images import SHRINK_FROM, shrink_worth
+
+    stored, size = analysis.stored, analysis.image_size
+    worth = shrink_worth(stored, size)
+    target = stored_side_for(size or 224)
+    item = Advice(
+        "max_side", "Store smaller images", {},
+        f"# re-convert once; decoding a {target} px JPEG costs a fraction of a larger one (the pixels)",
+        "decoding is the slow part and its cost grows with the pixels stored", evidence,
+        command=f"stallscope convert IMAGES --output_path RECORDS --max-side {target}")
+    if worth is None:
+        return dataclasses.replace(item, gain_basis=(
+            "not predicted: the stored images' size is not known here (stallscope's own runs record where they "
+            f"are); it pays only where they exceed the model's input by {SHRINK_FROM:g}x or more"))
+    if not worth:
+        return dataclasses.replace(item, predicted_gain=0.0, gain_basis=(
+            f"the stored images ({stored.side} px, median of {stored.sampled}) are under {SHRINK_FROM:g}x the "
+            f"model's {size} px input: little to shrink"))
+    item = dataclasses.replace(item, reason=f"{item.reason}: the stored images are {stored.side} px (median of "
+                                            f"{stored.sampled}) for a {size} px input")
+    return _gained(item, base, lambda b: fix_gain.with_smaller_images(b, stage, stored.side, target))
+
+
+def stored_side_for(image_size: int) -> int:
+    """The longer side to store for a model input: a little above it (room for a crop), in 32s: 224 -> 256."""
+    return int(math.ceil(image_size * 8 / 7 / 32) * 32)
+
+
+def _data_service(analysis: "Analysis", base, evidence: str) -> Advice:
+    """More machines for the pipeline's CPU work, sized by the model: enough workers to make a batch
+    within a step's compute."""
+    from stallscope.analysis import fix_gain
+
+    workers = fix_gain.service_workers(base)
+    command = f"stallscope serve worker --dispatcher DISPATCHER:5050  # on each of {workers} other host(s)"
+    if analysis.config is not None:  # stallscope's own workload: its flag
+        command += ", then train --data-service DISPATCHER:5050"
+    item = Advice(
+        "data_service", f"Move preprocessing to {workers} other machine(s) (tf.data service)", {},
+        "dataset = dataset.apply(tf.data.experimental.service.distribute(\n"
+        "    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,\n"
+        "    service='grpc://DISPATCHER:5050'))  # before the final prefetch",
+        f"every core here is busy; {workers} worker(s), each as fast as this host's pipeline, make a batch "
+        "within a step's compute", evidence, command=command)
+    return _gained(item, base, lambda b: fix_gain.with_service(b, workers))
 
 
 def apply_advice(config: PipelineConfig, advice: Advice | Iterable[Advice]) -> PipelineConfig:
@@ -219,7 +352,11 @@ def parallel_generator(stage_name: str, evidence: str, per_element_us: float | N
         "pure-Python work only as tf.data ops or records read by a parallel interleave", evidence)
 
 
-def _kind(name: str) -> str:
+def _kind(stage) -> str:
+    """map, source or generator: which advice fits the stage (tf.distribute's per-device feed: none)."""
+    name = stage.name
+    if getattr(stage, "device_feed", False):
+        return "other"
     if name.startswith(MAP_STAGES):
         return "map"
     if name.startswith(SOURCE_STAGES):

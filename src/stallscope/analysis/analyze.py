@@ -15,8 +15,10 @@ from typing import Any
 
 from stallscope.analysis import advice as advice_module
 from stallscope.analysis.checklist import CheckItem, checklist, input_bound
+from stallscope.analysis.cpu_window import CpuWindow, cpu_over_steps
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
+from stallscope.analysis.stored_images import StoredImages, stored_images
 from stallscope.analysis.tfdata import StageTree, stage_tree
 from stallscope.analysis.xplane import XPLANE_SUFFIX, capture_files, find_captures, load_profile
 from stallscope.config import json_ready
@@ -25,6 +27,8 @@ from stallscope.pipeline.config import PipelineConfig
 from stallscope.workload import rundir
 
 log = logging.getLogger(__name__)
+
+FEW_STEPS = 5   # a verdict from fewer counted steps is one slow or fast step away from another
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,24 @@ class Analysis:
     captures: tuple[str, ...] = ()    # every capture found under the path given, oldest first
     hosts: tuple[HostSteps, ...] = ()  # every host file of the capture; the analysis is of the slowest
     decodes_images: bool | None = None  # pipeline.json's word on whether the dataset decodes images (None: unsaid)
+    checked: tuple["advice_module.Advice", ...] = ()  # changes weighed and not advised: under 5% predicted, or unpredicted
+    cpu_window: CpuWindow | None = None  # the CPU over the training steps (resources.json samples, steps.csv)
+    stored: StoredImages | None = None   # the stored images' size (stallscope's own runs: summary.json's source)
+    image_size: int | None = None        # the model's input side (the run's summary.json)
+    examples: int | None = None          # images in the data set (the run's summary.json)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What makes the verdict shaky: too few counted steps."""
+        counted = self.steps.counted_steps
+        if self.input_share is None or counted >= FEW_STEPS:
+            return ()
+        per = self.steps.batches_per_step
+        spe = (f"; under steps_per_execution={per} a window of N batches holds only about N/{per} steps, so "
+               f"widen profile_steps" if per > 1 else "")
+        return (f"only {counted} step{'' if counted == 1 else 's'} counted: a verdict from fewer than {FEW_STEPS} "
+                f"moves with one slow or fast step; profile more steps (a window of {FEW_STEPS + 2} or more "
+                f"marked steps){spe}",)
 
     @property
     def slowest_host(self) -> str | None:
@@ -134,6 +156,10 @@ class Analysis:
             "bottleneck_reason": self.tree.reason,
             "checklist": [dataclasses.asdict(c) for c in self.checklist],
             "advice": [a.to_dict() for a in self.advice],
+            "checked": [a.to_dict() for a in self.checked],
+            "warnings": list(self.warnings),
+            "cpu_over_steps": dataclasses.asdict(self.cpu_window) if self.cpu_window else None,
+            "stored_images": dataclasses.asdict(self.stored) if self.stored else None,
             "pipeline": {
                 "requested": self.config.to_dict() if self.config else None,
                 "written": list(self.written_chain),
@@ -168,9 +194,11 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         notes.append(_unmeasured_note(steps))
     resources = _optional_json(run_dir, rundir.RESOURCES_NAME, notes) if run_dir else None
     pipeline = _optional_json(run_dir, rundir.PIPELINE_NAME, []) if run_dir else None  # its absence: a note below
-    run = None
+    summary = _optional_json(run_dir, rundir.SUMMARY_NAME, []) if run_dir else None
+    run, window = None, None
     if run_dir is not None and (run_dir / rundir.STEPS_NAME).exists():
-        run = run_timing(rundir.read_steps(run_dir))
+        records = rundir.read_steps(run_dir)
+        run, window = run_timing(records), cpu_over_steps(resources, records)
     config = _requested_config(pipeline, notes)
     decodes = pipeline.get("decodes_images") if isinstance(pipeline, dict) else None
     written = tuple(_chain(pipeline, "written"))
@@ -185,13 +213,24 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
     figure = xprof_figure(profile_file) if with_xprof else None
     partial = Analysis(
         source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,
-        steps=steps, tree=tree, checklist=checklist(steps, tree, resources), advice=(), xprof=figure, run=run,
+        steps=steps, tree=tree, checklist=checklist(steps, tree, resources, window), advice=(), xprof=figure, run=run,
         config=config, written_chain=written, ran_chain=ran, rewrites=changes, notes=tuple(notes),
         captures=tuple(str(c) for c in captures), hosts=tuple(hosts),
         decodes_images=decodes if isinstance(decodes, bool) else None,
+        cpu_window=window, stored=stored_images(summary), image_size=_summary_int(summary, "image_size", config),
+        examples=_summary_int(summary, "dataset_size", None),
     )
-    return dataclasses.replace(partial, advice=tuple(advice_module.recommend(
-        partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None)))
+    fixes, checked = advice_module.split_by_gain(advice_module.recommend(
+        partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None))
+    return dataclasses.replace(partial, advice=tuple(fixes), checked=tuple(checked))
+
+
+def _summary_int(summary: dict[str, Any] | None, key: str, config: PipelineConfig | None) -> int | None:
+    """A positive whole number from summary.json, else (image_size) the requested config's."""
+    value = (summary or {}).get(key) if isinstance(summary, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return config.image_size if config is not None and key == "image_size" else None
 
 
 def _unmeasured_note(steps: StepBreakdown) -> str:

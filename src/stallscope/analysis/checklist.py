@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from stallscope.analysis.cpu_window import CpuWindow
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
 from stallscope.cpu_limits import cpu_named, quota_limited, quota_throttled
@@ -25,11 +26,13 @@ class CheckItem:
     needs_action: bool
 
 
-def checklist(steps: StepBreakdown, tree: StageTree, resources: dict[str, Any] | None) -> tuple[CheckItem, ...]:
+def checklist(steps: StepBreakdown, tree: StageTree, resources: dict[str, Any] | None,
+              window: CpuWindow | None = None) -> tuple[CheckItem, ...]:
+    """`window`: the CPU over the training steps (cpu_window), which saturation is judged on where known."""
     return (
         _get_next(steps),
         _prefetch(tree),
-        _cpu(resources),
+        _cpu(resources, window),
         _bottleneck(tree, steps),
     )
 
@@ -87,22 +90,34 @@ def fmt_calls(count: int) -> str:
 
 
 def _prefetch(tree: StageTree) -> CheckItem:
+    """A prefetch, or any asynchronous stage at the end (MapAndBatch, ParallelMap, ParallelBatch): it
+    makes the next batch on its own threads while the step runs, which is what a prefetch adds."""
+    question = "Is there a prefetch at the end?"
     outer = tree.outermost
     if outer is None:
-        return CheckItem("prefetch_at_end", "Is there a prefetch at the end?", "unknown",
-                         "the profile has no Iterator:: events", needs_action=False)
-    has = outer.name.startswith(("Prefetch", "LegacyPrefetch"))
+        return CheckItem("prefetch_at_end", question, "unknown", "the profile has no Iterator:: events",
+                         needs_action=False)
     evidence = f"the outermost stage below the iterator's root is {outer.name} ({' -> '.join(tree.chain())})"
-    return CheckItem("prefetch_at_end", "Is there a prefetch at the end?", "yes" if has else "no", evidence,
-                     needs_action=not has)
+    if outer.name.startswith(("Prefetch", "LegacyPrefetch")):
+        return CheckItem("prefetch_at_end", question, "yes", evidence, needs_action=False)
+    if outer.asynchronous:
+        return CheckItem("prefetch_at_end", question, "yes", f"{evidence}: asynchronous, it makes the next batch "
+                         "on its own threads while the step runs, as a prefetch would", needs_action=False)
+    return CheckItem("prefetch_at_end", question, "no", evidence, needs_action=True)
 
 
-def _cpu(resources: dict[str, Any] | None) -> CheckItem:
+BARE_PROFILE_CPU = ("only a bare profile was given: CPU use is sampled into resources.json beside it by StallMonitor "
+                    "(Keras fit), stallscope.profile (a custom loop) or `stallscope train`; TensorBoard's "
+                    "profile_batch alone records none")
+
+
+def _cpu(resources: dict[str, Any] | None, window: CpuWindow | None = None) -> CheckItem:
+    """Judged over the training steps where the samples and steps.csv allow (the whole run's mean
+    includes start-up and validation), else over the whole run."""
     question = "Is the CPU saturated?"
     cpu = (resources or {}).get("cpu") if isinstance(resources, dict) else None
     if not isinstance(cpu, dict) or not isinstance(cpu.get("system_mean_percent"), (int, float)):
-        reason = ("only a bare profile was given: CPU use is sampled by `stallscope train` into the run's "
-                  "resources.json" if resources is None else "resources.json has no CPU samples")
+        reason = BARE_PROFILE_CPU if resources is None else "resources.json has no CPU samples"
         return CheckItem("cpu_saturated", question, "unknown", reason, needs_action=False)
     if cpu.get("samples") == 0 and not quota_limited(cpu.get("throttled_share")):
         # a run shorter than half a sampling interval: its mean of 0% is no figure (a quota's counters are)
@@ -110,15 +125,31 @@ def _cpu(resources: dict[str, Any] | None) -> CheckItem:
         took = f"the run took {duration:.2f} s, " if isinstance(duration, (int, float)) else ""
         return CheckItem("cpu_saturated", question, "unknown", f"no CPU samples: {took}less than one sampling "
                          "interval", needs_action=False)
-    mean = float(cpu["system_mean_percent"])
-    peak = float(cpu.get("system_max_percent", mean))
-    saturated = mean >= CPU_SATURATED_PERCENT
-    evidence = (f"the {cpu_named(cpu)} were {mean:.0f}% busy on average (peak {peak:.0f}%) over "
-                f"{_samples(cpu.get('samples'))}; saturated at {CPU_SATURATED_PERCENT:.0f}%")
+    run_mean = float(cpu["system_mean_percent"])
+    run_peak = float(cpu.get("system_max_percent", run_mean))
+    if window is not None:
+        mean = window.mean_percent
+        saturated = mean >= CPU_SATURATED_PERCENT
+        evidence = (f"the {cpu_named(cpu)} were {mean:.0f}% busy on average over the training steps (peak "
+                    f"{window.max_percent:.0f}%, {_samples(window.samples)} from {window.start_s:.1f} s to "
+                    f"{window.end_s:.1f} s{_own_share(window)}); {run_mean:.0f}% over the whole run, start-up and "
+                    f"validation included; saturated at {CPU_SATURATED_PERCENT:.0f}%")
+    else:
+        saturated = run_mean >= CPU_SATURATED_PERCENT
+        evidence = (f"the {cpu_named(cpu)} were {run_mean:.0f}% busy on average (peak {run_peak:.0f}%) over "
+                    f"{_samples(cpu.get('samples'))} of the whole run (no steps.csv to judge the training steps "
+                    f"alone); saturated at {CPU_SATURATED_PERCENT:.0f}%")
     if quota_limited(cpu.get("throttled_share")):
         saturated = True  # the quota ran out in many periods: saturated whatever the mean says
         evidence += f"; {quota_throttled(cpu)}"
     return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=saturated)
+
+
+def _own_share(window: CpuWindow) -> str:
+    """', this process 1.1 cores of them': where other processes kept the cores busy, it shows."""
+    if window.process_cores is None:
+        return ""
+    return f", this process {window.process_cores:.1f} core{'' if round(window.process_cores, 1) == 1 else 's'} of them"
 
 
 def _samples(count) -> str:

@@ -8,8 +8,9 @@ import html
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
 from stallscope.report.plots import stage_bars_png, step_bars_png
-from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, fmt_ms, no_fix_line, run_timing_line,
-                                    source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
+from stallscope.analysis.tfdata import DEVICE_FEED_NOTE
+from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, checked_line, fmt_ms, gain_text, no_fix_line,
+                                    run_timing_line, source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
@@ -31,8 +32,8 @@ def render_html(analysis: Analysis) -> str:
     steps = analysis.steps
     step_rows = [[label, *spread_cells(spread)] for label, spread in spread_rows(steps)]
     marked = "hot" if analysis.input_bound else "slowest"   # red only for a stage that holds the run back
-    stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="{marked}">{e(s.name)}</span>'
-                                               if s.long_name == analysis.tree.bottleneck else e(s.name)),
+    stage_rows = [[("&nbsp;" * 3 * s.depth) + (f'<span class="{marked}">{e(s.label)}</span>'
+                                               if s.long_name == analysis.tree.bottleneck else e(s.label)),
                    "yes" if s.asynchronous else "", str(s.calls), fmt_ms(s.total_ms), fmt_ms(s.busy_ms),
                    fmt_ms(s.own_ms), f"{s.per_element_us:.0f} us",
                    "" if s.parallelism is None else describe_knob(s.parallelism)]
@@ -50,6 +51,7 @@ def render_html(analysis: Analysis) -> str:
         "<h2>tf.data stages</h2>",
         _table(["stage", "async", "calls", "total", "busy", "work", "per call", "parallelism"], stage_rows),
         f"<p><small>{e(STAGE_COLUMNS_NOTE.strip())}</small></p>",
+        f"<p><small>{e(DEVICE_FEED_NOTE)}</small></p>" if any(s.device_feed for s in analysis.tree.stages) else "",
         _img(stage_bars_png(analysis), "own time per stage"),
         "<h2>Checklist</h2>",
         _table(["question", "answer", "evidence"], [[e(c.question), e(c.answer), e(c.evidence)]
@@ -68,8 +70,12 @@ def render_html(analysis: Analysis) -> str:
         flags = advice_flags(analysis, item)
         knobs = f" <code>{e(flags)}</code>" if flags else ""
         command = f"<pre>$ {e(item.command)}</pre>" if item.command else ""
-        parts.append(f"<li><b>{e(item.title)}</b>{knobs}: {e(item.reason)}{command}<pre>{e(item.code)}</pre></li>")
+        basis = f"<br><small>model: {e(item.gain_basis)}</small>" if item.gain_basis else ""
+        parts.append(f"<li><b>{e(item.title)}</b>{knobs}: {e(gain_text(item))}; {e(item.reason)}{basis}{command}"
+                     f"<pre>{e(item.code)}</pre></li>")
     parts.append("</ol>")
+    if analysis.checked:
+        parts.append("<ul>" + "".join(f"<li>{e(checked_line(item))}</li>" for item in analysis.checked) + "</ul>")
     parts += [f"<p><i>note: {e(n)}</i></p>" for n in analysis.notes]
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
-from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, fmt_ms, no_fix_line, run_timing_line,
-                                    source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
+from stallscope.analysis.tfdata import DEVICE_FEED_NOTE
+from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, checked_line, fmt_ms, gain_text, no_fix_line,
+                                    run_timing_line, source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
 
 
 def render_markdown(analysis: Analysis) -> str:
@@ -28,12 +29,14 @@ def render_markdown(analysis: Analysis) -> str:
     out += ["", "## tf.data stages", "", "| stage | async | calls | total | busy | work | per call | parallelism |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for st in analysis.tree.stages:
-        name = f"**{st.name}** ({analysis.stage_label})" if st.long_name == analysis.tree.bottleneck else st.name
+        name = f"**{st.label}** ({analysis.stage_label})" if st.long_name == analysis.tree.bottleneck else st.label
         parallel = "" if st.parallelism is None else describe_knob(st.parallelism)
         out.append(f"| {'&nbsp;' * 2 * st.depth}{name} | {'yes' if st.asynchronous else ''} | {st.calls} | "
                    f"{fmt_ms(st.total_ms)} | {fmt_ms(st.busy_ms)} | {fmt_ms(st.own_ms)} | {st.per_element_us:.0f} us "
                    f"| {parallel} |")
     out += ["", STAGE_COLUMNS_NOTE.strip()]
+    if any(st.device_feed for st in analysis.tree.stages):
+        out += ["", DEVICE_FEED_NOTE]
     out += ["", "## Checklist", "", "| question | answer | evidence |", "|---|---|---|"]
     out += [f"| {c.question} | {c.answer} | {c.evidence} |" for c in analysis.checklist]
     out += ["", "## Pipeline as written vs as run", ""]
@@ -47,10 +50,13 @@ def render_markdown(analysis: Analysis) -> str:
     for number, item in enumerate(analysis.advice, 1):
         flags = advice_flags(analysis, item)
         knobs = f" (`{flags}`)" if flags else ""
-        out.append(f"{number}. **{item.title}**{knobs}: {item.reason}.")
+        out.append(f"{number}. **{item.title}**{knobs}: {gain_text(item)}; {item.reason}.")
+        if item.gain_basis:
+            out.append(f"   model: {item.gain_basis}")
         if item.command:
             out.append(f"   `{item.command}`")
         out += ["", "   ```python", *[f"   {line}" for line in item.code.splitlines()], "   ```", ""]
+    out += [f"- {checked_line(item)}" for item in analysis.checked]
     out += [f"> note: {n}" for n in analysis.notes]
     return "\n".join(out) + "\n"
 

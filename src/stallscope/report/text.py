@@ -7,6 +7,7 @@ from pathlib import Path
 from stallscope.analysis.analyze import Analysis
 from stallscope.analysis.checklist import between_steps_text
 from stallscope.analysis.steps import Spread, StepBreakdown
+from stallscope.analysis.tfdata import DEVICE_FEED_NOTE
 from stallscope.pipeline.config import describe_knob
 from stallscope.verdict import NOT_MEASURED, fmt_share, verdict_phrase  # fmt_share: the one share formatter
 
@@ -55,9 +56,9 @@ def verdict_line(analysis: Analysis) -> str:
     line = (f"Input share {fmt_share(analysis.input_share)}: {verdict_phrase(analysis.verdict)} "
             f"({counted_steps_text(steps)})")
     if analysis.slowest_stage is None:
-        return line
+        return line + cpu_limit_text(analysis)
     if analysis.input_bound:
-        return f"{line}; bottleneck: {analysis.slowest_stage}"
+        return f"{line}; bottleneck: {analysis.slowest_stage}{cpu_limit_text(analysis)}"
     return f"{line}; the input keeps up (slowest stage: {analysis.slowest_stage}, not holding the run back)"
 
 
@@ -86,10 +87,41 @@ def spread_cells(spread: Spread | None) -> list[str]:
 
 
 def no_fix_line(analysis: Analysis) -> str:
-    """What an empty fix list means: the input keeps up, or nothing measured says what to fix."""
+    """What an empty fix list means: the input keeps up, nothing measured says what to fix, or the run
+    is input-bound and no change weighed is predicted to help (never 'keeps up' above the threshold)."""
     if analysis.input_share is None:
         return "none advised; the input share was not measured, so whether the input keeps up is unknown"
+    if analysis.input_bound:
+        stage = analysis.slowest_stage or "no stage found"
+        weighed = f" ({len(analysis.checked)} change(s) checked below)" if analysis.checked else ""
+        return (f"none found: the run is {verdict_phrase(analysis.verdict)} ({fmt_share(analysis.input_share)}) at "
+                f"{stage}, and no change stallscope knows is predicted to gain 5% or more{weighed}")
     return "none needed; the input pipeline keeps up"
+
+
+def gain_text(item) -> str:
+    """'+42% predicted (step 20.1 -> 14.2 ms)' or 'gain not predicted'; the basis is said on its own line."""
+    if item.predicted_gain is None:
+        return "gain not predicted"
+    return f"{item.predicted_gain:+.0%} predicted (step -> {fmt_ms(item.predicted_step_ms)})"
+
+
+def checked_line(item) -> str:
+    """A change weighed and not advised, with the model's figure or why none."""
+    figure = "no gain expected" if item.predicted_gain is not None else "not advised"
+    return f"{item.title}: checked, {figure} ({item.gain_basis})"
+
+
+def warning_lines(analysis: Analysis) -> list[str]:
+    return [f"warning: {w}" for w in analysis.warnings]
+
+
+def cpu_limit_text(analysis: Analysis) -> str:
+    """'; the CPU is the limit: ...' where the run waits for input and every core was busy over its steps."""
+    cpu = next((c for c in analysis.checklist if c.key == "cpu_saturated"), None)
+    if not analysis.input_bound or cpu is None or cpu.answer != "yes":
+        return ""
+    return "; the CPU is the limit (saturated over the steps): more parallelism cannot help, less work per image can"
 
 
 def advice_flags(analysis: Analysis, item) -> str:
@@ -127,8 +159,13 @@ def xprof_line(analysis: Analysis) -> str:
     figure = analysis.xprof
     if figure is None:
         return "TensorBoard (xprof): not run"
+    if figure.input_share is None and figure.error:
+        return f"TensorBoard (xprof): no figure ({figure.error})"
     if figure.input_share is None:
-        return f"TensorBoard (xprof): no figure ({figure.error or 'no steps found'})"
+        return ("TensorBoard (xprof): no figure: XProf counts only steps marked with _r=1 "
+                "(tf.profiler.experimental.Trace('train', step_num=i, _r=1), as StallMonitor and stallscope.profile "
+                f"write them) and finds none in Keras 3 fit profiles; stallscope found "
+                f"{fmt_count(len(analysis.steps.steps), 'step')} by {analysis.steps.method}")
     if analysis.input_share is None:
         return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
                 "(stallscope: not measurable, no iterator call inside the steps; its figure counts none either)")
@@ -173,7 +210,7 @@ def source_lines(analysis: Analysis) -> list[str]:
     """Where the figures come from: other captures, how steps were found, batches per step, hosts."""
     steps = analysis.steps
     return [*capture_lines(analysis), f"steps: {len(steps.steps)} found by {steps.method}",
-            *batch_lines(steps), *host_lines(analysis)]
+            *batch_lines(steps), *host_lines(analysis), *warning_lines(analysis)]
 
 
 def render_text(analysis: Analysis) -> str:
@@ -200,11 +237,13 @@ def render_text(analysis: Analysis) -> str:
         parallel = "" if stage.parallelism is None else describe_knob(stage.parallelism)
         if stage.asynchronous and stage.concurrency > 1.05:
             parallel += f" ({stage.concurrency:.1f})"
-        name = ("  " * stage.depth + stage.name + (" *" if stage.asynchronous else "")
+        name = ("  " * stage.depth + stage.label + (" *" if stage.asynchronous else "")
                 + (" ~" if stage.per_element else ""))
         lines.append(f"  {name:<30}{stage.calls:>7}{fmt_ms(stage.total_ms):>11}{fmt_ms(stage.busy_ms):>11}"
                      f"{fmt_ms(stage.own_ms):>11}{stage.per_element_us:>8.0f}us{parallel:>10}{mark}")
     lines.append("  * asynchronous: its total is time spent waiting for it; its work is that of its function")
+    if any(stage.device_feed for stage in analysis.tree.stages):
+        lines.append(f"  {DEVICE_FEED_NOTE}")
     if any(stage.per_element for stage in analysis.tree.stages):
         lines.append("  ~ made by its parent's function for each element of the parent's input "
                      "(an interleave's reader per file)")
@@ -224,10 +263,14 @@ def render_text(analysis: Analysis) -> str:
     for number, item in enumerate(analysis.advice, 1):
         flags = advice_flags(analysis, item)
         knobs = f" [{flags}]" if flags else ""
-        lines.append(f"  {number}. {item.title}{knobs}: {item.reason}")
+        lines.append(f"  {number}. {item.title}{knobs}: {gain_text(item)}; {item.reason}")
+        if item.gain_basis:
+            lines.append(f"     model: {item.gain_basis}")
         if item.command:
             lines.append(f"     $ {item.command}")
         lines += [f"     {code}" for code in item.code.splitlines()]
+    for item in analysis.checked:
+        lines.append(f"  - {checked_line(item)}")
     for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
