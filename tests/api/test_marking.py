@@ -265,6 +265,14 @@ def test_a_file_of_the_users_in_the_log_dir_is_refused_and_kept(tmp_path, name, 
     assert (tmp_path / name).read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
+def test_a_profile_window_refuses_a_file_of_the_users_it_would_replace(tmp_path):
+    """stallscope.profile writes LOG_DIR/resources.json and pipeline.json: a user's own is refused and kept."""
+    (tmp_path / "resources.json").write_text('{"gpu": "mine"}')
+    with pytest.raises(UsageError, match="stallscope.profile log_dir: .*resources.json.* not written by stallscope"):
+        stallscope.profile(tmp_path, steps=(1, 2))
+    assert (tmp_path / "resources.json").read_text() == '{"gpu": "mine"}'
+
+
 def test_a_new_monitor_keeps_an_earlier_programs_run_in_its_log_dir(tmp_path):
     """A second program (a new monitor) on the log_dir of an earlier one: the earlier run moves aside
     (LOG_DIR/fit-1/) instead of being overwritten."""

@@ -63,6 +63,10 @@ class Profile:
 
     def __init__(self, log_dir: Path | str, steps: tuple[int, int] = (10, 20), dataset=None) -> None:
         self.log_dir = require_folder_to_write("stallscope.profile log_dir", log_dir)
+        foreign = rundir.foreign_file(self.log_dir, (rundir.RESOURCES_NAME, rundir.PIPELINE_NAME))
+        if foreign is not None:  # the window writes both into LOG_DIR: a file of the user's is never replaced
+            raise UsageError(f"stallscope.profile log_dir: {str(foreign)!r} is not written by stallscope and the "
+                             "window would replace it; give a log_dir of stallscope's own or move the file")
         self.dataset = dataset_or_none(dataset, "stallscope.profile dataset")
         window = window_of(steps, name="stallscope.profile steps")
         if window is None:
