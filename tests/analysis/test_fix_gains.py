@@ -186,3 +186,21 @@ def test_a_bare_profile_names_every_way_to_record_cpu(stalled_profile):
     assert cpu.answer == "unknown"
     for way in ("StallMonitor", "stallscope.profile", "profile_batch"):
         assert way in cpu.evidence
+
+
+def test_a_pause_between_steps_is_left_out_of_the_cpu_over_the_steps():
+    """Two epochs of 20 ms steps with 2 s of validation between them: its idle samples are not the steps'."""
+    from stallscope.analysis.cpu_window import cpu_over_steps
+    from stallscope.workload.rundir import StepRecord
+
+    def steps(first: int, start_s: float):
+        return [StepRecord(step=first + i, phase="train", started_s=start_s + 0.02 * i, step_ms=20.0,
+                           input_wait_ms=1.0, compute_ms=19.0, images=8, warmup=first + i == 1) for i in range(50)]
+
+    records = [*steps(1, 0.0), *steps(51, 3.0)]             # steps 0-1 s and 3-4 s, validation between
+    samples = [{"elapsed_s": 0.25 * k, "process_percent": 150.0,
+                "system_percent": 20.0 if 1.1 < 0.25 * k - 0.125 < 3.0 else 95.0} for k in range(1, 17)]
+    window = cpu_over_steps({"interval_s": 0.25, "cores": 2, "samples": samples}, records)
+    assert window.mean_percent == pytest.approx(95.0) and window.samples == 8
+    assert window.start_s == pytest.approx(0.02) and window.end_s == pytest.approx(4.0)
+    assert window.process_cores == pytest.approx(1.5)

@@ -17,8 +17,9 @@ from stallscope.workload.timing import measured_steps
 
 @dataclasses.dataclass(frozen=True)
 class CpuWindow:
-    """The CPU samples whose interval's middle falls within the training steps' span (seconds on the
-    run's clock: steps.csv's `started_s`, which the samples' `elapsed_s` share to within a sample)."""
+    """The CPU samples whose interval's middle falls within the training steps (seconds on the run's
+    clock: steps.csv's `started_s`, which the samples' `elapsed_s` share to within a sample); pauses
+    between steps longer than a sample (validation) are left out. start_s/end_s: the first and last step."""
 
     mean_percent: float      # the CPU the run may use, 100 = all of it busy (by anyone)
     max_percent: float
@@ -38,12 +39,12 @@ def cpu_over_steps(resources: dict[str, Any] | None, records: Sequence[StepRecor
     if not isinstance(samples, list) or not isinstance(interval, (int, float)) or interval <= 0:
         return None
     train = measured_steps([r for r in records if r.phase == "train"] or list(records))
-    start = min(r.started_s for r in train)
-    end = max(r.started_s + r.step_ms / 1000.0 for r in train)
+    spans = training_spans(train, gap_s=interval)
+    start, end = spans[0][0], spans[-1][1]
     chosen = [s for s in samples
               if isinstance(s, dict) and isinstance(s.get("elapsed_s"), (int, float))
               and isinstance(s.get("system_percent"), (int, float))
-              and start <= s["elapsed_s"] - interval / 2 <= end]
+              and any(a <= s["elapsed_s"] - interval / 2 <= b for a, b in spans)]
     if not chosen:
         return None
     inside = [s["system_percent"] for s in chosen]
@@ -52,6 +53,19 @@ def cpu_over_steps(resources: dict[str, Any] | None, records: Sequence[StepRecor
     return CpuWindow(mean_percent=sum(inside) / len(inside), max_percent=max(inside), samples=len(inside),
                      start_s=start, end_s=end, cores=float(cores) if isinstance(cores, (int, float)) else None,
                      process_cores=sum(own) / len(own) / 100.0 if len(own) == len(chosen) else None)
+
+
+def training_spans(steps: Sequence[StepRecord], *, gap_s: float) -> list[tuple[float, float]]:
+    """The steps' time as spans (seconds), steps closer than `gap_s` joined: a pause longer than a sample
+    between two steps (an epoch's validation, a checkpoint) is left out."""
+    spans: list[list[float]] = []
+    for step in sorted(steps, key=lambda r: r.started_s):
+        begin, finish = step.started_s, step.started_s + step.step_ms / 1000.0
+        if spans and begin - spans[-1][1] < gap_s:
+            spans[-1][1] = max(spans[-1][1], finish)
+        else:
+            spans.append([begin, finish])
+    return [(a, b) for a, b in spans]
 
 
 def idle_cores(window: CpuWindow | None, saturated: bool) -> float | None:
