@@ -161,11 +161,13 @@ def xprof_line(analysis: Analysis) -> str:
         return "TensorBoard (xprof): not run"
     if figure.input_share is None and figure.error:
         return f"TensorBoard (xprof): no figure ({figure.error})"
+    found = f"stallscope found {fmt_count(len(analysis.steps.steps), 'step')} by {analysis.steps.method}"
+    if figure.input_share is None and analysis.steps.method.startswith("step markers"):
+        return f"TensorBoard (xprof): no figure: XProf found no steps in this profile; {found}"
     if figure.input_share is None:
         return ("TensorBoard (xprof): no figure: XProf counts only steps marked with _r=1 "
                 "(tf.profiler.experimental.Trace('train', step_num=i, _r=1), as StallMonitor and stallscope.profile "
-                f"write them) and finds none in Keras 3 fit profiles; stallscope found "
-                f"{fmt_count(len(analysis.steps.steps), 'step')} by {analysis.steps.method}")
+                f"write them) and finds none in Keras 3 fit profiles; {found}")
     if analysis.input_share is None:
         return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
                 "(stallscope: not measurable, no iterator call inside the steps; its figure counts none either)")
