@@ -242,5 +242,6 @@ def test_profile_without_any_steps_names_what_was_looked_for(tmp_path):
     tf.profiler.experimental.start(str(tmp_path))
     tf.constant(1.0) + 1.0
     tf.profiler.experimental.stop()
-    with pytest.raises(DataError, match="no steps found"):
+    with pytest.raises(DataError, match="no steps found") as raised:
         analyze_run(tmp_path, with_xprof=False)
+    assert "StallMonitor" in str(raised.value) and "stallscope.profile" in str(raised.value)

@@ -88,7 +88,9 @@ def find_steps_in(host: Plane, source: str) -> FoundSteps:
         f"{source}: no steps found in this profile (no step markers, no Keras 'Profiled batch' or "
         f"{KERAS_CALL} events, no tf.function called {MIN_CALLS}+ times and no eager next(iterator) "
         "on the Python thread); mark each "
-        "step with tf.profiler.experimental.Trace('train', step_num=i, _r=1)"
+        "step with tf.profiler.experimental.Trace('train', step_num=i, _r=1), or let stallscope mark and profile "
+        "them: StallMonitor (a Keras fit's callback) or `with stallscope.profile(LOG_DIR)` and stallscope.step(i) "
+        "(a custom loop)"
     )
 
 
