@@ -64,7 +64,7 @@ class Analysis:
     captures: tuple[str, ...] = ()    # every capture found under the path given, oldest first
     hosts: tuple[HostSteps, ...] = ()  # every host file of the capture; the analysis is of the slowest
     decodes_images: bool | None = None  # pipeline.json's word on whether the dataset decodes images (None: unsaid)
-    checked: tuple["advice_module.Advice", ...] = ()  # changes weighed and not advised: under 5% predicted, or unpredicted
+    checked: tuple["advice_module.Advice", ...] = ()  # weighed, not advised: under 5% predicted, or unpredicted
     cpu_window: CpuWindow | None = None  # the CPU over the training steps (resources.json samples, steps.csv)
     stored: StoredImages | None = None   # the stored images' size (stallscope's own runs: summary.json's source)
     image_size: int | None = None        # the model's input side (the run's summary.json)

@@ -34,9 +34,9 @@ class Baseline:
     cores_assumed: bool = False   # idle_cores is an assumption (no CPU samples), said beside the gain
 
     def predict(self, pipeline_ms: float | None = None, *, overlapped: bool | None = None) -> whatif.Prediction:
-        return whatif.predict(compute_ms=self.compute_ms, pipeline_ms=max(0.0, self.pipeline_ms if pipeline_ms is None
-                                                                         else pipeline_ms),
-                              batch_size=1, overlapped=self.overlapped if overlapped is None else overlapped)
+        pipeline = self.pipeline_ms if pipeline_ms is None else pipeline_ms
+        return whatif.predict(compute_ms=self.compute_ms, pipeline_ms=max(0.0, pipeline), batch_size=1,
+                              overlapped=self.overlapped if overlapped is None else overlapped)
 
     def gain(self, prediction: whatif.Prediction) -> float:
         """Step time now over the predicted one, less 1: 0.25 = 25% more steps per second."""
@@ -92,7 +92,8 @@ def without_stages(base: Baseline, stages: list[Stage], what: str) -> tuple[what
     return base.predict(pipeline), f"{what}: {busy:.1f} ms per step less -> pipeline {pipeline:.1f} ms per step"
 
 
-def with_smaller_images(base: Baseline, stage: Stage, stored_side: int, image_size: int) -> tuple[whatif.Prediction, str]:
+def with_smaller_images(base: Baseline, stage: Stage, stored_side: int,
+                        image_size: int) -> tuple[whatif.Prediction, str]:
     """Decode cost grows with the pixels: the stage's work scaled by (input / stored side)^2."""
     busy, _ = stage_ms(base, stage)
     scale = min(1.0, (image_size / stored_side) ** 2)
