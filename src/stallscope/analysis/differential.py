@@ -57,6 +57,7 @@ from stallscope.analysis.storage_whatif import (
     obstore_client_for,
     pattern_for,
     storage_whatif,
+    sustained_cpu_ms,
 )
 from stallscope.analysis.storage_whatif import predict_config as predict_storage_config
 from stallscope.analysis.stored_images import SHRINK_FROM
@@ -213,6 +214,9 @@ class PhaseDiagnosis:
     cores: tuple[whatif.CoresWhatIf, ...]
     from_storage: whatif.Prediction | None
     cached: whatif.Prediction
+    # "measured" (the end-to-end run itself read from the page cache) or "modelled: ..." (data read from
+    # remote storage: the free cores decoding it from memory, the figure the cache advice quotes)
+    cached_basis: str = "measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +311,7 @@ def _phase_dict(phase: PhaseDiagnosis) -> dict[str, Any]:
                    "pipeline_images_per_second": c.pipeline_images_per_second, **c.prediction.to_dict()}
                   for c in phase.cores],
         "from_storage": phase.from_storage.to_dict() if phase.from_storage else None,
-        "cached_in_memory": phase.cached.to_dict(),
+        "cached_in_memory": {**phase.cached.to_dict(), "basis": phase.cached_basis},
     }
     return data
 
@@ -390,8 +394,27 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
             cpu_ms_per_image=thread_ms_per_image(parts, batch_size), cores=cores, batch_size=batch_size,
             compute_ms=compute_ms, floor_ms_per_image=floor_ms_per_image(parts, batch_size, cold=cold))),
         from_storage=from_storage,
-        cached=warm_model,
+        cached=measured_as_prediction(end_to_end, compute_ms=compute_ms, pipeline_ms=parts.warm_ms),
     )
+
+
+def measured_as_prediction(run: LoopProbe, *, compute_ms: float, pipeline_ms: float) -> whatif.Prediction:
+    """A measured run in the what-if's terms: where a scenario is what was run (data in the page cache),
+    its figures are the measured ones, never a model's beside them."""
+    return whatif.Prediction(compute_ms=compute_ms, pipeline_ms=pipeline_ms, step_ms=run.step_ms,
+                             input_wait_ms=run.input_wait_ms, input_share=run.input_share,
+                             images_per_second=run.images_per_second, verdict=run.verdict)
+
+
+def cached_from_remote(phase: PhaseDiagnosis, *, images_per_second: float, batch_size: int) -> PhaseDiagnosis:
+    """The phase with its "data cached in memory" figure for data read from remote storage: the pipeline
+    at the rate the free cores decode from memory (`_cached_rate`, which the cache advice quotes too),
+    modelled, since every probe read from the storage."""
+    pipeline_ms = batch_size * 1000.0 / images_per_second if images_per_second > 0 else math.inf
+    cached = whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=batch_size,
+                            overlapped=phase.overlapped)
+    return dataclasses.replace(phase, cached=cached, cached_basis=f"modelled: {images_per_second:,.0f} images/s "
+                                                                  "decoded from memory on the free cores")
 
 
 def steady_cache_state(options: DiagnoseOptions, data_bytes: int) -> str:
@@ -516,9 +539,34 @@ def predict_config(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: Pipelin
     row = as_read_row(what)
     if row is None:
         return predict_fixed(phase, parts, new, cores=cores)
-    cell = predict_storage_config(what, row, new)
-    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=cell.prediction.pipeline_ms,
+    pipeline_ms = predict_storage_config(what, row, new).prediction.pipeline_ms
+    if new.cache != "none":  # only the first epoch of the probe's window reads the storage
+        from_store = min(1.0, _steps_per_epoch(new, what.workload.examples) / max(1, phase.end_to_end.steps))
+        decoded = new.batch_size * sustained_cpu_ms(what.workload) / max(what.workload.cores, 1e-9)
+        pipeline_ms = from_store * pipeline_ms + (1.0 - from_store) * decoded
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms,
                           batch_size=new.batch_size, overlapped=phase.overlapped or new.prefetch is not None)
+
+
+def predict_change(phase: PhaseDiagnosis, parts: PipelineBreakdown, config: PipelineConfig, new: PipelineConfig,
+                   *, cores: float, what: StorageWhatIf | None = None) -> whatif.Prediction:
+    """The step `new` should give where `config` was measured: `predict_config`'s pipeline time for
+    `new`, scaled by how the measured pipeline-alone time of `config` stands to the model's for it, so
+    a change is predicted by what the model says it changes, not by what the model misses of the
+    pipeline as it stands (an epoch's refill, TF's own threads): the current config predicts itself."""
+    now = predict_config(phase, parts, config, cores=cores, what=what)
+    changed = predict_config(phase, parts, new, cores=cores, what=what)
+    scale = parts.warm_ms / now.pipeline_ms if now.pipeline_ms > 0 and parts.warm_ms > 0 else 1.0
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=changed.pipeline_ms * scale,
+                          batch_size=new.batch_size, overlapped=phase.overlapped or new.prefetch is not None)
+
+
+def predicted_gain(phase: PhaseDiagnosis, parts: PipelineBreakdown, predicted: whatif.Prediction) -> float:
+    """Step time now over the predicted one, less 1, both in the model's terms (the measured pipeline
+    and compute, overlapped as measured)."""
+    now = whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=parts.warm_ms, batch_size=1,
+                         overlapped=phase.overlapped)
+    return now.step_ms / predicted.step_ms - 1.0 if predicted.step_ms > 0 else math.inf
 
 
 # Knobs the models of `predict_config` see: parallel stages and their pool, the overlap a prefetch gives,
@@ -550,11 +598,12 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
             fixes.append(dataclasses.replace(item, gain_basis=f"not predicted: the model does not cover "
                                                               f"{', '.join(unmodelled)}"))
             continue
-        predicted = predict_config(worst, parts, new, cores=cores, what=what)
-        gain = worst.step_ms / predicted.step_ms - 1.0 if predicted.step_ms > 0 else math.inf
-        basis = (f"step {worst.step_ms:.1f} -> {predicted.step_ms:.1f} ms predicted, "
+        predicted = predict_change(worst, parts, config, new, cores=cores, what=what)
+        gain = predicted_gain(worst, parts, predicted)
+        step = worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+        basis = (f"step {worst.step_ms:.1f} -> {step:.1f} ms predicted, "
                  + ("the storage what-if at the store as read" if as_read_row(what) else "the more-cores what-if"))
-        priced = dataclasses.replace(item, predicted_step_ms=predicted.step_ms, predicted_gain=gain, gain_basis=basis)
+        priced = dataclasses.replace(item, predicted_step_ms=step, predicted_gain=gain, gain_basis=basis)
         (fixes if gain >= MIN_GAIN else checked).append(priced)
     return fixes, checked
 
@@ -747,6 +796,9 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                     batch_size=config.batch_size, cores=free_cores(warm), phase=phase,
                                     steady_cache=steady))
     phases = tuple(phases)
+    if under.remote:
+        phases = tuple(cached_from_remote(p, images_per_second=_cached_rate(warm, parts, True),
+                                          batch_size=config.batch_size) for p in phases)
     from stallscope.storage.readers import describe_reader
 
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
@@ -1023,7 +1075,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
                 say(f"re-run with the fixed pipeline ({phase.phase}): {why}")
                 after = prober.end_to_end(config, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
                 phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
-                                       predicted=predict_config(phase, diagnosis.pipeline_breakdown, config,
+                                       predicted=predict_change(phase, diagnosis.pipeline_breakdown, old, config,
                                                                 cores=cores, what=what),
                                        after=after))
             return FixTrial(config=config, why=why, phases=tuple(phases))

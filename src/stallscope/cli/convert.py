@@ -24,6 +24,7 @@ from stallscope.cli.flags import (
     add_flag, add_storage_flag, byte_size, count_or_auto, existing_file, jpeg_quality, non_negative_int, positive_int,
 )
 from stallscope.cli.progress import ProgressBar
+from stallscope.cli.signals import sigterm_as_interrupt
 from stallscope.data.images import CHECK_CHOICES
 
 
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         if args.beam_option or args.beam_options_file:
             flag = "--beam-option" if args.beam_option else "--beam-options-file"
             raise UsageError(f"{flag}: applies to --runner beam; expected --runner beam with it, got --runner {args.runner}")
-        with ProgressBar("convert", enabled=not args.no_progress) as bar:
-            report = convert_tree(options, progress=bar.to)
+        with sigterm_as_interrupt(), ProgressBar("convert", enabled=not args.no_progress) as bar:
+            report = convert_tree(options, progress=bar.to)  # SIGTERM: the workers stopped, one line, as Ctrl-C
     print("\n".join(format_summary(report)))
     return 0

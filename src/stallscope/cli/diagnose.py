@@ -335,7 +335,8 @@ def report_lines(diagnosis, result=None) -> list[str]:
             "(training images/s, input share): "
             + ", ".join(f"+{c.extra_cores} -> {c.prediction.images_per_second:,.0f} ({_pct(c.prediction.input_share)})"
                         for c in phase.cores),
-            f"  data cached in memory:       {_ms(phase.cached.step_ms)} step, {_pct(phase.cached.input_share)} input"
+            f"  data cached in memory:       {_ms(phase.cached.step_ms)} step, {_pct(phase.cached.input_share)} input "
+            f"({phase.cached_basis if phase.cached_basis != 'measured' else 'measured: the end-to-end run, from the page cache'})"
             + (f"  (from storage: {_ms(phase.from_storage.step_ms)}, {_pct(phase.from_storage.input_share)})"
                if phase.from_storage else ""),
         ]

@@ -22,12 +22,12 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -49,8 +49,10 @@ from stallscope.records.manifest import (
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
-    RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_temporary,
+    RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_convert_temporary,
+    is_temporary,
 )
+from stallscope.records.worker_lifetime import die_with_parent, stopped_by_parent
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
@@ -457,10 +459,40 @@ def _start_method() -> str:
 
 @contextlib.contextmanager
 def _worker_pool(workers: int) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
-    """`workers` processes, forked where it is safe, each with a one-thread BLAS pool."""
+    """`workers` processes, forked where it is safe, each with a one-thread BLAS pool, each ending with
+    this process however it ends (`worker_lifetime.py`). An error lets the running tasks finish (their
+    shards are kept for a rerun); Ctrl-C or SIGTERM (KeyboardInterrupt) stops the workers at once, by
+    PID, and the caller removes what they left unfinished."""
     context = multiprocessing.get_context(_start_method())
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_one_blas_thread) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                                                  initargs=(os.getpid(),))
+    try:
         yield pool
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            _stop_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+WORKER_STOP_S = 10.0  # a SIGKILLed worker is gone in milliseconds; this only bounds the wait
+
+
+def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.kill()
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.join(WORKER_STOP_S)
+
+
+def _start_worker(parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    stopped_by_parent()
+    _one_blas_thread()
 
 
 def _one_blas_thread() -> None:
@@ -488,33 +520,29 @@ def _run_segments(tasks: Iterator[SegmentTask], workers: int, on_result: Callabl
                                     reader=reader))
         return
     split: dict[str, tuple[SegmentTask, dict[int, dict[str, Any]]]] = {}  # shard -> (a task of it, its parts so far)
-    with _worker_pool(workers) as pool:
-        try:
-            running: set[concurrent.futures.Future] = set()
-            remaining = iter(tasks)
-            while True:
-                while len(running) < workers * 2 and (task := next(remaining, None)) is not None:
-                    if task.parts > 1:
-                        split.setdefault(task.shard, (task, {}))
-                    running.add(pool.submit(write_segment, task))
-                if not running:
-                    break
-                done, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    result = future.result()
-                    on_result(result)
-                    if "part" not in result:
-                        continue
-                    task, got = split[result["shard"]]
-                    got[result["part"]] = result
-                    if len(got) == task.parts:
-                        del split[task.shard]
-                        ordered = [got[i] for i in range(task.parts)]
-                        running.add(pool.submit(join_parts, task.out, task.state_dir, task.shard, task.fingerprint, ordered,
-                                                task.output_fs))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # nothing more starts
-            raise
+    with _worker_pool(workers) as pool:  # stops queued tasks on an error, the workers on Ctrl-C
+        running: set[concurrent.futures.Future] = set()
+        remaining = iter(tasks)
+        while True:
+            while len(running) < workers * 2 and (task := next(remaining, None)) is not None:
+                if task.parts > 1:
+                    split.setdefault(task.shard, (task, {}))
+                running.add(pool.submit(write_segment, task))
+            if not running:
+                break
+            done, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                result = future.result()
+                on_result(result)
+                if "part" not in result:
+                    continue
+                task, got = split[result["shard"]]
+                got[result["part"]] = result
+                if len(got) == task.parts:
+                    del split[task.shard]
+                    ordered = [got[i] for i in range(task.parts)]
+                    running.add(pool.submit(join_parts, task.out, task.state_dir, task.shard, task.fingerprint, ordered,
+                                            task.output_fs))
 
 
 def _fetch_chunk(task: tuple) -> tuple:
@@ -619,20 +647,21 @@ def _owned_shards(out: Path) -> set[str]:
     return owned
 
 
-_PART_SUFFIX = re.compile(r"\.part-\d{5}$")
-
-
-def _is_our_temporary(name: str) -> bool:
-    """`.train-00000-of-00002.tfrecord.tmp-123` (or `....tfrecord.part-00003.tmp-123`, a worker's segment):
-    a shard, manifest or labels file an earlier run did not finish."""
-    if not is_temporary(name):
-        return False
-    base = _PART_SUFFIX.sub("", name[1:].split(".tmp-")[0])
-    return base in (MANIFEST_NAME, LABELS_NAME) or bool(sharding.SHARD_NAME.match(base))
-
-
 def _is_ours(name: str, owned: set[str]) -> bool:
-    return name in (MANIFEST_NAME, LABELS_NAME, STATE_DIR) or name in owned or _is_our_temporary(name)
+    return name in (MANIFEST_NAME, LABELS_NAME, STATE_DIR) or name in owned or is_convert_temporary(name)
+
+
+def _clear_temporaries(out: Path, state: Path) -> None:
+    """Under the lock: the unfinished files of a run that no longer writes (an earlier, killed one, or
+    this one stopping), in the output folder and in its state folder."""
+    for entry in out.iterdir():
+        if is_convert_temporary(entry.name):
+            log.info("removing %s, left unfinished", entry.name)
+            entry.unlink(missing_ok=True)
+    if state.is_dir():
+        for entry in state.iterdir():
+            if is_temporary(entry.name):
+                entry.unlink(missing_ok=True)
 
 
 def _check_output(options: ConvertOptions) -> None:
@@ -689,20 +718,22 @@ def convert_command(options: ConvertOptions) -> str:
 
 
 def _reset_output(options: ConvertOptions, state: Path, plan: list[PlannedShard]) -> None:
-    """Under the lock: records what this tool owns before the manifest that listed it goes, then removes
-    only owned shards the new plan has no place for, and unfinished temporaries."""
+    """Under the lock: removes unfinished temporaries first (on a full disk they hold the space the rest
+    needs), records what this tool owns before the manifest that listed it goes, then removes only
+    owned shards the new plan has no place for."""
     out = options.output_path
+    _clear_temporaries(out, state)
     owned = _owned_shards(out)
     command = convert_command(options)
     write_json_atomic(state / RUN_NAME, {"command": command, "owned": sorted(owned)})
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the directory is being rewritten: no stale manifest
     planned = {s.filename for s in plan}
     for entry in out.iterdir():
-        if _is_our_temporary(entry.name) or (entry.name in owned and entry.name not in planned):
+        if entry.name in owned and entry.name not in planned:
             log.info("removing %s left by an earlier run", entry.name)
             entry.unlink(missing_ok=True)
     for entry in state.iterdir():
-        if is_temporary(entry.name) or (entry.name.endswith(".tfrecord.json") and entry.name[: -len(".json")] not in planned):
+        if entry.name.endswith(".tfrecord.json") and entry.name[: -len(".json")] not in planned:
             entry.unlink(missing_ok=True)
     still = sorted(name for name in owned if (out / name).exists())
     write_json_atomic(state / RUN_NAME, {"command": command, "owned": still})
@@ -777,6 +808,7 @@ def claimed_output(options: ConvertOptions, plan: list[PlannedShard], guard: Net
         try:
             _check_output(options)  # again: the run that held the lock may have changed the folder
             _reset_output(options, state_dir, plan)
+            lock.name_holder()  # where a full disk refused it until a dead run's files went
         except BaseException:
             lock.release()
             raise
@@ -785,6 +817,9 @@ def claimed_output(options: ConvertOptions, plan: list[PlannedShard], guard: Net
     state_dir, lock = guard(claim, f"preparing {str(out)!r}")
     try:
         yield state_dir
+    except BaseException:  # an error, Ctrl-C, SIGTERM: the workers are stopped; what they left unfinished goes
+        guard.cleanup(lambda: _clear_temporaries(out, state_dir), f"removing unfinished files in {str(out)!r}")
+        raise
     finally:
         guard.cleanup(lock.release, f"unlocking {str(out)!r}")
         # A finished run removed the state folder under the lock, but where the lock file was still open
@@ -808,9 +843,29 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     started = time.perf_counter()
     plan = plan_conversion(options)
     guard = NetworkGuard.of(options.output_path)
-    with claimed_output(options, plan.shards, guard) as state_dir:
-        return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir, progress,
-                                started, guard)
+    try:
+        with claimed_output(options, plan.shards, guard) as state_dir:
+            return _convert_planned(options, plan.tree, plan.shards, plan.candidates, plan.skipped, state_dir,
+                                    progress, started, guard)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OutputFull(options.output_path, exc) from None
+        raise
+
+
+class OutputFull(UsageError):
+    """The output folder's file system (or the user's quota there) has no room for the shards."""
+
+    def __init__(self, folder: Path, exc: OSError, flag: str = "--output_path") -> None:
+        self.folder, self.reason = folder, exc.strerror or os.strerror(exc.errno)
+        try:
+            free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free there now"
+        except OSError:
+            free = "its free space unknown"
+        super().__init__(
+            f"{flag}: {str(folder)!r} is full ({self.reason}; {free}); expected a folder with room for the "
+            f"shards: free space there or choose another {flag}, and run the same command again (the shards "
+            "completed so far are kept; the unfinished files were removed)")
 
 
 def _reused_states(out: Path, state_dir: Path, plan: list[PlannedShard], hashed: Ticks) -> dict[str, dict[str, Any]]:

@@ -6,7 +6,9 @@ the bucket's copy from ever looking complete while it is not: first a state obje
 each shard is written under a temporary name and renamed, shards of an older conversion that the new
 one has no place for are deleted (only those our manifest or state lists), and `manifest.json` is
 written last. Objects convert did not write make it refuse, before any work, as for a local folder,
-and so does another conversion holding the prefix's lease (`remote_lock.py`).
+and so does another conversion holding the prefix's lease (`remote_lock.py`). Once the lease is held,
+the temporary objects of a run that no longer writes (killed mid-upload) are deleted, as the local
+path deletes its temporary files: only names of the `.NAME.tmp-PID` form that convert writes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
 from stallscope.records.remote_lock import Lease, bucket_lease
-from stallscope.records.writer import is_temporary
+from stallscope.records.writer import is_convert_temporary, is_temporary
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
 
@@ -84,6 +86,23 @@ def check_remote_output(out: RemotePath) -> None:
         )
 
 
+def clear_temporaries(out: RemotePath) -> int:
+    """Under the lease: deletes what a killed run left under temporary names (a shard, the manifest,
+    the labels, the run's state), nothing else; returns how many."""
+    if not out.exists():
+        return 0
+    removed = 0
+    for entry in out.walk_files():
+        rel = entry.relative_to(out).as_posix()
+        top = "/" not in rel and is_convert_temporary(entry.name)
+        state = rel.startswith(f"{STATE_DIR}/") and is_temporary(entry.name) and entry.name.startswith(f".{RUN_NAME}.tmp-")
+        if top or state:
+            log.info("removing %s, left unfinished by an earlier run", rel)
+            location.delete(entry)
+            removed += 1
+    return removed
+
+
 def publish(local: Path, out: RemotePath, command: str, lease: Lease) -> int:
     """Copies a finished local conversion to `out` (see the module docstring); returns the shards copied.
     The lease is confirmed still ours before the first write and before old shards are removed and
@@ -116,18 +135,25 @@ def publish(local: Path, out: RemotePath, command: str, lease: Lease) -> int:
 
 def convert_to_store(options, progress=None):
     """`convert_tree` for an output in a bucket: stage locally, then publish."""
-    from stallscope.records.convert import convert_command, convert_tree
+    from stallscope.records.convert import OutputFull, convert_command, convert_tree
 
     out = options.output_path
     with contextlib.ExitStack() as held:
         try:
             check_remote_output(out)
             lease = held.enter_context(bucket_lease(out, convert_command(options)))  # and proves the prefix takes writes
+            clear_temporaries(out)
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
         local = staging_dir(out)
         local.parent.mkdir(parents=True, exist_ok=True)
-        report = convert_tree(dataclasses.replace(options, output_path=local), progress)
+        try:
+            report = convert_tree(dataclasses.replace(options, output_path=local), progress)
+        except OutputFull as exc:
+            raise UsageError(
+                f"--output_path: {out} is staged first in the local folder {str(local)!r}, which is full ({exc.reason}); "
+                "free space there or set XDG_CACHE_HOME to a folder with room, and run the same command again "
+                "(the shards completed so far are kept; the unfinished files were removed)") from None
         manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
         save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
         try:

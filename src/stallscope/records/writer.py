@@ -12,11 +12,13 @@ import functools
 import hashlib
 import mmap
 import os
+import re
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from stallscope.records.manifest import ShardInfo
+from stallscope.records import sharding
+from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo
 from stallscope.records.schema import Schema
 from stallscope.records.writeback import WRITEBACK_BYTES, start_writeback
 
@@ -206,6 +208,19 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp-" in name
 
 
+_PART_SUFFIX = re.compile(r"\.part-\d{5}$")
+
+
+def is_convert_temporary(name: str) -> bool:
+    """`.train-00000-of-00002.tfrecord.tmp-123` (or `....tfrecord.part-00003.tmp-123`, a worker's segment,
+    or `.manifest.json.tmp-123`): a shard, manifest or labels file `convert` did not finish. Only such
+    names are ever removed as a dead run's leftovers, in a folder or in a bucket."""
+    if not is_temporary(name) or not name[name.rindex(".tmp-") + 5:].isdigit():
+        return False
+    base = _PART_SUFFIX.sub("", name[1:].split(".tmp-")[0])
+    return base in (MANIFEST_NAME, LABELS_NAME) or bool(sharding.SHARD_NAME.match(base))
+
+
 class RecordFile:
     """Framed records appended to one file, counted and (unless `hashed=False`) hashed as they are
     written: the bytes are hashed from memory once, never read back. A frame's parts (an Example's
@@ -283,8 +298,13 @@ class RecordFile:
         self._handle.close()
 
     def abort(self) -> None:
+        """Removes the unfinished file. Closing flushes the buffer, which fails again where the write
+        failed (a full disk): that error is the caller's already, and the file goes all the same."""
         if not self._handle.closed:
-            self._handle.close()
+            try:
+                self._handle.close()
+            except OSError:
+                pass
         self.file.unlink(missing_ok=True)
 
 

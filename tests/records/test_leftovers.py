@@ -1,0 +1,218 @@
+"""convert leaves nothing behind: its workers end with it however it ends, its lock names a live
+process, and a dead run's unfinished files go before anything is written (a full disk among them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import psutil
+import pytest
+from PIL import Image
+
+from stallscope.records.completeness import STATE_DIR
+from stallscope.records.convert import ConvertOptions, convert_tree
+from stallscope.records.lock import LOCK_NAME, ExclusiveLock, LockedError, holder_text
+
+WORKERS = 3
+GONE_WITHIN_S = 5.0
+
+
+def _noisy_tree(root, per_class=40):
+    """Noise JPEGs (about 160 KB each) that take three workers a second or so to convert."""
+    rng = np.random.default_rng(3)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (360, 480, 3), dtype=np.uint8)).save(root / label / f"{i:03d}.jpg",
+                                                                                      quality=90)
+    return root
+
+
+def _env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def _convert(src, out, *extra, stderr=None):
+    cmd = [sys.executable, "-m", "stallscope", "convert", str(src), "--output_path", str(out), "--no-progress", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=_env())
+
+
+def _end(processes):
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _alive(processes):
+    return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_path, signum):
+    src = _noisy_tree(tmp_path / "src")
+    out = tmp_path / "out"
+    err_file = tmp_path / "stderr.txt"
+    workers = []
+    with open(err_file, "w") as err:
+        parent = _convert(src, out, "--shards", "16", "--workers", str(WORKERS), stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while parent.poll() is None and time.monotonic() < deadline:  # until every worker writes a shard
+            workers = psutil.Process(parent.pid).children()
+            if len(workers) >= WORKERS and len(list(out.glob(".*.tmp-*"))) >= WORKERS:
+                break
+            time.sleep(0.002)
+        os.kill(parent.pid, signum)  # the parent alone, as `kill PID` does: not its process group
+        parent.wait(timeout=60)
+        assert parent.returncode in (-signal.SIGKILL, 130), "the conversion finished before it could be stopped"
+        assert len(workers) >= WORKERS
+        _, still = psutil.wait_procs(workers, timeout=GONE_WITHIN_S)
+        still = _alive(still)
+        assert not still, f"workers {[p.pid for p in still]} outlived their parent"
+        assert not (out / "manifest.json").exists()
+        if signum == signal.SIGTERM:
+            assert err_file.read_text().strip() == "stallscope convert: interrupted"
+            assert not list(out.glob(".*.tmp-*")), "SIGTERM cleans up as Ctrl-C does"
+    finally:
+        _end(workers)
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+    rerun = _convert(src, out, "--shards", "16", "--workers", str(WORKERS))
+    assert rerun.wait(timeout=300) == 0
+    reference = tmp_path / "reference"
+    convert_tree(ConvertOptions(src, reference, shards=16, workers=1))
+    names = sorted(p.name for p in reference.glob("*.tfrecord"))
+    assert len(names) == 16 and sorted(p.name for p in out.glob("*.tfrecord")) == names
+    for name in names:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(names + ["labels.txt", "manifest.json"])
+
+
+# A convert killed while a process it forked kept the lock's descriptor (what older versions' workers
+# did): the lock file names the dead parent; the orphan holds the lock and sleeps.
+_ORPHAN_HOLDER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    from stallscope.records.lock import holder_text
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, holder_text().encode())
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os._exit(0)
+""")
+
+
+def test_a_lock_held_only_by_a_dead_runs_orphan_is_taken_over(tiny_tree, tmp_path):
+    out = tmp_path / "out"
+    (out / STATE_DIR).mkdir(parents=True)
+    lock = out / STATE_DIR / LOCK_NAME
+    maker = subprocess.Popen([sys.executable, "-c", _ORPHAN_HOLDER, str(lock)], stdout=subprocess.PIPE, text=True,
+                             env=_env())
+    with maker.stdout:  # read a line, not to the end: the orphan keeps the pipe open
+        orphan = psutil.Process(int(maker.stdout.readline()))
+    maker.wait(timeout=60)
+    try:
+        assert orphan.is_running() and str(maker.pid) in lock.read_text()
+        report = convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
+        assert report.examples == 24 and (out / "manifest.json").exists()
+        assert orphan.is_running(), "the orphan is left alone: it is named in the log, not killed"
+    finally:
+        _end([orphan])
+
+
+def test_a_live_holder_is_refused_by_name(tmp_path):
+    path = tmp_path / LOCK_NAME
+    held = ExclusiveLock(path, what="test").acquire()
+    try:
+        with pytest.raises(LockedError, match=f"test is already running \\(PID {os.getpid()} on host [^)]+\\);"):
+            ExclusiveLock(path, what="test").acquire()
+    finally:
+        held.release()
+
+
+def test_a_lock_naming_a_pid_that_now_is_another_process_is_taken_over(tmp_path):
+    """The holder's PID runs, but started at another time than the holder did: a later process under a
+    dead holder's PID (PIDs are reused, soon in a container) does not keep the lock taken."""
+    path = tmp_path / LOCK_NAME
+    held = ExclusiveLock(path, what="test").acquire()  # the orphan's descriptor, in this test
+    try:
+        path.write_text(holder_text().replace("\nstarted ", "\nstarted 1"))
+        ExclusiveLock(path, what="test").acquire().release()
+    finally:
+        held.release()
+
+
+def test_a_forked_child_does_not_keep_the_lock(tmp_path):
+    path = tmp_path / LOCK_NAME
+    held = ExclusiveLock(path, what="test").acquire()
+    ready, tell = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child sleeps until killed
+        os.write(tell, b"x")  # the fork's hooks have run by now
+        time.sleep(60)
+        os._exit(0)
+    try:
+        os.close(tell)
+        assert os.read(ready, 1) == b"x"
+        os.close(ready)
+        held.release()
+        ExclusiveLock(path, what="test").acquire().release()  # free once the parent lets go
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs (mounting takes root; skipped where it cannot be made), unmounted after the test."""
+    folder = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
+    folder.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True,
+                          text=True, timeout=30)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or made.returncode})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+def test_a_full_disk_is_one_line_naming_the_flag_and_folder_and_leaves_no_temporary(tmp_path, small_disk):
+    src = _noisy_tree(tmp_path / "src", per_class=12)  # about 3.8 MB of shards for 2 MB
+    out = small_disk / "out"
+    result = subprocess.run([sys.executable, "-m", "stallscope", "convert", str(src), "--output_path", str(out),
+                             "--shards", "4", "--workers", "2", "--no-progress"],
+                            capture_output=True, text=True, timeout=300, env=_env())
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"--output_path: {str(out)!r} is full (No space left on device" in err, err
+    assert not [p.name for p in out.rglob("*") if ".tmp-" in p.name], "unfinished files hold the space a rerun needs"
+
+
+def test_a_dead_runs_temporaries_go_before_anything_is_written(tiny_tree, small_disk):
+    out = small_disk / "out"
+    (out / STATE_DIR).mkdir(parents=True)
+    dead = out / ".train-00000-of-00002.tfrecord.tmp-4194304"  # a killed run's: it filled the disk
+    with open(dead, "wb", buffering=0) as handle, pytest.raises(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    report = convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
+    assert report.examples == 24 and not dead.exists()

@@ -1,0 +1,32 @@
+"""convert into s3:// clears what a killed run left there under convert's temporary names, and
+nothing else, as the local path does (the loopback S3 server of conftest.py)."""
+
+from __future__ import annotations
+
+from stallscope.cli.main import main
+from stallscope.storage import location
+
+from .conftest import BUCKET
+
+
+def _keys(client, prefix):
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"][len(prefix):] for o in listed)
+
+
+def test_a_resumed_convert_clears_a_dead_runs_temporary_objects_only(s3_env, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    client = s3_env["client"]
+    prefix = "resumed/"
+    dead = ".train-00001-of-00002.tfrecord.tmp-4242"  # a run killed while uploading this shard
+    state = ".stallscope-convert/.run.json.tmp-4242"
+    users = ".notes.txt.tmp-7"  # hidden and temporary-looking, but not a name convert writes
+    for key in (dead, state, users):
+        client.put_object(Bucket=BUCKET, Key=prefix + key, Body=b"x" * 1000)
+    location.forget_listings()
+    out = f"s3://{BUCKET}/{prefix.rstrip('/')}"
+    code = main(["convert", str(s3_env["tree"]), "--output_path", out, "--shards", "2", "--workers", "1", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert _keys(client, prefix) == sorted([users, "labels.txt", "manifest.json", "train-00000-of-00002.tfrecord",
+                                            "train-00001-of-00002.tfrecord"])
+    assert client.get_object(Bucket=BUCKET, Key=prefix + users)["Body"].read() == b"x" * 1000
