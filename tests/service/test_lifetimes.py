@@ -206,3 +206,26 @@ def test_serve_profiler_holds_its_port_at_every_address_but_loopback():
     finally:
         job.kill()
         job.communicate(timeout=30)
+
+
+@pytest.mark.timeout(250)
+def test_a_worker_whose_dispatcher_is_gone_stops_on_sigterm():
+    import tensorflow as tf
+
+    dispatcher = servers.start_dispatcher()
+    worker = subprocess.Popen([sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher.target],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert select.select([worker.stdout], [], [], START_S)[0]
+        line = worker.stdout.readline()
+        assert line.startswith("tf.data service worker at grpc://127.0.0.1:") and dispatcher.target in line, line
+        served = servers.distribute(tf.data.Dataset.range(10**9), dispatcher.target)
+        assert [int(v) for v in served.take(3)] == [0, 1, 2]  # the worker ran a task for this job
+        assert dispatcher.stop()  # the dispatcher goes away mid-job
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
+        assert worker.returncode == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate(timeout=30)
