@@ -213,7 +213,8 @@ def test_a_worker_whose_dispatcher_is_gone_stops_on_sigterm():
     import tensorflow as tf
 
     dispatcher = servers.start_dispatcher()
-    worker = subprocess.Popen([sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher.target],
+    worker = subprocess.Popen([sys.executable, "-m", "stallscope", "serve", "worker",
+                               "--dispatcher", dispatcher.target],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         assert select.select([worker.stdout], [], [], START_S)[0]
