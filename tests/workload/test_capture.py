@@ -153,7 +153,7 @@ def test_a_stalled_job_is_input_bound_with_the_map_named(stalled_job, tmp_path, 
     assert "captured 2s from" in captured.err
     assert data["verdict"] == "highly"
     assert data["bottleneck"] == "Map"
-    assert data["advice"][0]["knobs"] == {"map_parallelism": -1}
+    assert {"map_parallelism": -1} in [a["knobs"] for a in data["advice"]]   # fixes ranked by predicted gain
     assert_step_time_agrees(data, stalled_job)
 
 
