@@ -30,3 +30,28 @@ def test_a_resumed_convert_clears_a_dead_runs_temporary_objects_only(s3_env, tmp
     assert _keys(client, prefix) == sorted([users, "labels.txt", "manifest.json", "train-00000-of-00002.tfrecord",
                                             "train-00001-of-00002.tfrecord"])
     assert client.get_object(Bucket=BUCKET, Key=prefix + users)["Body"].read() == b"x" * 1000
+
+
+def test_ctrl_c_while_converting_a_bucket_tree_stops_the_workers_at_once(s3_env, tmp_path):
+    """The parent writes the shards of a tree in a bucket from its workers' chunks; Ctrl-C (or SIGTERM,
+    which convert turns into the same KeyboardInterrupt) there stops the workers by PID, not once the
+    traceback goes, and leaves no unfinished file."""
+    import psutil
+    import pytest
+
+    from stallscope.records.convert import ConvertOptions, convert_tree
+
+    def interrupt(done, total):
+        if done:
+            raise KeyboardInterrupt
+
+    before = {p.pid for p in psutil.Process().children()}
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        convert_tree(ConvertOptions(f"s3://{BUCKET}/tree", out, shards=2, workers=3), progress=interrupt)
+    workers = [p for p in psutil.Process().children() if p.pid not in before
+               and "resource_tracker" not in " ".join(p.cmdline())]  # spawn's helper, which lives with this process
+    alive = [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"workers {[p.pid for p in alive]} still run while the interrupt is being handled"
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    del stopped

@@ -607,27 +607,32 @@ def _write_fetched(options: ConvertOptions, shards: list[PlannedShard], state_di
                 yield (options.schema, options.image_options, work)
 
     chunk_results = _ordered_map(process_chunk, _fetched_ahead(tasks()), options.resolved_workers)
-    for shard in shards:
-        skipped, repaired = [], []
-        with ShardWriter(out / shard.filename) as writer:
-            for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
-                for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
-                    if result[0] == "ok":
-                        writer.write_framed(result[1])
-                        if result[2]:
-                            repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
-                    else:
-                        entry = _file_entry(item.name, reason=result[1])
-                        if result[2]:
-                            entry["detail"] = result[2]
-                        skipped.append(entry)
-                if span.stop < len(shard.items):  # the last chunk's images are counted with the committed shard
-                    on_result({"shard": shard.filename, "images": len(span)})
-                last = len(span)
-            state = {"fingerprint": shard.fingerprint, "skipped": skipped, "repaired": repaired}
-            _commit_shard(writer, state_dir, shard.filename, state)
-        log.info("wrote %s: %d records, %d bytes", shard.filename, writer.records, writer.bytes)
-        on_result({"shard": shard.filename, "images": last, "state": state})
+    try:
+        for shard in shards:
+            skipped, repaired = [], []
+            with ShardWriter(out / shard.filename) as writer:
+                for span in sharding.chunk_ranges(range(len(shard.items)), CHUNK_IMAGES):
+                    for item, result in zip(shard.items[span.start:span.stop], next(chunk_results)):
+                        if result[0] == "ok":
+                            writer.write_framed(result[1])
+                            if result[2]:
+                                repaired.append(_file_entry(item.name, actions=list(result[2]), shard=shard.filename))
+                        else:
+                            entry = _file_entry(item.name, reason=result[1])
+                            if result[2]:
+                                entry["detail"] = result[2]
+                            skipped.append(entry)
+                    if span.stop < len(shard.items):  # the last chunk's images are counted with the committed shard
+                        on_result({"shard": shard.filename, "images": len(span)})
+                    last = len(span)
+                state = {"fingerprint": shard.fingerprint, "skipped": skipped, "repaired": repaired}
+                _commit_shard(writer, state_dir, shard.filename, state)
+            log.info("wrote %s: %d records, %d bytes", shard.filename, writer.records, writer.bytes)
+            on_result({"shard": shard.filename, "images": last, "state": state})
+    except BaseException:  # now, not when the traceback goes: the workers are stopped (`_worker_pool`)
+        chunk_results.close()
+        raise
+    next(chunk_results, None)  # past its last chunk: the pool ends in order
 
 # --- output directory and resume ------------------------------------------------------------------
 

@@ -161,6 +161,9 @@ class ExclusiveLock:
             except BaseException:
                 self.release()
                 raise
+            if not _same_file(fd, self.path):  # a run taking over a dead holder's lock removed it as it was locked
+                self.release()
+                continue
             return self
         raise LockedError(f"{self.what} changed hands {_ATTEMPTS} times while this run tried to lock "
                           f"{str(self.path)!r}; try again")
@@ -181,9 +184,9 @@ class ExclusiveLock:
                     time.sleep(0.01)
             if not _same_file(fd, self.path):
                 return True  # another run replaced it already: lock the new one
-            if os.pread(fd, 200, 0).decode("utf-8", "replace") != text:
-                return False  # a new holder wrote its name since
             left = _others_holding(fd)
+            if os.pread(fd, 200, 0).decode("utf-8", "replace") != text:
+                return False  # a new holder wrote its name (or emptied it to) since
             log.warning("%s: taking over the lock of %s, which no longer runs%s", self.path,
                         text.splitlines()[0],
                         f"; processes {', '.join(map(str, left))} it left behind still hold the old lock file"
