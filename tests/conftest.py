@@ -90,6 +90,27 @@ def tiny_tree(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a 2 MB tmpfs of its own, for a full disk (mounting takes root: skipped, saying why,
+    where it cannot be made), unmounted after the test."""
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True,
+                          text=True, timeout=30)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or made.returncode})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
 def cpu_cgroup():
     """A CpuCgroup, removed after the test (its processes gone or moved out by then); skipped, saying
     why, where this process may not make one (it takes root and a CPU controller)."""

@@ -4,13 +4,11 @@ process, and a dead run's unfinished files go before anything is written (a full
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import numpy as np
 import psutil
@@ -176,23 +174,6 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB tmpfs (mounting takes root; skipped where it cannot be made), unmounted after the test."""
-    folder = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
-    folder.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True,
-                          text=True, timeout=30)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or made.returncode})")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
 
 
 def test_a_full_disk_is_one_line_naming_the_flag_and_folder_and_leaves_no_temporary(tmp_path, small_disk):

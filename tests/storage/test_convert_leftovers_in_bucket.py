@@ -55,3 +55,22 @@ def test_ctrl_c_while_converting_a_bucket_tree_stops_the_workers_at_once(s3_env,
     assert not alive, f"workers {[p.pid for p in alive]} still run while the interrupt is being handled"
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
     del stopped
+
+
+def test_a_full_staging_disk_is_one_line_naming_the_bucket_and_the_folder(s3_env, small_disk, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(small_disk))
+    mine = small_disk / "users-own-file"  # takes all the room there is; kept
+    with open(mine, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass
+    out = f"s3://{BUCKET}/full"
+    code = main(["convert", str(s3_env["tree"]), "--output_path", out, "--shards", "2", "--workers", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"--output_path: {out} is staged first in the local folder '{small_disk}/stallscope/convert-staging/" in err, err
+    assert "is full (No space left on device)" in err and "XDG_CACHE_HOME" in err, err
+    assert mine.exists()
+    assert _keys(s3_env["client"], "full/") == [], "the lease goes with the refused run"
