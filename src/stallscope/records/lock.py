@@ -165,8 +165,8 @@ class ExclusiveLock:
                 self.release()
                 continue
             return self
-        raise LockedError(f"{self.what} changed hands {_ATTEMPTS} times while this run tried to lock "
-                          f"{str(self.path)!r}; try again")
+        raise LockedError(f"{str(self.path)!r}: the lock was replaced {_ATTEMPTS} times while this run tried to "
+                          "take it (other runs starting at the same moment); expected it to settle: try again")
 
     def _take_over(self, fd: int, text: str) -> bool:
         """Removes a lock file whose holder no longer runs, so the next attempt makes and locks a new one;
