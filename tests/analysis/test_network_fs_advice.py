@@ -89,9 +89,27 @@ def test_a_network_file_system_is_named_at_any_latency_and_read_as_posix():
     # one file at a time waits 2 x 10 ms; enough in flight lets the cores decode
     assert row.sequential.images_per_second == pytest.approx(1000 / (20 + 2 * 0.03 + 1.0), rel=0.05)
     assert row.enough_in_flight.images_per_second > 10 * row.sequential.images_per_second
-    as_read = sw.as_read_file_system(20.5, 24, "fuse mount")
+    as_read = sw.as_read_file_system(20.5, 24, "fuse mount", "fuse")
     assert as_read.kind == "network-fs" and as_read.latency_ms == pytest.approx(10.2, abs=0.01)
     assert "fuse mount" in as_read.meaning and sw.as_read_file_system(None, 0, "fuse mount") is None
+    # a FUSE mount reads in 128 KiB requests: a 50 MiB shard is 400 of them, not 50
+    assert sw.scenario_client(as_read, "tf-gcs").block_bytes == sw.FUSE_BLOCK
+    assert sw.as_read_file_system(20.5, 24, "nfs4 mount", "nfs4").block_bytes == 0
+
+
+def test_shards_read_in_turn_with_a_parallel_decode_are_predicted_with_the_decode_off_the_reads_chain():
+    """Seed records on the mount: 'Decode in parallel' was predicted to gain nothing, since the model
+    kept the decode in the chain of reads one at a time; the reads and the cores work apart."""
+    workload = sw.Workload(cpu_ms_per_image=4.0, cores=2, compute_ms=8.0, batch_size=32, overlapped=False,
+                           examples=480)
+    pattern = sw.IoPattern("records", 75_000, 1 / 60)
+    scenario = sw.parse_scenarios("network-fs:10ms")[0]
+    seed = get_preset("seed")
+    row = sw.predict_format(pattern, scenario, sw.client_named("network-fs"), seed, workload)
+    in_turn = sw.as_configured(row, seed)
+    apart = sw.as_configured(row, seed.replace(map_parallelism=AUTOTUNE))
+    assert in_turn.mode == "sequential" and apart.mode == "sequential_reads"
+    assert apart.images_per_second > 1.5 * in_turn.images_per_second
 
 
 def _loop(kind, step_ms, wait_ms, compute_ms):

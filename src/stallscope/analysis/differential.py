@@ -33,7 +33,8 @@ import psutil
 
 from stallscope.analysis import whatif
 from stallscope.analysis.advice import (
-    CACHE_MEMORY_FRACTION, ONE_INTRA_OP_THREAD, Advice, apply_advice, merge_advice, quota_pool, storage_advice,
+    CACHE_MEMORY_FRACTION, ONE_INTRA_OP_THREAD, UNPREDICTED_FIXES, Advice, apply_advice, merge_advice, quota_pool,
+    storage_advice,
 )
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
 from stallscope.analysis.storage_counters import (
@@ -587,7 +588,7 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
     worst = max(phases, key=lambda p: p.input_share)
     fixes, checked = [], []
     for item in advice:
-        if not item.knobs:
+        if not item.knobs or item.key in UNPREDICTED_FIXES:  # a quota's pool evens steps out, it does not shorten them
             fixes.append(item)
             continue
         new = apply_advice(config, item)
@@ -891,7 +892,7 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                      "the data was not read through it, so requests are modelled")
     pattern = measured_pattern(pattern, served, warm.images)
     worst = max(phases, key=lambda p: p.input_share)
-    as_read = as_read_file_system(file_trips.open_and_read_ms, file_trips.count, under.label) \
+    as_read = as_read_file_system(file_trips.open_and_read_ms, file_trips.count, under.label, under.fstype) \
         if networked and file_trips is not None else None
     figures, what = storage_model(pattern, client, config, warm, parts, worst, examples=source.num_examples,
                                   scenarios=options.storage_scenarios, requests=requests,

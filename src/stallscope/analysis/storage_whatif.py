@@ -55,6 +55,7 @@ GCS_BLOCK_ENV = "GCS_READ_CACHE_BLOCK_SIZE_MB"
 TF_GCS_DEFAULT_BLOCK_MB = 64      # tensorflow/tsl gcs_file_system.cc kDefaultBlockSize
 S3FS_DEFAULT_BLOCK = 5 * MIB      # s3fs S3FileSystem.default_block_size (fsspec's default too)
 NFS_BLOCK = MIB                   # Linux NFS client rsize/wsize ceiling (1 MiB)
+FUSE_BLOCK = 128 * 1024           # Linux FUSE's default largest read (32 pages): a request to the daemon each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +263,7 @@ class StorageScenario:
     bandwidth_bytes_per_s: float
     kind: str = "object"
     meaning: str = ""
+    block_bytes: int = 0       # the most bytes one read asks for there, where not the client's (a FUSE mount's)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.latency_ms, (int, float)) and self.latency_ms >= 0 and math.isfinite(self.latency_ms)):
@@ -403,20 +405,31 @@ def as_read_scenario(round_trips: RequestTally | None, client: StorageClient, *,
 
 
 def as_read_file_system(open_and_read_ms: float | None, files: int, label: str,
-                        client: StorageClient | None = None) -> StorageScenario | None:
+                        fstype: str | None = None) -> StorageScenario | None:
     """The network file system the data is on, as read: a file's open and first read, timed one file
     at a time (`storage.under.time_file_round_trips`, the fastest tenth), are two round trips of the
-    network file system's client, less its own overhead for each. Bandwidth is not measured (a file
-    tree's reads are too small for their time to be transfer). None without a timing."""
+    network file system's client, less its own overhead for each; a FUSE mount (`fstype` "fuse...")
+    reads in FUSE_BLOCK requests. Bandwidth is not measured (a file tree's reads are too small for
+    their time to be transfer). None without a timing."""
     if open_and_read_ms is None or files < 1:
         return None
-    client = client or network_fs_client()
+    client = network_fs_client()
     trips = client.requests_per_open + 1  # the open, then the first read
     latency = round(max(0.0, open_and_read_ms / trips - client.request_overhead_ms), 2)
+    fuse = (fstype or "").startswith("fuse")
     return StorageScenario(
         "as read", latency, math.inf, "network-fs",
         f"the {label} the data is on, as read: the fastest tenth of {files} files opened and read one at a "
-        f"time took {open_and_read_ms:.1f} ms for an open and a read ({trips} round trips); bandwidth not measured")
+        f"time took {open_and_read_ms:.1f} ms for an open and a read ({trips} round trips); bandwidth not measured"
+        + ("; reads of at most 128 KiB, FUSE's default" if fuse else ""),
+        block_bytes=FUSE_BLOCK if fuse else 0)
+
+
+def scenario_client(scenario: StorageScenario, object_client: str) -> StorageClient:
+    """The client a scenario is read with: its kind's (a file system's), else the object store's named,
+    reading in the scenario's own block where it has one."""
+    client = client_named(SCENARIO_CLIENTS.get(scenario.kind, object_client))
+    return dataclasses.replace(client, block_bytes=scenario.block_bytes) if scenario.block_bytes else client
 
 
 def format_latency(ms: float) -> str:
@@ -703,6 +716,7 @@ class FormatWhatIf:
     parallel: ReadPrediction
     enough_in_flight: ReadPrediction
     objects_per_image: float = 1.0  # shards per image for records: what a smaller block changes
+    sequential_reads: ReadPrediction | None = None  # records read in turn, decoded in a parallel map
 
     @property
     def cells(self) -> tuple[ReadPrediction, ...]:
@@ -777,6 +791,13 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
+    # shards read one at a time with the decode in a parallel map: the reads' chain and the cores apart
+    chain = c.wait_ms + c.transfer_ms + c.client_cpu_ms
+    decode = cores * 1000.0 / c.cpu_ms if c.cpu_ms > 0 else math.inf
+    apart_rate = min(1000.0 / chain if chain > 0 else math.inf, decode)
+    apart = ReadPrediction("sequential_reads", 1.0, apart_rate,
+                           "requests" if apart_rate < decode else _cpu_bound(c), step(apart_rate, True),
+                           "one read at a time, the decode in a parallel map")
     round_trip = scenario.latency_ms * (client.requests_per_open + 1) if client.scheme == NETWORK_FS else None
     reads = reads_of(tuned_for_store(_as_read_by(config, client), pattern.format, client.scheme,
                                      round_trip_ms=round_trip), pattern.format, workload.shared_pool_threads)
@@ -808,7 +829,7 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
         requests_per_image=c.requests, bytes_per_image=pattern.bytes_per_image,
         connections_per_image=pattern.connections(client, c_now, workload.examples),
         costs=c, sequential=sequential, parallel=parallel, enough_in_flight=enough,
-        objects_per_image=pattern.objects_per_image)
+        objects_per_image=pattern.objects_per_image, sequential_reads=apart)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -844,7 +865,7 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
     patterns = {pattern.format: pattern, other.format: other}
     rows = []
     for scenario in chosen:
-        client = client_named(SCENARIO_CLIENTS.get(scenario.kind, object_client))
+        client = scenario_client(scenario, object_client)
         formats = []
         for name in FORMATS:
             p = patterns[name]
@@ -877,8 +898,8 @@ def predict_config(what: StorageWhatIf, row: ScenarioWhatIf, config: PipelineCon
     pattern = IoPattern(current.format, current.bytes_per_image, current.objects_per_image,
                         requests_per_image=current.requests_per_image if measured else None,
                         connections_per_image=current.connections_per_image if measured else None)
-    return as_configured(predict_format(pattern, row.scenario, client_named(current.client), config, what.workload),
-                         config)
+    client = scenario_client(row.scenario, what.object_client)
+    return as_configured(predict_format(pattern, row.scenario, client, config, what.workload), config)
 
 
 def as_configured_mode(config: PipelineConfig, source_format: str) -> str:
@@ -887,5 +908,10 @@ def as_configured_mode(config: PipelineConfig, source_format: str) -> str:
 
 
 def as_configured(row: FormatWhatIf, config: PipelineConfig) -> ReadPrediction:
-    """The cell that is the config as it stands: sequential when it reads one at a time."""
-    return row.sequential if as_configured_mode(config, row.format) == "sequential" else row.parallel
+    """The cell that is the config as it stands: sequential when it reads one at a time (shards read in
+    turn whose decode map is parallel: the reads' chain and the decode apart)."""
+    if as_configured_mode(config, row.format) != "sequential":
+        return row.parallel
+    if row.format == "records" and config.map_parallelism is not None and row.sequential_reads is not None:
+        return row.sequential_reads
+    return row.sequential
