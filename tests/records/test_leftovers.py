@@ -198,3 +198,33 @@ def test_a_dead_runs_temporaries_go_before_anything_is_written(tiny_tree, small_
             handle.flush()
     report = convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
     assert report.examples == 24 and not dead.exists()
+
+
+def test_runs_taking_over_a_dead_holders_lock_at_once_leave_it_to_one(tmp_path):
+    """Six takers at the same moment (threads: each opens the file itself, so the kernel tells their
+    locks apart as it does processes'), the lock held by an orphan of a dead run: exactly one holds it."""
+    import threading
+
+    path = tmp_path / LOCK_NAME
+    orphan = ExclusiveLock(path, what="test").acquire()  # the orphan's descriptor, in this test
+    path.write_text(holder_text().replace("\nstarted ", "\nstarted 1"))  # names a run that no longer runs
+    start = threading.Barrier(6)
+    won, refused = [], []
+
+    def take():
+        start.wait(timeout=30)
+        try:
+            won.append(ExclusiveLock(path, what="test").acquire())
+        except LockedError as exc:
+            refused.append(str(exc))
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(won) == 1 and len(refused) == 5, (len(won), refused)
+    finally:
+        for lock in (orphan, *won):
+            lock.release()
