@@ -40,7 +40,8 @@ def _env():
 
 def _convert(src, out, *extra, stderr=None):
     cmd = [sys.executable, "-m", "stallscope", "convert", str(src), "--output_path", str(out), "--no-progress", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=_env())
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=_env(),
+                            start_new_session=True)  # its own process group, as a terminal gives it
 
 
 def _end(processes):
@@ -55,8 +56,10 @@ def _alive(processes):
     return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_path, signum):
+@pytest.mark.parametrize("signum, group", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
+def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_path, signum, group):
+    """`kill -9 PID` and `kill PID` reach the parent alone; Ctrl-C reaches the whole process group."""
     src = _noisy_tree(tmp_path / "src")
     out = tmp_path / "out"
     err_file = tmp_path / "stderr.txt"
@@ -70,7 +73,7 @@ def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_
             if len(workers) >= WORKERS and len(list(out.glob(".*.tmp-*"))) >= WORKERS:
                 break
             time.sleep(0.002)
-        os.kill(parent.pid, signum)  # the parent alone, as `kill PID` does: not its process group
+        (os.killpg if group else os.kill)(parent.pid, signum)
         parent.wait(timeout=60)
         expected = -signal.SIGKILL if signum == signal.SIGKILL else 130  # SIGTERM ends as Ctrl-C does
         assert parent.returncode == expected, f"exit {parent.returncode} (0: it finished before it could be stopped)"
@@ -79,9 +82,9 @@ def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_
         still = _alive(still)
         assert not still, f"workers {[p.pid for p in still]} outlived their parent"
         assert not (out / "manifest.json").exists()
-        if signum == signal.SIGTERM:
+        if signum != signal.SIGKILL:
             assert err_file.read_text().strip() == "stallscope convert: interrupted"
-            assert not list(out.glob(".*.tmp-*")), "SIGTERM cleans up as Ctrl-C does"
+            assert not list(out.glob(".*.tmp-*")), "the workers' unfinished files are removed"
     finally:
         _end(workers)
         if parent.poll() is None:
