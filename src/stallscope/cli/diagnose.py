@@ -348,13 +348,18 @@ def report_lines(diagnosis, result=None) -> list[str]:
     own_dataset = diagnosis.source.get("kind") == "dataset"  # a dataset of the user's: its code, not our flags
     for number, advice in enumerate(diagnosis.advice, 1):
         knobs = (advice.command if own_dataset else fmt_knobs(advice.knobs) or advice.command)
-        lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f": {advice.reason}")
+        lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f"{_gain(advice)}: {advice.reason}")
         if own_dataset:
             lines += [f"     {code}" for code in advice.code.splitlines()]
     lines += [f"note: {note}" for note in diagnosis.notes]
     if result is not None:
         lines += ["", *fix_lines(result)]
     return lines
+
+
+def _gain(advice) -> str:
+    """", +62% predicted": the model's gain of one fix applied alone, where it predicts one."""
+    return f", {advice.predicted_gain:+.0%} predicted" if advice.predicted_gain is not None else ""
 
 
 def no_advice(diagnosis) -> str:
@@ -413,7 +418,7 @@ def _md_advice(diagnosis) -> list[str]:
     own_dataset = diagnosis.source.get("kind") == "dataset"
     lines = []
     for number, advice in enumerate(diagnosis.advice, 1):
-        lines.append(f"{number}. **{advice.title}**{_md_knobs(advice, own_dataset)}: {advice.reason}")
+        lines.append(f"{number}. **{advice.title}**{_md_knobs(advice, own_dataset)}{_gain(advice)}: {advice.reason}")
         if own_dataset and advice.code:
             lines += ["", "   ```python", *[f"   {code}" for code in advice.code.splitlines()], "   ```"]
     return lines

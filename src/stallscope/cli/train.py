@@ -305,6 +305,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         f"({summary['measured_steps']} measured, {summary['warmup_steps']} warm-up)",
         f"pipeline        {summary['pipeline']['preset']}: {' <- '.join(summary['pipeline']['ran']) or '?'}",
         f"reader          {summary['source'].get('reader', '?')}",
+        *([f"storage         {summary['source']['storage']['label']}"] if summary["source"].get("storage") else []),
         f"accelerator     {accelerator}",
     ]
     if summary["pipeline"]["requested"].get("normalize") == "none":

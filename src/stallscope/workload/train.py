@@ -169,6 +169,14 @@ class TrainResult:
     model: Any = dataclasses.field(default=None, repr=False)  # the keras.Model (None when emulated)
 
 
+def _storage_of(path) -> dict[str, Any]:
+    """What storage the data is on, for the summary: {"kind", "type", "label"} ("nfs4 mount", "local disk")."""
+    from stallscope.storage.under import storage_under
+
+    under = storage_under(path)
+    return {"kind": under.kind, "type": under.fstype, "label": under.label}
+
+
 def new_run_dir(model: str, source: str, *, root: Path = DEFAULT_RUNS_DIR) -> Path:
     """runs/<timestamp>-<model>-<source>, unique even for runs started in the same second."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -673,7 +681,8 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
                    "reader": describe_reader(source.kind, source.files, read_parallelism=options.pipeline.read_parallelism,
                                              map_parallelism=options.pipeline.map_parallelism,
                                              private_pool=options.pipeline.private_threadpool_size,
-                                             gcs_reader=options.pipeline.gcs_reader)},
+                                             gcs_reader=options.pipeline.gcs_reader),
+                   "storage": _storage_of(source.path)},
         "accelerator": options.accelerator.to_dict(),
         "dataset_path": str(options.dataset_path),
         "dataset_size": plan.examples,
