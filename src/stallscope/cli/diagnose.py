@@ -359,7 +359,9 @@ def report_lines(diagnosis, result=None) -> list[str]:
 
 def _gain(advice) -> str:
     """", +62% predicted": the model's gain of one fix applied alone, where it predicts one."""
-    return f", {advice.predicted_gain:+.0%} predicted" if advice.predicted_gain is not None else ""
+    if advice.predicted_gain is not None:
+        return f", {advice.predicted_gain:+.0%} predicted"
+    return ", gain not predicted" if advice.gain_basis.startswith("not predicted") else ""
 
 
 def no_advice(diagnosis) -> str:
