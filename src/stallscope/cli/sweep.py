@@ -26,16 +26,15 @@ examples:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import shlex
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from stallscope.cli import flags
+from stallscope.cli.signals import sigterm_as_interrupt
 from stallscope.cli.train import add_knob_flags, knob_overrides, resolve_model_flags
 from stallscope.errors import DataError, UsageError
 from stallscope.workload.models import MODELS
@@ -187,20 +186,6 @@ def resume_command(grid, out: Path) -> str:
     return shlex.join(words)
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a scheduler, `kill`) stops a sweep as Ctrl-C does: the running train process is stopped by
-    its PID first, and the resume command is printed (exit 130 either way)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _check_store_flags(latencies, given: dict[str, Any], latency_text: str) -> None:
     """--store and --bandwidth (`given`, as typed) shape the emulated store, which only a latency other than
     local starts: with every run on local disk they would be recorded in the grid and change nothing."""
@@ -238,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         _check_folder(out, grid, args.replace_grid)  # again: the holder of the lock may have written it
         write_json_atomic(out / GRID_NAME, grid.to_dict())
         try:
-            with _sigterm_as_interrupt():
+            with sigterm_as_interrupt():  # the train process is stopped by its PID, the resume command printed
                 records = _convert_records(args, out) if "records" in grid.axes.formats else None
                 sweep = Sweep(grid, out, records_path=records, run_timeout_s=args.run_timeout,
                               on_event=lambda line: print(line, flush=True))
