@@ -91,7 +91,8 @@ def storage(kind: str, tree: Path, records: Path, scratch: Path, latency_ms: flo
 
 
 def diagnose_fix(source: str, path: Path, config, *, accelerator: str, fixed: Path) -> dict:
-    from stallscope.analysis.differential import DiagnoseOptions, diagnose, fix, open_probed_source
+    from stallscope.analysis.differential import DiagnoseOptions, diagnose, open_probed_source
+    from stallscope.analysis.fix_loop import fix
     from stallscope.workload.train import TrainOptions
 
     options = DiagnoseOptions(train=TrainOptions(source=source, dataset_path=path, pipeline=config,

@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--accelerator", default="emulated:2000")
     args = parser.parse_args()
 
-    from stallscope.analysis.differential import DiagnoseOptions, diagnose, fix
+    from stallscope.analysis.differential import DiagnoseOptions, diagnose
+    from stallscope.analysis.fix_loop import fix
     from stallscope.pipeline.presets import get_preset
     from stallscope.tfimport import import_tensorflow
     from stallscope.workload.train import TrainOptions

@@ -95,7 +95,8 @@ def _run_line(source: str, pipeline: str, s: dict) -> str:
 
 def diagnose_runs(options: DemoOptions, data_dir: Path, records_dir: Path):
     """Act 4; returns the fixed pipeline's config and the storage advice for files on act 5's store."""
-    from stallscope.analysis.differential import DiagnoseOptions, diagnose, fix
+    from stallscope.analysis.differential import DiagnoseOptions, diagnose
+    from stallscope.analysis.fix_loop import fix
     from stallscope.analysis.storage_whatif import parse_scenarios
     from stallscope.pipeline.presets import get_preset
     from stallscope.workload.train import TrainOptions

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from stallscope.analysis import differential
+from stallscope.analysis import differential, fix_loop
 from stallscope.analysis import storage_whatif as sw
 from stallscope.analysis.advice import Advice
 from stallscope.analysis.differential import PipelineBreakdown, attribute
@@ -141,10 +141,10 @@ def test_advice_that_changes_nothing_is_dropped_and_one_without_gain_is_only_che
 
 def test_the_fix_loop_tries_reads_in_flight_either_side_only_on_remote_storage():
     fixed = get_preset("seed").replace(read_parallelism=11, private_threadpool_size=13)
-    tried = differential.next_candidates(fixed, remote=True, cores=2.0)
+    tried = fix_loop.next_candidates(fixed, remote=True, cores=2.0)
     assert [(c.read_parallelism, c.private_threadpool_size) for _, c in tried] == [(22, 24), (5, 7)]
-    assert differential.next_candidates(fixed, remote=False, cores=2.0) == []
-    assert differential.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0) == []
+    assert fix_loop.next_candidates(fixed, remote=False, cores=2.0) == []
+    assert fix_loop.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0) == []
 
 
 @needs_fuse

@@ -186,7 +186,8 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallscope.analysis.differential import diagnose, fix, open_probed_source
+    from stallscope.analysis.differential import diagnose, open_probed_source
+    from stallscope.analysis.fix_loop import fix
 
     quiet = args.json or args.markdown
 

@@ -1,0 +1,196 @@
+"""`diagnose --fix`: the advice applied as a new pipeline config, measured again beside its prediction;
+where it falls short, the next candidates measured in turn (a bounded search), and the best measured
+config saved where `train --pipeline-config` reads it.
+
+The prediction of every candidate is `differential.predict_change`, the model behind each advice's gain,
+so the fix's predicted column and the advice can never show two figures for one change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stallscope.analysis import whatif
+from stallscope.analysis.advice import Advice, apply_advice
+from stallscope.analysis.differential import (
+    Diagnosis,
+    DiagnoseOptions,
+    Prober,
+    ProbeRunDirs,
+    finite,
+    free_cores,
+    open_probed_source,
+    predict_change,
+)
+from stallscope.analysis.probes import LoopProbe
+from stallscope.config import AUTOTUNE, json_ready
+from stallscope.errors import UsageError
+from stallscope.pipeline.config import PipelineConfig
+from stallscope.storage.under import storage_under
+
+if TYPE_CHECKING:
+    from stallscope.pipeline.sources import DataSource
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseFix:
+    phase: str
+    before: LoopProbe
+    predicted: whatif.Prediction
+    after: LoopProbe
+
+
+# The fix loop goes on past the advice where the run falls short of its prediction by more than this
+# share, or stays input-bound reading from remote storage; at most SEARCH_MOST_TRIES more runs.
+SEARCH_SHORTFALL = 0.25
+SEARCH_MOST_TRIES = 3
+MOST_READS_IN_FLIGHT = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class FixTrial:
+    """One measured candidate of the fix loop: the config, why it was tried, each phase's run."""
+
+    config: PipelineConfig
+    why: str
+    phases: tuple[PhaseFix, ...]
+
+    @property
+    def images_per_second(self) -> float:
+        """The slowest phase's measured images/s: what the candidate is judged by."""
+        return min(p.after.images_per_second for p in self.phases)
+
+    @property
+    def short_of_prediction(self) -> float:
+        """How far the slowest phase fell below its prediction (0.4: 40% short; <= 0: met it)."""
+        return max(1.0 - p.after.images_per_second / p.predicted.images_per_second
+                   if p.predicted.images_per_second > 0 else 0.0 for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"why": self.why, "pipeline": self.config.to_dict(), "images_per_second": self.images_per_second,
+                "phases": [{"phase": p.phase, "predicted": p.predicted.to_dict(), "after": p.after.to_dict()}
+                           for p in self.phases]}
+
+
+@dataclasses.dataclass(frozen=True)
+class FixResult:
+    """`diagnose --fix`: the advice applied, the re-run (and the candidates tried after it), and where
+    the best measured config was saved."""
+
+    diagnosis: Diagnosis
+    applied: tuple[Advice, ...]
+    config: PipelineConfig
+    phases: tuple[PhaseFix, ...]
+    config_path: Path | None
+    trials: tuple[FixTrial, ...] = ()
+
+    @property
+    def config_changes(self) -> dict[str, Any]:
+        """The knobs the fix changed, with their new values."""
+        old = self.diagnosis.pipeline.to_dict()
+        return {k: v for k, v in self.config.to_dict().items() if k != "preset" and old.get(k) != v}
+
+    @property
+    def held(self) -> bool:
+        """Whether the fix lowered the input share in every phase (the advice held)."""
+        return all(p.after.input_share <= p.before.input_share for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return finite(json_ready({
+            "applied": [a.to_dict() for a in self.applied],
+            "pipeline": self.config.to_dict(),
+            "config_path": str(self.config_path) if self.config_path else None,
+            "held": self.held,
+            "phases": [{"phase": p.phase, "before": p.before.to_dict(), "predicted": p.predicted.to_dict(),
+                        "after": p.after.to_dict()} for p in self.phases],
+            "tried": [t.to_dict() for t in self.trials],
+        }))
+
+
+def next_candidates(best: PipelineConfig, *, remote: bool, cores: float) -> list[tuple[str, PipelineConfig]]:
+    """What the fix loop tries after a candidate that fell short: on remote storage, reads in flight
+    doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
+    crowd out the decode), each on a private pool of the reads plus the cores."""
+    reads = best.read_parallelism
+    if not remote or reads is None or reads == AUTOTUNE:
+        return []
+    whole = max(1, math.ceil(cores))
+    found = []
+    for label, count in (("reads in flight x2", min(MOST_READS_IN_FLIGHT, reads * 2)),
+                         ("reads in flight /2", max(whole, reads // 2))):
+        if count != reads:
+            found.append((f"{label} ({reads} -> {count})",
+                          best.replace(read_parallelism=count, private_threadpool_size=count + whole)))
+    return found
+
+
+def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None = None,
+        progress: Callable[[str], None] | None = None, source: DataSource | None = None) -> FixResult:
+    """Applies the diagnosis' advice as a new PipelineConfig, runs the end-to-end probe again and
+    sets before, predicted and after side by side. Where the run falls short of the prediction by more
+    than SEARCH_SHORTFALL, or stays input-bound on remote storage, it tries the next candidates
+    (`next_candidates`, at most SEARCH_MOST_TRIES more runs) and keeps the best measured; saves that
+    config where `train --pipeline-config FILE` reads it. `source`: the one the diagnosis probed."""
+    say = progress or (lambda message: logger.info("%s", message))
+    applicable = tuple(a for a in diagnosis.advice if a.knobs)
+    if not applicable:
+        raise UsageError("--fix: the diagnosis advises no pipeline change "
+                         f"({diagnosis.verdict} input-bound); nothing to apply")
+    old = diagnosis.pipeline
+    new = apply_advice(old, applicable).replace(preset="custom" if old.preset == "custom" else f"{old.preset}+fix")
+    if source is None:
+        source = open_probed_source(options)
+    cores = free_cores(diagnosis.warm)
+    remote = storage_under(source.path).remote
+    what = diagnosis.storage_whatif if remote else None
+    trials: list[FixTrial] = []
+    with ProbeRunDirs(options) as work_dir:
+        prober = Prober(options, source, work_dir)
+        prober.counter = 50
+
+        def measure(config: PipelineConfig, why: str) -> FixTrial:
+            phases = []
+            for phase in diagnosis.phases:
+                say(f"re-run with the fixed pipeline ({phase.phase}): {why}")
+                after = prober.end_to_end(config, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
+                phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
+                                       predicted=predict_change(phase, diagnosis.pipeline_breakdown, old, config,
+                                                                cores=cores, what=what),
+                                       after=after))
+            return FixTrial(config=config, why=why, phases=tuple(phases))
+
+        trials.append(measure(new, "the advice"))
+        queue = next_candidates(new, remote=remote, cores=cores)
+        while queue and len(trials) <= SEARCH_MOST_TRIES:
+            best = max(trials, key=lambda t: t.images_per_second)
+            still_bound = remote and any(p.after.verdict != "not" for p in best.phases)
+            if best.short_of_prediction <= SEARCH_SHORTFALL and not still_bound:
+                break
+            why, candidate = queue.pop(0)
+            if any(t.config == candidate for t in trials):
+                continue
+            trials.append(measure(candidate, why))
+            if trials[-1] is max(trials, key=lambda t: t.images_per_second):
+                queue = next_candidates(candidate, remote=remote, cores=cores) + queue
+    best = max(trials, key=lambda t: t.images_per_second)
+    result = FixResult(diagnosis=diagnosis, applied=applicable, config=best.config, phases=best.phases,
+                       config_path=Path(save_to) if save_to is not None else None,
+                       trials=tuple(trials) if len(trials) > 1 else ())
+    if save_to is not None:
+        save_fixed_config(result, Path(save_to))
+    return result
+
+
+def save_fixed_config(result: FixResult, path: Path) -> None:
+    """{"pipeline": config, ...the evidence}: `PipelineConfig.load` reads the wrapped config."""
+    from stallscope.records.manifest import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {**result.to_dict(), "diagnosis": result.diagnosis.to_dict()})
