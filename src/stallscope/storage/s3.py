@@ -3,7 +3,9 @@ and writes, and reads where obstore is not the reader (`s3_objects` reads otherw
 
 One client per process (made again in a forked child), with botocore's connect and read timeouts set
 to the storage timeout, two attempts, and enough pooled connections for a pipeline's requests in
-flight. Credentials and the endpoint come from the usual AWS environment (AWS_ACCESS_KEY_ID,
+flight. Each operation, its retries included (botocore's attempts, s3fs's retries), has one deadline
+(`operation_limit`): a store that accepts connections and never answers fails within about
+--storage-timeout, not after every retry waited the whole timeout (23-29 s at 3 s, minutes at 30 s). Credentials and the endpoint come from the usual AWS environment (AWS_ACCESS_KEY_ID,
 AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
 """
 
@@ -25,8 +27,8 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.storage import s3_objects
 from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, deadline, list_by_folders, short, storage_timeout,
-    with_silence_limit,
+    Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, no_answer, short,
+    storage_timeout, with_silence_limit,
 )
 from stallscope.storage.obstore_reading import list_tree, storage_error_text
 from stallscope.storage.s3_reading import reader_name
@@ -34,11 +36,26 @@ from stallscope.storage.s3_reading import reader_name
 logger = logging.getLogger(__name__)
 
 S3_CONNECTIONS = 64  # open connections the client keeps, so requests in flight do not queue for one
+# A transfer may take the timeout plus its bytes at this rate: a shard's upload is not cut off by the
+# deadline of a small request, and a store slower than this past the timeout counts as not answering.
+SLOWEST_BYTES_PER_S = 1 << 20
 
 T = TypeVar("T")
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _RUSTLS_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*(\w+)")
 _OPENSSL_CERTIFICATE = re.compile(r"certificate verify failed[^)'\]\n]*", re.IGNORECASE)
+
+
+def operation_limit(nbytes: int = 0) -> float:
+    """Seconds one operation on the store may take, retries included: --storage-timeout, plus
+    `nbytes` at SLOWEST_BYTES_PER_S for one that moves them."""
+    return storage_timeout() + nbytes / SLOWEST_BYTES_PER_S
+
+
+def _is_deadline(exc: BaseException) -> bool:
+    """Whether `exc` is an operation's deadline passing (fsspec's, or asyncio's in `request_range`):
+    a bare TimeoutError with nothing to say, unlike botocore's and aiohttp's timeouts."""
+    return isinstance(exc, TimeoutError) and not str(exc)
 
 
 @functools.cache
@@ -85,9 +102,14 @@ class S3Store(Store):
 
     def _bucket_region(self, bucket: str) -> str | None:
         """The bucket's region as S3 names it in a HEAD of the bucket (None where it cannot be had)."""
+        seconds = operation_limit()
         try:
-            found = self.fs().call_s3("head_bucket", Bucket=bucket)
+            found = self.fs().call_s3("head_bucket", Bucket=bucket, timeout=seconds)
             return found["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
+        except TimeoutError as exc:  # silent: the read it is made for would wait as long again
+            if _is_deadline(exc):
+                raise TimeoutError(f"no answer to a HEAD of bucket {bucket!r} in {seconds:.0f} s") from None
+            return None
         except Exception:  # refused, missing or unreachable: the reads themselves then say so in one line
             return None
 
@@ -121,6 +143,8 @@ class S3Store(Store):
         return fs
 
     def error(self, path: RemotePath, exc: BaseException, action: str = "read") -> StorageError:
+        if _is_deadline(exc):
+            return no_answer(path, storage_timeout())
         name = type(exc).__name__
         text = storage_error_text(exc)
         cause = exc.__cause__ or exc.__context__
@@ -165,6 +189,12 @@ class S3Store(Store):
         except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
             raise self.error(path, exc, action) from None
 
+    def _do(self, path: RemotePath, action: str, method: str, *args, nbytes: int = 0, **kwargs):
+        """`fs.method(*args, **kwargs)` within `operation_limit(nbytes)`, retries included: fsspec
+        cancels the request on the client's loop when the deadline passes (nothing is left waiting)."""
+        fs = self.fs()
+        return self._call(path, lambda: getattr(fs, method)(*args, timeout=operation_limit(nbytes), **kwargs), action)
+
     def list(self, root: RemotePath) -> Listing:
         """Every object under `root`, its folders listed several at a time (`list_by_folders`),
         folder placeholders ("a/") left out: through obstore where it is the reader (ImageNet train's
@@ -179,14 +209,14 @@ class S3Store(Store):
             except Exception as exc:  # obstore's failures, one line
                 raise self.error(root, exc) from None
             if not files:
-                self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
+                self._do(root, "read", "ls", root.bucket, detail=False, refresh=True)  # NoSuchBucket, or refused, names itself
             logger.info("%s: listed %d objects", root, len(files))
             return Listing(root, files)
         key = f"{root.bucket}/{root.key}".rstrip("/")
 
         def folder(prefix: str) -> tuple[list, list[str]]:
             try:
-                entries = fs.ls(prefix, detail=True, refresh=True)
+                entries = fs.ls(prefix, detail=True, refresh=True, timeout=operation_limit())
             except FileNotFoundError:  # nothing under the prefix
                 return [], []
             return ([e for e in entries if e["type"] != "directory"],
@@ -203,13 +233,15 @@ class S3Store(Store):
 
         def probe() -> None:  # a HEAD the store answers, found, missing or refused, while a large folder is listed
             try:
-                fs.call_s3("head_object", Bucket=root.bucket, Key=f"{root.key}/.stallscope-probe".lstrip("/"))
+                fs.call_s3("head_object", Bucket=root.bucket, Key=f"{root.key}/.stallscope-probe".lstrip("/"),
+                           timeout=operation_limit())
             except (FileNotFoundError, PermissionError):
                 pass
 
-        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), deadline(), str(root), probe)
+        # silent for the timeout: each page is one operation, so a silent store fails as one request does
+        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), operation_limit(), str(root), probe)
         if not files:
-            self._call(root, lambda: fs.ls(root.bucket, detail=False, refresh=True))  # NoSuchBucket, or refused, names itself
+            self._do(root, "read", "ls", root.bucket, detail=False, refresh=True)  # NoSuchBucket, or refused, names itself
             return Listing(root, {})  # an empty prefix: it does not exist (yet)
         logger.info("%s: listed %d objects", root, len(files))
         return Listing(root, files)
@@ -220,16 +252,16 @@ class S3Store(Store):
     def read(self, path: RemotePath) -> bytes:
         if reader_name() == "obstore":
             return self.objects().read_many([path], 1, self.error)[0]
-        fs = self.fs()
-        return self._call(path, lambda: fs.cat_file(self._key(path), **_one_get(type(fs))))
+        return self._do(path, "read", "cat_file", self._key(path), nbytes=listed_size(path) or 0,
+                        **_one_get(type(self.fs())))
 
     def read_many(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
         if reader_name() == "obstore":
             return self.objects().read_many(paths, in_flight, self.error)
         keys = [self._key(p) for p in paths]
-        fs = self.fs()
-        found = self._call(paths[0], lambda: fs.cat(keys, batch_size=max(1, in_flight), on_error="return",
-                                                    **_one_get(type(fs))))
+        nbytes = sum(listed_size(p) or 0 for p in paths)
+        found = self._do(paths[0], "read", "cat", keys, batch_size=max(1, in_flight), on_error="return",
+                         nbytes=nbytes, **_one_get(type(self.fs())))
         out = []
         for path, key in zip(paths, keys):
             value = found.get(key)
@@ -241,24 +273,27 @@ class S3Store(Store):
     def size(self, path: RemotePath) -> int:
         """An object's size, asked of the store (a HEAD): a shard's blocks are planned from it."""
         if reader_name() == "obstore":
-            return self.objects().size(path)
-        return int(self.fs().info(self._key(path))["size"])
+            return self._call(path, lambda: self.objects().size(path))  # one line, as a read's failure
+        return int(self._do(path, "read", "info", self._key(path))["size"])
 
     def request_range(self, path: RemotePath, start: int, end: int) -> concurrent.futures.Future:
         """Bytes [start, end) of an object, asked for now; the future holds them (or the error)."""
         if reader_name() == "obstore":
             return self.objects().request_range(path, start, end)
         fs = self.fs()
-        return asyncio.run_coroutine_threadsafe(fs._cat_file(self._key(path), start=start, end=end), fs.loop)
+        request = asyncio.wait_for(fs._cat_file(self._key(path), start=start, end=end), operation_limit(end - start))
+        return asyncio.run_coroutine_threadsafe(request, fs.loop)
 
     def write(self, path: RemotePath, data: bytes) -> None:
-        self._call(path, lambda: self.fs().pipe_file(self._key(path), data), "write")
+        self._do(path, "write", "pipe_file", self._key(path), data, nbytes=len(data))
 
     def upload(self, local: Path, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().put_file(str(local), self._key(path)), "write")
+        self._do(path, "write", "put_file", str(local), self._key(path), nbytes=local.stat().st_size)
 
     def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        self._call(dst, lambda: self.fs().mv(self._key(src), self._key(dst)), "write")
+        # a copy and a delete, each with its deadline (fsspec's mv takes none: 3 minutes against a silent store)
+        self._do(dst, "write", "cp_file", self._key(src), self._key(dst), nbytes=listed_size(src) or 0)
+        self._do(src, "delete", "rm_file", self._key(src))
 
     def delete(self, path: RemotePath) -> None:
-        self._call(path, lambda: self.fs().rm_file(self._key(path)), "delete")
+        self._do(path, "delete", "rm_file", self._key(path))
