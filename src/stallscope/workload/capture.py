@@ -4,7 +4,9 @@ The job serves its profiler with one line, `stallscope.serve_profiler(PORT)` (th
 `tf.profiler.experimental.server.start(PORT)` (every interface, no authentication).
 TF's client (`tf.profiler.experimental.client.trace`) waits on its own clock (20 s to connect per
 attempt, a 60 s session) and prints to stdout, so it runs in a child process that is killed at our
-deadline; the port is tried first, so a job that is not there is named at once. One attempt: TF's
+deadline; the port is tried first, so a job that is not there is named at once, and so is one that
+accepts connections but does not answer (its gRPC server would answer an HTTP/2 greeting at once; TF's
+client waited 20 s on such a port and then said the job "recorded nothing"). One attempt: TF's
 retries would stretch a capture past the window the user asked for. Each capture is
 written to a hidden staging folder and moved to `LOG_PATH/plugins/profile/<time>/` only when
 complete; a failed or interrupted capture leaves nothing behind.
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 STAGING_PREFIX = ".capture-partial-"
 _CONNECT_TIMEOUT_S = 5.0
 _FAILED = "capture failed: "  # the child's last stderr line when TF's client raised
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server answers with its own SETTINGS.
+_HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS_FRAME = 0x4
 
 
 class CaptureError(StallscopeError):
@@ -81,10 +86,13 @@ class CaptureOptions:
 
 
 def check_listening(options: CaptureOptions) -> None:
-    """Raises JobUnreachable when nothing accepts a connection at the address."""
+    """Raises JobUnreachable when nothing accepts a connection at the address, or what accepts it does
+    not answer an HTTP/2 greeting as a gRPC server does."""
     host, port = options.host_port
+    wait = min(options.timeout_s, _CONNECT_TIMEOUT_S)
     try:
-        with socket.create_connection((host, port), timeout=min(options.timeout_s, _CONNECT_TIMEOUT_S)):
+        with socket.create_connection((host, port), timeout=wait) as connection:
+            _check_answers(connection, options, wait)
             return
     except ConnectionRefusedError:
         raise JobUnreachable(
@@ -97,6 +105,29 @@ def check_listening(options: CaptureOptions) -> None:
                              f"{min(options.timeout_s, _CONNECT_TIMEOUT_S):g}s (--timeout)") from None
     except OSError as exc:
         raise JobUnreachable(f"{options.display}: cannot connect ({exc.strerror or exc})") from None
+
+
+def _check_answers(connection: socket.socket, options: CaptureOptions, wait: float) -> None:
+    """The peer's first frame, within `wait` seconds of greeting it: a gRPC server's SETTINGS."""
+    try:
+        connection.sendall(_HTTP2_GREETING)
+        answer = b""
+        deadline = time.monotonic() + wait
+        while len(answer) < 9:  # a frame header: length (3), type (1), flags (1), stream (4)
+            connection.settimeout(max(0.001, deadline - time.monotonic()))
+            chunk = connection.recv(9 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+    except TimeoutError:
+        raise JobUnreachable(
+            f"{options.display}: the job accepts connections but does not answer (no reply to a gRPC greeting "
+            f"within {wait:g}s); is its profiler server stuck, or is another program on this port?") from None
+    except OSError as exc:
+        raise JobUnreachable(f"{options.display}: the connection was dropped ({exc.strerror or exc})") from None
+    if len(answer) < 9 or answer[3] != _SETTINGS_FRAME:
+        raise JobUnreachable(f"{options.display}: what listens there is not a profiler server (it did not answer "
+                             "as gRPC does); expected the job's stallscope.serve_profiler(PORT)")
 
 
 def capture(options: CaptureOptions) -> Path:
