@@ -73,3 +73,39 @@ def test_an_image_deleted_after_the_listing_is_named_as_gone(tiny_tree, tmp_path
         raise AssertionError("reading a deleted image raised no NotFoundError")
     assert isinstance(error, DataError) and str(error).startswith(f"{victim}: no longer there (listed when the run")
     assert "\n" not in str(error)
+
+
+def test_a_mount_whose_server_dies_mid_run_is_one_line_naming_the_file(tiny_tree, tmp_path):
+    """A FUSE mount whose daemon is gone answers every call with ENOTCONN, which TF raises as
+    FailedPreconditionError ("Transport endpoint is not connected"): a 30-line traceback, exit 1."""
+    import signal
+
+    import pytest
+
+    from stallscope.errors import StallscopeError
+    from stallscope.pipeline.presets import get_preset
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage.emulator import emulate
+    from stallscope.storage.fuse_mount import why_no_fuse
+    from stallscope.workload.train import TrainOptions, run_training
+
+    if why := why_no_fuse():
+        pytest.skip(f"needs a FUSE mount (/dev/fuse, fuse3, mfusepy): {why}")
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    try:
+        with emulate(tiny_tree, kind="mount", mount_point=mount, latency_s=0.001, max_duration_s=120) as store:
+            source = open_source("files", mount)  # listed while the mount's server answers
+            os.kill(store.pid, signal.SIGKILL)  # then it is gone, the mount left behind
+            store.process.wait(30)
+            options = TrainOptions(source="files", dataset_path=mount, accelerator="emulated:1ms", steps=4,
+                                   pipeline=get_preset("seed").replace(batch_size=4, image_size=32, shuffle_buffer=8),
+                                   log_path=tmp_path / "run")
+            with pytest.raises(StallscopeError) as caught:
+                run_training(options, source=source)
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True, timeout=30)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith(f"{mount.resolve()}/class_0") and ".jpg: " in line
+    assert "the mount's server is gone" in line and "Transport endpoint is not connected" in line

@@ -1,7 +1,8 @@
 """TensorFlow's errors from the input pipeline, met in the middle of training, as one line naming the file.
 
 TF says `DataLossError: corrupted record at 1234` without the shard, and `Invalid JPEG data` without
-the image. Once such an error has stopped a run, the source is searched for the culprit with the
+the image, and `FailedPreconditionError: PATH; Transport endpoint is not connected` where a FUSE mount's
+server died mid-run. Once such an error has stopped a run, the source is searched for the culprit with the
 project's own checks (`verify`'s framing parser for records, TF's decoder for image files), so the
 user is told which file, record and byte, and how to check the rest.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 
 from stallscope.errors import DataError
@@ -24,11 +26,12 @@ def _tf_line(exc) -> str:
 
 
 def data_errors() -> tuple[type, ...]:
-    """TF's errors for input that is damaged, gone or unreadable: `input_error` names the file."""
+    """TF's errors for input that is damaged, gone or unreadable: `input_error` names the file.
+    FailedPreconditionError is how TF raises ENOTCONN, a mount whose server is gone."""
     import tensorflow as tf
 
     return (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
-            tf.errors.PermissionDeniedError)
+            tf.errors.PermissionDeniedError, tf.errors.FailedPreconditionError)
 
 
 def store_errors() -> tuple[type, ...]:
@@ -43,6 +46,8 @@ def input_error(source, exc) -> DataError:
     import tensorflow as tf
 
     what = _tf_line(exc)
+    if isinstance(exc, tf.errors.FailedPreconditionError):
+        return _unreachable_error(source, " ".join((getattr(exc, "message", None) or str(exc)).split()))
     if source is None:
         return DataError(f"the input pipeline failed: {what}")
     if isinstance(exc, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
@@ -65,6 +70,25 @@ def store_error(source, exc):
     where = named.group(0) if named else (str(source.path) if source is not None else "the input")
     return StorageError(f"--dataset-path: {where}: the store did not answer ({short(libcurl_reason(text))}); "
                         "expected it to answer within --storage-timeout")
+
+
+# ENOTCONN, as the kernel words it: a FUSE mount whose daemon ended (or was killed) without unmounting.
+_GONE_SERVER = "Transport endpoint is not connected"
+
+
+def _unreachable_error(source, text: str) -> DataError:
+    """A file the pipeline could no longer reach: named from TF's whole message (`...: PATH; reason
+    [[{{node ReadFile}}]]`), or the input when it names none. Nothing more is read to find it: the
+    mount answers nothing now."""
+    found = re.search(r"(\S+); ([^\[]+?)\s*(?:\[\[|$)", text)
+    where = found.group(1) if found else (str(source.path) if source is not None else "the input")
+    reason = found.group(2) if found else _tf_line(text)
+    if _GONE_SERVER in text:
+        return DataError(f"{where}: cannot be read: the mount's server is gone ({_GONE_SERVER}: the FUSE daemon "
+                         "serving it ended); expected it to serve the files until the run ends: remount it and "
+                         "run again (a checkpointed run resumes)")
+    return DataError(f"{where}: cannot be read any more ({reason}); expected every listed file to stay readable "
+                     "until the run ends")
 
 
 def _records_error(source, what: str) -> DataError:
