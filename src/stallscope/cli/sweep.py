@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.results import sweep_results
     from stallscope.sweep.runner import GRID_NAME, Sweep
     from stallscope.sweep.storage import require_emulator
+    from stallscope.tfimport import import_tensorflow
     from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
 
     given = {"--store": args.store, "--bandwidth": args.bandwidth}
@@ -232,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"stallscope sweep: stopped; complete runs are kept, run the same command to resume:\n  {command}",
                   file=sys.stderr)
             raise
+        # The table and HParams read and write TF event files: TensorFlow loads here, in this process,
+        # quietly (a plain import printed its absl and oneDNN start-up lines under the sweep's output).
+        import_tensorflow()
         results = sweep_results(out, grid)
         notes = [f"each run: {grid.shared['steps']} steps, the first {grid.shared['warmup_steps']} (warm-up) and the "
                  f"last {grid.shared['profile_last']} (profiled) left out of its figures",
