@@ -110,3 +110,49 @@ def test_an_unreadable_class_folder_is_reported_not_lost(image_tree_factory, mon
     tree = scan_tree(root)
     assert {f.label_text for f in tree.files} == {"class_00"}
     assert [(s.path, s.reason) for s in tree.skipped] == [(locked, "unreadable folder (Permission denied)")]
+
+
+def _cat_cat_empty(root):
+    """`Cat/` and `cat/` with a file each, `empty/` with nothing but a hidden file, `dog/` with one."""
+    for name in ("Cat", "cat", "dog"):
+        _touch(root / name / "a.jpg")
+    _touch(root / "empty" / ".DS_Store")
+    return root
+
+
+def test_an_empty_class_folder_is_skipped_and_labels_differing_by_case_are_warned_about(tmp_path, caplog):
+    tree = scan_tree(_cat_cat_empty(tmp_path / "tree"))
+    assert tree.labels == ("Cat", "cat", "dog")  # no label for empty/, so no label with 0 examples
+    assert [s.reason for s in tree.skipped if s.path.name == "empty"] == ["empty class folder (not a label)"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert f"class folder {tmp_path / 'tree' / 'empty'} holds no files: skipped, not a label" in warnings
+    assert "class folders 'Cat' and 'cat' differ only by case: they are 2 labels; merge them if they are one class" \
+        in warnings
+
+
+def test_an_empty_class_folder_the_labels_file_names_stays_a_label(tmp_path, caplog):
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("dog\nempty\nCat\ncat\n")
+    tree = scan_tree(_cat_cat_empty(tmp_path / "tree"), read_labels_file(labels_file))
+    assert tree.labels == ("dog", "empty", "Cat", "cat")
+    assert not [s for s in tree.skipped if s.path.name == "empty"]
+    assert "class folder 'empty' holds no files: kept as label 1, with 0 examples, because --labels names it" in [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_convert_says_what_it_did_with_the_empty_folder_in_its_summary(image_tree_factory, tmp_path, capsys, caplog):
+    from stallscope.cli.main import main
+
+    root = image_tree_factory(classes=3, per_class=2)
+    for old, new in (("class_00", "Cat"), ("class_01", "cat"), ("class_02", "dog")):
+        (root / old).rename(root / new)
+    (root / "empty").mkdir()
+    code = main(["convert", str(root), "--output_path", str(tmp_path / "records")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "converted 6 images" in out and "skipped 1 file(s): 1 empty class folder (not a label)" in out
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.endswith("folders")]
+    assert len(warnings) == 2, warnings
+    labels = (tmp_path / "records" / "labels.txt").read_text().split()
+    assert labels == ["Cat", "cat", "dog"]

@@ -8,6 +8,7 @@ it cannot be used. Listings are sorted so that runs repeat.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +18,8 @@ from stallscope.errors import DataError, UsageError
 from stallscope.storage.location import RemotePath, as_path
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
+log = logging.getLogger(__name__)
+
 SPLIT_NAMES = ("train", "validation", "val", "test", "eval")
 DEFAULT_SPLIT = "train"
 # Index files a data set keeps at its root or a split's (the built-in data set's synthetic.json, the
@@ -24,6 +27,8 @@ DEFAULT_SPLIT = "train"
 # not a user's stray files, so they are recorded with their own reason rather than reported as skipped.
 DATASET_INDEX_FILES = ("synthetic.json", "prepare.json")
 DATASET_INDEX = "the data set's own index"
+# A class folder without a file in it is no label, unless a labels file names it (SkippedFile reason).
+EMPTY_CLASS_FOLDER = "empty class folder (not a label)"
 
 
 def _is_dataset_index(entry) -> bool:
@@ -230,7 +235,7 @@ def _scan_tree(root: Path | RemotePath, labels: tuple[str, ...] | None,
         elif entry not in subdirs:
             skipped.extend(_unplaceable(entry, "not inside a class folder", skipped))
 
-    folder_labels = sorted({d.name for _, d in class_dirs})
+    folder_labels = _labels_with_files(class_dirs, labels, skipped)
     if labels is None:
         labels = tuple(folder_labels)
     else:
@@ -241,6 +246,7 @@ def _scan_tree(root: Path | RemotePath, labels: tuple[str, ...] | None,
                 f"({len(missing)} folder(s) missing); every folder needs a label in [0, {len(labels)})"
             )
     index = {name: i for i, name in enumerate(labels)}
+    class_dirs = [(split, d) for split, d in class_dirs if d.name in index]
 
     files: list[ImageFile] = []
     for split, class_dir in class_dirs:
@@ -257,6 +263,56 @@ def _scan_tree(root: Path | RemotePath, labels: tuple[str, ...] | None,
     if not class_dirs:
         raise DataError(f"dataset path {str(root)!r} has no class folders; expected a {{label}}/* or {{split}}/{{label}}/* tree")
     return FolderTree(root, tuple(labels), tuple(files), tuple(skipped), has_splits)
+
+
+def _labels_with_files(class_dirs: list[tuple[str, Path]], labels: tuple[str, ...] | None,
+                       skipped: list[SkippedFile]) -> list[str]:
+    """The class folders' names, sorted, without those that hold no file in any split: each of those
+    is warned about and skipped, unless the labels file names it (then it stays a label with 0
+    examples, warned about too). Names that differ only by case are warned about: two labels here,
+    one folder on a case-insensitive file system, and likely one class."""
+    by_name: dict[str, list[Path]] = {}
+    for _, folder in class_dirs:
+        by_name.setdefault(folder.name, []).append(folder)
+    kept = []
+    for name, folders in sorted(by_name.items()):
+        if any(map(_holds_a_file, folders)):
+            kept.append(name)
+        elif labels is not None and name in labels:
+            log.warning("class folder %r holds no files: kept as label %d, with 0 examples, because --labels names it",
+                        name, labels.index(name))
+        else:
+            log.warning("class folder %s holds no files: skipped, not a label", folders[0])
+            skipped.extend(SkippedFile(folder, EMPTY_CLASS_FOLDER) for folder in folders)
+    by_case: dict[str, list[str]] = {}
+    for name in kept:
+        by_case.setdefault(name.casefold(), []).append(name)
+    for names in by_case.values():
+        if len(names) > 1:
+            log.warning("class folders %s differ only by case: they are %d labels; merge them if they are one class",
+                        " and ".join(repr(n) for n in names), len(names))
+    return kept
+
+
+def _holds_a_file(folder: Path) -> bool:
+    """Whether any file that is not hidden lies below `folder`: listed only until the first one (one
+    directory read for a class folder of images). A folder that cannot be listed counts as holding
+    files: the scan then reports it as unreadable."""
+    if isinstance(folder, RemotePath):
+        start = len(str(folder)) + 1
+        return any(not any(map(_is_hidden, text[start:].split("/"))) for text in folder.walk_file_texts())
+    try:
+        with os.scandir(folder) as listing:
+            subfolders = []
+            for entry in listing:
+                if _is_hidden(entry.name):
+                    continue
+                if not _entry_is_dir(entry) or entry.is_symlink():
+                    return True
+                subfolders.append(entry.path)
+    except OSError:
+        return True
+    return any(_holds_a_file(Path(sub)) for sub in subfolders)
 
 
 def _unplaceable(entry: Path, reason: str, unreadable: list[SkippedFile]) -> list[SkippedFile]:
