@@ -49,3 +49,71 @@ def test_damaged_profile_is_named(tmp_path):
     bad.write_bytes(b"\xff\xff\xff not a proto")
     with pytest.raises(DataError, match="host.xplane.pb"):
         load_profile(bad)
+
+
+def test_a_large_file_that_is_no_profile_is_refused_without_reading_it_whole(tmp_path):
+    """A 256 MB file named *.xplane.pb (sparse: zeros) was read whole, then refused (1 GB: 12 s, 1.65 GB)."""
+    import tracemalloc
+
+    big = tmp_path / "host.xplane.pb"
+    with open(big, "wb") as stream:
+        stream.truncate(256 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"host.xplane.pb: not a readable XSpace profile \(byte 0 is 0x00"):
+            load_profile(big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024
+
+
+def _two_captures(stalled_profile, root):
+    """root/plugins/profile/{2020_01_01_00_00_00, 2020_01_01_00_00_09}/: the same real profile twice."""
+    import shutil
+
+    source = find_profile(stalled_profile)
+    older, newer = (root / "plugins" / "profile" / name for name in ("2020_01_01_00_00_00", "2020_01_01_00_00_09"))
+    for capture in (older, newer):
+        capture.mkdir(parents=True)
+        shutil.copy(source, capture / source.name)
+    return older, newer / source.name
+
+
+def test_a_capture_still_being_written_is_named_with_the_newest_complete_one(stalled_profile, tmp_path):
+    from stallscope.analysis.analyze import analyze_run
+
+    older, newest_file = _two_captures(stalled_profile, tmp_path / "run")
+    data = newest_file.read_bytes()
+    newest_file.write_bytes(data[: len(data) // 2])  # as TF leaves it halfway through writing (just now)
+    with pytest.raises(DataError) as caught:
+        analyze_run(tmp_path / "run", with_xprof=False)
+    line = str(caught.value)
+    assert line.startswith(f"{newest_file}: this capture is still being written")
+    assert f"the newest complete capture is {older}: `--capture plugins/profile/2020_01_01_00_00_00` reads it" in line
+    assert analyze_run(tmp_path / "run", with_xprof=False, capture="2020_01_01_00_00_00").steps.counted_steps > 0
+
+
+def test_a_capture_cut_short_long_ago_is_named_as_damaged(stalled_profile, tmp_path):
+    import os
+
+    _, newest_file = _two_captures(stalled_profile, tmp_path / "run")
+    data = newest_file.read_bytes()
+    newest_file.write_bytes(data[: len(data) // 2])
+    os.utime(newest_file, (1_600_000_000, 1_600_000_000))  # not written to for years
+    with pytest.raises(DataError, match=r"not a readable XSpace profile \(the field at byte .* needs [0-9,]+ bytes "
+                                        r"past its end\) \(a capture stopped while it was written\?\)"):
+        load_profile(newest_file)
+
+
+def test_a_capture_staged_by_stallscope_capture_is_not_read(stalled_profile, tmp_path):
+    import shutil
+
+    source = find_profile(stalled_profile)
+    staged = tmp_path / "captures" / ".capture-partial-abc" / "plugins" / "profile" / "2030_01_01_00_00_00"
+    staged.mkdir(parents=True)
+    shutil.copy(source, staged / source.name)
+    done = tmp_path / "captures" / "plugins" / "profile" / "2020_01_01_00_00_00"
+    done.mkdir(parents=True)
+    shutil.copy(source, done / source.name)
+    assert find_profile(tmp_path / "captures") == done / source.name

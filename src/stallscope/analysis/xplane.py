@@ -3,6 +3,11 @@
 The XSpace proto stores names and stat keys once per plane (metadata tables) and event times as
 offsets from their line's start; every consumer needs them resolved, so that happens here, once.
 Times are kept in integer picoseconds (the proto's unit) until a caller turns them into ms.
+
+A file's top-level framing is checked before it is read whole (`framing_problem`: a few reads, however
+large the file): a gigabyte of something else named `*.xplane.pb` took 12 s and 1.65 GB to refuse, and a
+capture TF is still writing (its file cut short, its size still changing) is named as such, with the
+newest complete capture beside it, instead of "not a readable XSpace profile".
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import dataclasses
 import importlib
 import importlib.util
 import logging
+import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +30,13 @@ log = logging.getLogger(__name__)
 
 XPLANE_SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
+# XSpace's top-level fields, as tag bytes: planes (1), errors (2), warnings (3), hostnames (4), each
+# length-delimited (wire type 2).
+_XSPACE_TAGS = frozenset({0x0A, 0x12, 0x1A, 0x22})
+# A file cut short is taken as still being written when its size changes within this look, or it was
+# modified this recently (TF writes a capture's file in one go, at the end of the profiled window).
+GROWTH_LOOK_S = 0.5
+RECENT_WRITE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +103,14 @@ def find_captures(path: Path | str) -> list[Path]:
     oldest first: Keras writes `LOG/train/...` and `LOG/validation/...`, a run writes `RUN/...`.
 
     Capture names are timestamps, so the name orders them; the path breaks ties.
+    Files under hidden folders are left out: `stallscope capture` writes into `.capture-partial-*/`
+    and moves a capture into place only once it is complete.
     """
     path = Path(path)
     if any(path.glob(f"*{XPLANE_SUFFIX}")):
         return [path]
-    found = {file.parent for file in path.rglob(f"*{XPLANE_SUFFIX}")}
+    found = {file.parent for file in path.rglob(f"*{XPLANE_SUFFIX}")
+             if not any(part.startswith(".") for part in file.relative_to(path).parent.parts)}
     return sorted(found, key=lambda capture: (capture.name, str(capture)))
 
 
@@ -129,12 +146,74 @@ def capture_files(path: Path | str, *, capture: str | None = None) -> list[Path]
             names = ", ".join(str(c.relative_to(path)) for c in captures)
             raise UsageError(f"--capture: no capture {capture!r} under {path} (found: {names})")
         chosen = named[-1]
-    return sorted(chosen.glob(f"*{XPLANE_SUFFIX}"))
+    files = sorted(chosen.glob(f"*{XPLANE_SUFFIX}"))
+    if capture is None and (writing := _being_written(files)) is not None:
+        complete = [c for c in captures[:-1] if _being_written(sorted(c.glob(f"*{XPLANE_SUFFIX}")), look=False) is None]
+        newest = (f"the newest complete capture is {complete[-1]}: `--capture {complete[-1].relative_to(path)}` reads it"
+                  if complete else "there is no complete capture beside it yet: wait until it is written")
+        raise DataError(f"{writing}: this capture is still being written ({XPLANE_SUFFIX} cut short, "
+                        f"{os.path.getsize(writing):,} bytes so far); {newest}")
+    return files
+
+
+def framing_problem(file: Path) -> tuple[str, bool] | None:
+    """What is wrong with the top-level framing of an XSpace file, and whether it is only cut short
+    (the last field runs past the end); None when every top-level field fits. Reads 11 bytes a field
+    (a capture has a few planes), never the whole file."""
+    size = file.stat().st_size
+    pos = 0
+    with open(file, "rb") as stream:
+        while pos < size:
+            stream.seek(pos)
+            head = stream.read(11)  # a tag byte and a length varint of up to 10 bytes
+            if head[0] not in _XSPACE_TAGS:
+                return f"byte {pos} is 0x{head[0]:02x}, not the start of an XSpace field", False
+            length, shift, used = 0, 0, 0
+            for used, byte in enumerate(head[1:], start=1):
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            else:
+                if len(head) < 11:  # the length itself runs past the end
+                    return f"the field at byte {pos} is cut short", True
+                return f"the field at byte {pos} has no valid length", False
+            end = pos + 1 + used + length
+            if end > size:
+                return f"the field at byte {pos} needs {end - size:,} bytes past its end", True
+            pos = end
+    return None
+
+
+def _being_written(files: list[Path], *, look: bool = True) -> Path | None:
+    """The first of a capture's files that is cut short while it is still being written (its size
+    changes within GROWTH_LOOK_S, or it was modified within RECENT_WRITE_S); with look=False, the
+    first cut short at all."""
+    for file in files:
+        problem = framing_problem(file)
+        if problem is None or not problem[1]:
+            continue
+        if not look:
+            return file
+        before = file.stat()
+        if time.time() - before.st_mtime < RECENT_WRITE_S:
+            return file
+        time.sleep(GROWTH_LOOK_S)
+        if file.stat().st_size != before.st_size:
+            return file
+    return None
 
 
 def load_profile(path: Path | str) -> Profile:
     """Parses a profile (or finds one, see `find_profile`) and resolves every name and stat."""
     file = find_profile(path)
+    problem = framing_problem(file)
+    if problem is not None:
+        what, cut_short = problem
+        if cut_short and _being_written([file]) is not None:
+            raise DataError(f"{file}: this capture is still being written ({what}); analyse it once it is complete")
+        hint = " (a capture stopped while it was written?)" if cut_short else ""
+        raise DataError(f"{file}: not a readable XSpace profile ({what}){hint}")
     xplane_pb2 = _xplane_module()
     space = xplane_pb2.XSpace()
     try:
