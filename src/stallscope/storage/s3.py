@@ -27,7 +27,7 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.storage import s3_objects
 from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, no_answer, short,
+    Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, short,
     storage_timeout, with_silence_limit,
 )
 from stallscope.storage.obstore_reading import list_tree, storage_error_text
@@ -143,8 +143,10 @@ class S3Store(Store):
         return fs
 
     def error(self, path: RemotePath, exc: BaseException, action: str = "read") -> StorageError:
-        if _is_deadline(exc):
-            return no_answer(path, storage_timeout())
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+        if _is_deadline(exc):  # the operation's deadline, retries included: what each try said is gone with it
+            return StorageError(f"{path}: the store at {endpoint} did not answer within {storage_timeout():.0f} s; "
+                                "expected a reachable S3 endpoint within --storage-timeout")
         name = type(exc).__name__
         text = storage_error_text(exc)
         cause = exc.__cause__ or exc.__context__
@@ -168,7 +170,6 @@ class S3Store(Store):
                                 f"that allow s3:{'PutObject' if action == 'write' else 'DeleteObject'} here")
         if code == "NoSuchBucket" or "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             return StorageError(f"{path}: bucket {path.bucket!r} does not exist; expected an existing bucket")
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
         if (untrusted := _untrusted_certificate(exc)) is not None:
             return StorageError(f"{path}: the store at {endpoint} sent a TLS certificate this machine does not trust "
                                 f"({untrusted}); expected AWS_CA_BUNDLE (or the profile's ca_bundle) naming its CA")
