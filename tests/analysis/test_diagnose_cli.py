@@ -51,7 +51,10 @@ def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, cap
     assert report["probes"]["cold"]["io_per_image"]["storage_bytes"] > 0
     fix = report["fix"]
     applied = {a["key"] for a in fix["applied"]}
-    assert {"parallel_map", "prefetch", "shuffle_encoded"} <= applied
+    # a parallel map gains only where a core is free: on a machine kept busy by others it is only checked
+    busy = report["probes"]["warm"]["other_cores_busy"] >= 0.5
+    assert {"prefetch", "shuffle_encoded"} <= applied
+    assert "parallel_map" in applied or (busy and any("Decode in parallel" in n for n in report["notes"]))
     before, after = fix["phases"][0]["before"], fix["phases"][0]["after"]
     assert after["input_share"] < before["input_share"]
     assert fix["held"] is True
@@ -62,7 +65,8 @@ def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, cap
     assert predicted["input_share"] == pytest.approx(plus_zero["input_share"])
     # the saved file is what `train --pipeline-config FILE` loads
     config = PipelineConfig.load(fixed)
-    assert config.map_parallelism == -1 and config.prefetch == -1 and config.shuffle_at == "encoded"
+    assert config.map_parallelism == (-1 if "parallel_map" in applied else None)
+    assert config.prefetch == -1 and config.shuffle_at == "encoded"
     assert config.batch_size == 4 and config.image_size == 64
     assert fix["config_path"] == str(fixed)
     run_dir = tmp_path / "run"

@@ -139,11 +139,15 @@ def test_advice_that_changes_nothing_is_dropped_and_one_without_gain_is_only_che
     assert "predicted" in fixes[0].gain_basis
 
 
-def test_the_fix_loop_tries_reads_in_flight_either_side_only_on_remote_storage():
+def test_the_fix_loop_tries_reads_in_flight_either_side_on_remote_storage_and_shards_in_parallel():
     fixed = get_preset("seed").replace(read_parallelism=11, private_threadpool_size=13)
     tried = fix_loop.next_candidates(fixed, remote=True, cores=2.0)
     assert [(c.read_parallelism, c.private_threadpool_size) for _, c in tried] == [(22, 24), (5, 7)]
     assert fix_loop.next_candidates(fixed, remote=False, cores=2.0) == []
+    in_turn = get_preset("seed")  # shards read one at a time: the loop tries them in parallel, anywhere
+    assert [c.read_parallelism for _, c in fix_loop.next_candidates(in_turn, remote=False, cores=2.0,
+                                                                    kind="records")] == [AUTOTUNE]
+    assert fix_loop.next_candidates(in_turn, remote=False, cores=2.0, kind="files") == []
     assert fix_loop.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0) == []
 
 

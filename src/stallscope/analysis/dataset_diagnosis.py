@@ -182,7 +182,8 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     if phase.cause != "none":
         advice = reader_advice(ops, files, f"{fmt_share(phase.input_share, 0)} of the step waits for input, "
                                           f"cause: {phase.cause}") + advice
-    advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm))
+    advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
+                                                examples=examples or 0)
     notes += [f"checked, no gain expected: {a.title} ({a.gain_basis})" for a in checked]
     figures = what = None
     if options.storage_scenarios or options.storage_client or in_store or requests.requests:

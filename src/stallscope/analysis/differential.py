@@ -521,45 +521,57 @@ def stored_side(source: DataSource) -> int | None:
 
 
 def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig,
-                  *, cores: float) -> whatif.Prediction:
+                  *, cores: float, examples: int = 0) -> whatif.Prediction:
     """The step the fixed config should give: the model of the more-cores what-if (`parallel_pipeline_ms`)
     on the same free cores, its stages as parallel as the new config makes them, and the overlap a
     prefetch brings. A fix that makes every stage parallel and prefetches predicts the what-if's '+0' row."""
     pipeline_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=phase.steady_cache == "cold")
-    overlapped = phase.overlapped or new.prefetch is not None
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
-                          overlapped=overlapped)
+                          overlapped=overlaps(phase, new, examples))
+
+
+def overlaps(phase: PhaseDiagnosis, config: PipelineConfig, examples: int = 0) -> bool:
+    """Whether `config`'s pipeline works while the device computes: as measured, or with a prefetch at
+    the end, unless a shuffle of decoded images refills with the whole epoch (`examples`, where known)
+    at each epoch start: then the decode happens before the epoch's first batch, which no prefetch hides
+    (benchmarks/advice.py, seed on local files: a prefetch predicted +26% without this, measured -1%)."""
+    if phase.overlapped:
+        return True
+    return config.prefetch is not None and not (examples and epoch_refill_images(config, examples) >= examples)
 
 
 def predict_config(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: PipelineConfig, *, cores: float,
-                   what: StorageWhatIf | None = None) -> whatif.Prediction:
+                   what: StorageWhatIf | None = None, examples: int = 0) -> whatif.Prediction:
     """The one model behind every predicted figure of a diagnosis (an advice's gain, the fix's predicted
     column): `predict_fixed` for data on this machine; for data read from a bucket or a network file
     system, the storage what-if's row of the store as read (`storage_whatif.predict_config`), whose
     reads in flight, pool and decode share the same free cores."""
     row = as_read_row(what)
     if row is None:
-        return predict_fixed(phase, parts, new, cores=cores)
+        return predict_fixed(phase, parts, new, cores=cores, examples=examples)
     pipeline_ms = predict_storage_config(what, row, new).prediction.pipeline_ms
     if new.cache != "none":  # only the first epoch of the probe's window reads the storage
         from_store = min(1.0, _steps_per_epoch(new, what.workload.examples) / max(1, phase.end_to_end.steps))
         decoded = new.batch_size * sustained_cpu_ms(what.workload) / max(what.workload.cores, 1e-9)
         pipeline_ms = from_store * pipeline_ms + (1.0 - from_store) * decoded
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms,
-                          batch_size=new.batch_size, overlapped=phase.overlapped or new.prefetch is not None)
+                          batch_size=new.batch_size, overlapped=overlaps(phase, new, examples))
 
 
 def predict_change(phase: PhaseDiagnosis, parts: PipelineBreakdown, config: PipelineConfig, new: PipelineConfig,
-                   *, cores: float, what: StorageWhatIf | None = None) -> whatif.Prediction:
-    """The step `new` should give where `config` was measured: `predict_config`'s pipeline time for
-    `new`, scaled by how the measured pipeline-alone time of `config` stands to the model's for it, so
-    a change is predicted by what the model says it changes, not by what the model misses of the
-    pipeline as it stands (an epoch's refill, TF's own threads): the current config predicts itself."""
-    now = predict_config(phase, parts, config, cores=cores, what=what)
-    changed = predict_config(phase, parts, new, cores=cores, what=what)
+                   *, cores: float, what: StorageWhatIf | None = None, examples: int = 0) -> whatif.Prediction:
+    """The step `new` should give where `config` was measured. Data on this machine: the more-cores
+    what-if (`predict_fixed`), whose '+0' row is the same figure. Data on remote storage: the storage
+    what-if's pipeline time for `new`, scaled by how the measured pipeline-alone time of `config` stands
+    to the model's for it, so a change is predicted by what the model says it changes, not by what the
+    model misses of the pipeline as it stands (TF's own threads, the storage's server on these cores)."""
+    if as_read_row(what) is None:  # the more-cores what-if, on the measured figures: its '+0' row, unscaled
+        return predict_fixed(phase, parts, new, cores=cores, examples=examples)
+    now = predict_config(phase, parts, config, cores=cores, what=what, examples=examples)
+    changed = predict_config(phase, parts, new, cores=cores, what=what, examples=examples)
     scale = parts.warm_ms / now.pipeline_ms if now.pipeline_ms > 0 and parts.warm_ms > 0 else 1.0
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=changed.pipeline_ms * scale,
-                          batch_size=new.batch_size, overlapped=phase.overlapped or new.prefetch is not None)
+                          batch_size=new.batch_size, overlapped=overlaps(phase, new, examples))
 
 
 def predicted_gain(phase: PhaseDiagnosis, parts: PipelineBreakdown, predicted: whatif.Prediction) -> float:
@@ -577,29 +589,34 @@ MODELLED_KNOBS = frozenset({"map_parallelism", "read_parallelism", "private_thre
 
 
 def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], parts: PipelineBreakdown,
-                 config: PipelineConfig, *, cores: float,
-                 what: StorageWhatIf | None = None) -> tuple[list[Advice], list[Advice]]:
-    """(fixes, checked): each advice that changes knobs gets the step the model predicts with it applied
-    alone to the worst phase, against the step measured; one that changes nothing (its knobs are set
-    already) is dropped, and one predicted to gain under MIN_GAIN is checked, not a fix. Advice without
-    knobs (a conversion, smaller images) keeps what its own model said."""
+                 config: PipelineConfig, *, cores: float, what: StorageWhatIf | None = None,
+                 examples: int = 0) -> tuple[list[Advice], list[Advice]]:
+    """(fixes, checked): each advice that changes knobs the model sees gets the step the model predicts
+    with it applied to the worst phase (beside the advice the model does not cover, such as the shuffle's
+    place, which stays a fix unpriced: with a shuffle moved before decode, a prefetch can hide what a
+    refill at each epoch start could not). One that changes nothing (its knobs are set already) is
+    dropped, one predicted to gain under MIN_GAIN is checked, not a fix. Advice without knobs (a
+    conversion, smaller images) keeps what its own model said."""
     from stallscope.analysis.fix_gain import MIN_GAIN
 
     worst = max(phases, key=lambda p: p.input_share)
+    kept = [a for a in advice if a.knobs and a.key not in UNPREDICTED_FIXES and apply_advice(config, a) != config]
+    unmodelled = {a.key: sorted(k for k, v in a.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
+                  for a in kept}
+    base = apply_advice(config, [a for a in kept if unmodelled[a.key]]) if any(unmodelled.values()) else config
     fixes, checked = [], []
     for item in advice:
         if not item.knobs or item.key in UNPREDICTED_FIXES:  # a quota's pool evens steps out, it does not shorten them
             fixes.append(item)
             continue
-        new = apply_advice(config, item)
-        if new == config:
+        if item not in kept:
             continue
-        unmodelled = sorted(k for k, v in item.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
-        if unmodelled:  # the model would say "no gain" for what it does not see: say so instead
+        if unmodelled[item.key]:  # the model would say "no gain" for what it does not see: say so instead
             fixes.append(dataclasses.replace(item, gain_basis=f"not predicted: the model does not cover "
-                                                              f"{', '.join(unmodelled)}"))
+                                                              f"{', '.join(unmodelled[item.key])}"))
             continue
-        predicted = predict_change(worst, parts, config, new, cores=cores, what=what)
+        predicted = predict_change(worst, parts, base, apply_advice(base, item), cores=cores, what=what,
+                                   examples=examples)
         gain = predicted_gain(worst, parts, predicted)
         step = worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
         basis = (f"step {worst.step_ms:.1f} -> {step:.1f} ms predicted, "
@@ -810,7 +827,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
         local_images_per_second=_cached_rate(warm, parts, under.remote), dataset_path=str(source.path)))
     advice, checked = price_advice(advice, phases, parts, config, cores=free_cores(warm),
-                                   what=what if under.remote else None)
+                                   what=what if under.remote else None, examples=source.num_examples)
     notes = (*notes, *(f"checked, no gain expected: {a.title} ({a.gain_basis})" for a in checked))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,

@@ -48,7 +48,7 @@ class PhaseFix:
 
 
 # The fix loop goes on past the advice where the run falls short of its prediction by more than this
-# share, or stays input-bound reading from remote storage; at most SEARCH_MOST_TRIES more runs.
+# share, or stays input-bound; at most SEARCH_MOST_TRIES more runs.
 SEARCH_SHORTFALL = 0.25
 SEARCH_MOST_TRIES = 3
 MOST_READS_IN_FLIGHT = 128
@@ -114,11 +114,15 @@ class FixResult:
         }))
 
 
-def next_candidates(best: PipelineConfig, *, remote: bool, cores: float) -> list[tuple[str, PipelineConfig]]:
-    """What the fix loop tries after a candidate that fell short: on remote storage, reads in flight
+def next_candidates(best: PipelineConfig, *, remote: bool, cores: float,
+                    kind: str = "files") -> list[tuple[str, PipelineConfig]]:
+    """What the fix loop tries after a candidate that fell short: shards read one at a time, read in
+    parallel (a parallel interleave, elements free to overtake); on remote storage, reads in flight
     doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
     crowd out the decode), each on a private pool of the reads plus the cores."""
     reads = best.read_parallelism
+    if reads is None and kind == "records":
+        return [("shards read in parallel", best.replace(read_parallelism=AUTOTUNE, deterministic=False))]
     if not remote or reads is None or reads == AUTOTUNE:
         return []
     whole = max(1, math.ceil(cores))
@@ -135,7 +139,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
         progress: Callable[[str], None] | None = None, source: DataSource | None = None) -> FixResult:
     """Applies the diagnosis' advice as a new PipelineConfig, runs the end-to-end probe again and
     sets before, predicted and after side by side. Where the run falls short of the prediction by more
-    than SEARCH_SHORTFALL, or stays input-bound on remote storage, it tries the next candidates
+    than SEARCH_SHORTFALL, or stays input-bound, it tries the next candidates
     (`next_candidates`, at most SEARCH_MOST_TRIES more runs) and keeps the best measured; saves that
     config where `train --pipeline-config FILE` reads it. `source`: the one the diagnosis probed."""
     say = progress or (lambda message: logger.info("%s", message))
@@ -149,6 +153,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
         source = open_probed_source(options)
     cores = free_cores(diagnosis.warm)
     remote = storage_under(source.path).remote
+    examples = source.num_examples
     what = diagnosis.storage_whatif if remote else None
     trials: list[FixTrial] = []
     with ProbeRunDirs(options) as work_dir:
@@ -162,15 +167,15 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
                 after = prober.end_to_end(config, phase.phase, phase.end_to_end.steps)  # the diagnosis' window
                 phases.append(PhaseFix(phase=phase.phase, before=phase.end_to_end,
                                        predicted=predict_change(phase, diagnosis.pipeline_breakdown, old, config,
-                                                                cores=cores, what=what),
+                                                                cores=cores, what=what, examples=examples),
                                        after=after))
             return FixTrial(config=config, why=why, phases=tuple(phases))
 
         trials.append(measure(new, "the advice"))
-        queue = next_candidates(new, remote=remote, cores=cores)
+        queue = next_candidates(new, remote=remote, cores=cores, kind=source.kind)
         while queue and len(trials) <= SEARCH_MOST_TRIES:
             best = max(trials, key=lambda t: t.images_per_second)
-            still_bound = remote and any(p.after.verdict != "not" for p in best.phases)
+            still_bound = any(p.after.verdict != "not" for p in best.phases)
             if best.short_of_prediction <= SEARCH_SHORTFALL and not still_bound:
                 break
             why, candidate = queue.pop(0)
@@ -178,7 +183,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
                 continue
             trials.append(measure(candidate, why))
             if trials[-1] is max(trials, key=lambda t: t.images_per_second):
-                queue = next_candidates(candidate, remote=remote, cores=cores) + queue
+                queue = next_candidates(candidate, remote=remote, cores=cores, kind=source.kind) + queue
     best = max(trials, key=lambda t: t.images_per_second)
     result = FixResult(diagnosis=diagnosis, applied=applicable, config=best.config, phases=best.phases,
                        config_path=Path(save_to) if save_to is not None else None,

@@ -394,8 +394,8 @@ def fix_lines(result) -> list[str]:
             f"{phase.after.images_per_second:>12,.0f}",
         ]
     if result.trials:
-        lines.append("tried (the advice fell short of its prediction by more than 25%, or stayed input-bound on "
-                     "remote storage; the best measured is kept):")
+        lines.append("tried (the advice fell short of its prediction by more than 25%, or stayed input-bound; "
+                     "the best measured is kept):")
         best = max(result.trials, key=lambda t: t.images_per_second)
         for trial in result.trials:
             changed = {k: v for k, v in trial.config.to_dict().items()
