@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -206,11 +205,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "probe":
         return run_probe(args)
     from stallscope.storage.serving import RunningStore, check_surroundings
+    from stallscope.storage.state_dirs import new_state_dir
 
     options = _options(args)
     check_surroundings(options)
     own_state = args.state_dir is None
-    state_dir = Path(tempfile.mkdtemp(prefix="stallscope-storage-")) if own_state else args.state_dir
+    state_dir = new_state_dir() if own_state else args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

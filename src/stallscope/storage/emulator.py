@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -34,6 +33,7 @@ from typing import Iterator
 from stallscope.errors import UsageError
 from stallscope.storage.counters import SharedCounters, StoreCounters
 from stallscope.storage.serving import StoreOptions
+from stallscope.storage.state_dirs import new_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def start(root: str | os.PathLike, kind: str = "gcs", *, latency_s: float = 0.0,
     options = StoreOptions(root=Path(root), kind=kind, latency_s=float(latency_s), bandwidth_bps=bandwidth_bps,
                            bucket=bucket, mount_point=Path(mount_point) if mount_point is not None else None,
                            port=int(port), writable=writable)
-    state_dir = Path(tempfile.mkdtemp(prefix="stallscope-storage-"))
+    state_dir = new_state_dir()
     ready, log_path = state_dir / "ready.json", state_dir / "serve.log"
     command = [sys.executable, "-m", "stallscope", "storage", "serve", str(options.root),
                "--latency", f"{options.latency_s * 1000:.6f}ms", "--bucket", options.bucket, "--port", str(options.port),
