@@ -90,8 +90,9 @@ def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_ti
         assert (root / "top.txt").read_bytes() == b"top"
         location.forget_listings()
         monkeypatch.setattr(location, "FOLDERS_IN_FLIGHT", 1)
-        for lister in (obstore_reading, s3):  # gs:// and s3:// through obstore, s3:// through s3fs
-            monkeypatch.setattr(lister, "deadline", lambda: 1.0)
+        # gs:// and s3:// through obstore (a limit on silence), s3:// through s3fs (one on each request)
+        monkeypatch.setattr(obstore_reading, "deadline", lambda: 1.0)
+        monkeypatch.setattr(s3, "operation_limit", lambda nbytes=0: 1.0)
         try:
             started = time.monotonic()
             listed = {p.relative_to(root).as_posix(): p.stat().st_size for p in root.walk_files()}
@@ -144,8 +145,8 @@ def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_ans
         root = location.as_path(f"{store.url}/tree")
         assert (root / "big" / "00000.jpg").read_bytes() == b""  # the client made before the limit is cut
         location.forget_listings()
-        for lister in (obstore_reading, s3):
-            monkeypatch.setattr(lister, "deadline", lambda: 2.0)
+        monkeypatch.setattr(obstore_reading, "deadline", lambda: 2.0)
+        monkeypatch.setattr(s3, "operation_limit", lambda nbytes=0: 2.0)
         try:
             listed = list(root.walk_files())
         finally:

@@ -217,7 +217,9 @@ class S3Store(Store):
 
         def folder(prefix: str) -> tuple[list, list[str]]:
             try:
-                entries = fs.ls(prefix, detail=True, refresh=True, timeout=operation_limit())
+                # no limit on the whole call: a folder of many pages may take longer, page by page; the
+                # silence limit below ends a listing once the store stops answering
+                entries = fs.ls(prefix, detail=True, refresh=True)
             except FileNotFoundError:  # nothing under the prefix
                 return [], []
             return ([e for e in entries if e["type"] != "directory"],
