@@ -148,7 +148,10 @@ def test_the_fix_loop_tries_reads_in_flight_either_side_on_remote_storage_and_sh
     assert [c.read_parallelism for _, c in fix_loop.next_candidates(in_turn, remote=False, cores=2.0,
                                                                     kind="records")] == [AUTOTUNE]
     assert fix_loop.next_candidates(in_turn, remote=False, cores=2.0, kind="files") == []
-    assert fix_loop.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0) == []
+    shared = fix_loop.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=True, cores=2.0, kind="records")
+    assert [(c.read_parallelism, c.private_threadpool_size) for _, c in shared] == \
+        [(presets.NETWORK_FS_SHARDS_IN_FLIGHT, presets.NETWORK_FS_SHARDS_IN_FLIGHT + 2)]
+    assert fix_loop.next_candidates(fixed.replace(read_parallelism=AUTOTUNE), remote=False, cores=2.0) == []
 
 
 @needs_fuse

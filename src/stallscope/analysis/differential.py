@@ -588,11 +588,6 @@ MODELLED_KNOBS = frozenset({"map_parallelism", "read_parallelism", "private_thre
                             "gcs_reader", "deterministic"})
 
 
-# Knobs the storage what-if sees besides: a cache of the encoded bytes serves the window's later epochs
-# from memory (`predict_config`).
-REMOTE_MODELLED_KNOBS = frozenset({"cache", "cache_at"})
-
-
 def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], parts: PipelineBreakdown,
                  config: PipelineConfig, *, cores: float, what: StorageWhatIf | None = None,
                  examples: int = 0) -> tuple[list[Advice], list[Advice]]:
@@ -606,8 +601,7 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
 
     worst = max(phases, key=lambda p: p.input_share)
     kept = [a for a in advice if a.knobs and a.key not in UNPREDICTED_FIXES and apply_advice(config, a) != config]
-    seen = MODELLED_KNOBS | (REMOTE_MODELLED_KNOBS if as_read_row(what) else frozenset())
-    unmodelled = {a.key: sorted(k for k, v in a.knobs.items() if k not in seen and getattr(config, k) != v)
+    unmodelled = {a.key: sorted(k for k, v in a.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
                   for a in kept}
     base = apply_advice(config, [a for a in kept if unmodelled[a.key]]) if any(unmodelled.values()) else config
     fixes, checked = [], []

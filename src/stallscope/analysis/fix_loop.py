@@ -31,6 +31,7 @@ from stallscope.analysis.probes import LoopProbe
 from stallscope.config import AUTOTUNE, json_ready
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.pipeline.presets import NETWORK_FS_READS_IN_FLIGHT, NETWORK_FS_SHARDS_IN_FLIGHT
 from stallscope.storage.under import storage_under
 
 if TYPE_CHECKING:
@@ -117,15 +118,19 @@ class FixResult:
 def next_candidates(best: PipelineConfig, *, remote: bool, cores: float,
                     kind: str = "files") -> list[tuple[str, PipelineConfig]]:
     """What the fix loop tries after a candidate that fell short: shards read one at a time, read in
-    parallel (a parallel interleave, elements free to overtake); on remote storage, reads in flight
-    doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
+    parallel (a parallel interleave, elements free to overtake); on remote storage, reads on tf.data's
+    shared pool given a private one, and reads in flight doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
     crowd out the decode), each on a private pool of the reads plus the cores."""
     reads = best.read_parallelism
+    whole = max(1, math.ceil(cores))
     if reads is None and kind == "records":
         return [("shards read in parallel", best.replace(read_parallelism=AUTOTUNE, deterministic=False))]
+    if remote and reads == AUTOTUNE:  # tf.data's shared pool holds about a read per core: give them their own
+        count = NETWORK_FS_SHARDS_IN_FLIGHT if kind == "records" else NETWORK_FS_READS_IN_FLIGHT
+        return [(f"{count} reads in flight on a private pool",
+                 best.replace(read_parallelism=count, private_threadpool_size=count + whole, deterministic=False))]
     if not remote or reads is None or reads == AUTOTUNE:
         return []
-    whole = max(1, math.ceil(cores))
     found = []
     for label, count in (("reads in flight x2", min(MOST_READS_IN_FLIGHT, reads * 2)),
                          ("reads in flight /2", max(whole, reads // 2))):
