@@ -122,3 +122,31 @@ def cpu_cgroup():
         yield group
     finally:
         group.remove()
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that accepts connections and never answers (a store or a job that hangs), for the
+    test only: its connections and listener are closed after it."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()

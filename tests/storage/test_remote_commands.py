@@ -185,33 +185,6 @@ def test_store_errors_are_one_line_with_exit_2(s3_env, monkeypatch, capsys, url,
     assert time.monotonic() - started < 30
 
 
-@pytest.fixture
-def silent_port():
-    """A loopback port that accepts connections and never answers (a store that hangs)."""
-    import socket
-    import threading
-
-    server = socket.create_server(("127.0.0.1", 0))
-    held, stop = [], threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    server.close()
-
-
 def _run_cli(args: list[str], env: dict[str, str], limit_s: float) -> tuple[int, str, float]:
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "stallscope", *args], env=env, capture_output=True, text=True,

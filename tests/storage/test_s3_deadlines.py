@@ -4,7 +4,6 @@ each waited the whole timeout: 23-29 s at a 3 s timeout; a rename through fsspec
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -23,23 +22,10 @@ WITHIN_S = 3.0
 
 
 @pytest.fixture
-def silent_store(monkeypatch):
+def silent_store(monkeypatch, silent_port):
     """This process pointed at a loopback port that accepts connections and never answers, with
     credentials and no region (the obstore reader then asks the store for the bucket's region)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held, stop = [], threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    endpoint = f"http://127.0.0.1:{silent_port}"
     for name, value in s3_environment({"key": "key", "secret": "secret", "endpoint": endpoint}).items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_DEFAULT_REGION", "AWS_REGION"):
@@ -48,11 +34,6 @@ def silent_store(monkeypatch):
     location.forget_listings()
     yield endpoint
     location.set_timeout(location.DEFAULT_TIMEOUT_S)
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    server.close()
 
 
 def _paths():
