@@ -203,3 +203,13 @@ def unmarked_profile(tmp_path_factory) -> Path:
     log_dir = tmp_path_factory.mktemp("unmarked")
     profiled_loop(log_dir, build_pipeline("stalled"), steps=8, xprof_marks=False)
     return log_dir
+
+
+def loop_probe(kind, step_ms, wait_ms, compute_ms):
+    """A LoopProbe of 10 steps of batches of 32 with these means (ms), as the differential tests build them."""
+    from stallscope.analysis.probes import LoopProbe
+
+    share = wait_ms / step_ms
+    return LoopProbe(kind=kind, phase="head", steps=10, step_ms=step_ms, input_wait_ms=wait_ms,
+                     compute_ms=compute_ms, images_per_second=32000 / step_ms, input_share=share,
+                     verdict="highly" if share >= 0.2 else "not")

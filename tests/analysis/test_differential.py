@@ -13,12 +13,14 @@ import pytest
 
 from stallscope.analysis import differential
 from stallscope.analysis.differential import DiagnoseOptions, PipelineBreakdown, attribute, diagnose
-from stallscope.analysis.probes import LoopProbe, pipeline_threads
+from stallscope.analysis.probes import pipeline_threads
 from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.presets import get_preset
 from stallscope.tfimport import import_tensorflow
 from stallscope.workload.train import TrainOptions
+
+from .conftest import loop_probe
 
 tf = import_tensorflow()
 
@@ -133,18 +135,11 @@ def test_healthy_pipeline_is_not_input_bound(tree):
     assert fastest.prediction.input_share > 0.0
 
 
-def _loop(kind, step_ms, wait_ms, compute_ms):
-    share = wait_ms / step_ms
-    return LoopProbe(kind=kind, phase="head", steps=10, step_ms=step_ms, input_wait_ms=wait_ms,
-                     compute_ms=compute_ms, images_per_second=32000 / step_ms, input_share=share,
-                     verdict="highly" if share >= 0.2 else "not")
-
-
 def test_attribution_splits_the_measured_wait_by_cpu_and_waiting():
     parts = PipelineBreakdown(warm_ms=40.0, cold_ms=60.0, cpu_ms=30.0, waiting_ms=10.0, storage_ms=20.0,
                               threads=1.0, cpu_ms_per_image=30.0 / 32)
-    compute = _loop("compute", 10.0, 0.0, 10.0)
-    serial = _loop("end_to_end", 50.0, 40.0, 10.0)   # 10 + 40: no overlap
+    compute = loop_probe("compute", 10.0, 0.0, 10.0)
+    serial = loop_probe("end_to_end", 50.0, 40.0, 10.0)   # 10 + 40: no overlap
     warm = attribute(compute=compute, end_to_end=serial, parts=parts, batch_size=32, cores=2, phase="head")
     assert not warm.overlapped
     assert warm.preprocessing_stall_ms == pytest.approx(30.0)
@@ -157,7 +152,7 @@ def test_attribution_splits_the_measured_wait_by_cpu_and_waiting():
     assert cold.step_ms == pytest.approx(70.0)
     assert cold.input_share == pytest.approx(60.0 / 70.0)
     assert cold.cause == "fetch" or cold.preprocessing_stall_ms >= cold.fetch_stall_ms
-    overlapped = _loop("end_to_end", 41.0, 31.0, 10.0)   # max(10, 40): overlapped
+    overlapped = loop_probe("end_to_end", 41.0, 31.0, 10.0)   # max(10, 40): overlapped
     assert attribute(compute=compute, end_to_end=overlapped, parts=parts, batch_size=32, cores=2,
                      phase="head").overlapped
 
@@ -223,7 +218,7 @@ def test_fix_prediction_is_the_more_cores_what_if_of_the_same_free_cores():
     parts = differential.breakdown(warm, None, seed)
     cores = differential.free_cores(warm)
     assert cores == 2.0
-    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 130.0, 120.0, 10.0),
+    phase = attribute(compute=loop_probe("compute", 10.0, 0.0, 10.0), end_to_end=loop_probe("end_to_end", 130.0, 120.0, 10.0),
                       parts=parts, batch_size=32, cores=cores, phase="head")
     predicted = differential.predict_fixed(phase, parts, fixed, cores=cores)
     plus_zero = phase.cores[0]
@@ -260,7 +255,7 @@ def test_a_pipeline_probe_held_back_by_its_quota_is_advised_the_quotas_cores():
     seed = get_preset("seed").replace(batch_size=32)
     warm = dataclasses.replace(_warm_probe(cores=1.0, other_cores_busy=0.0), cpus=4, throttled_share=0.8)
     parts = differential.breakdown(warm, None, seed)
-    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 130.0, 120.0, 10.0),
+    phase = attribute(compute=loop_probe("compute", 10.0, 0.0, 10.0), end_to_end=loop_probe("end_to_end", 130.0, 120.0, 10.0),
                       parts=parts, batch_size=32, cores=1.0, phase="head")
     advice = differential.recommend((phase,), seed, parts, examples=1000, data_bytes=10**6, warm=warm)
     pool = next(a for a in advice if a.key == "quota_pool")

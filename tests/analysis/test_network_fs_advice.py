@@ -13,7 +13,6 @@ from stallscope.analysis import differential, fix_loop
 from stallscope.analysis import storage_whatif as sw
 from stallscope.analysis.advice import Advice
 from stallscope.analysis.differential import PipelineBreakdown, attribute
-from stallscope.analysis.probes import LoopProbe
 from stallscope.cli.main import main
 from stallscope.config import AUTOTUNE
 from stallscope.cpu_limits import CpuLimits
@@ -22,6 +21,8 @@ from stallscope.pipeline.presets import get_preset
 from stallscope.storage.emulator import emulate
 from stallscope.storage.fuse_mount import why_no_fuse
 from stallscope.storage.under import storage_under, time_file_round_trips
+
+from .conftest import loop_probe
 
 WHY_NO_FUSE = why_no_fuse()
 needs_fuse = pytest.mark.skipif(bool(WHY_NO_FUSE), reason=f"needs a FUSE mount: {WHY_NO_FUSE}")
@@ -112,13 +113,6 @@ def test_shards_read_in_turn_with_a_parallel_decode_are_predicted_with_the_decod
     assert apart.images_per_second > 1.5 * in_turn.images_per_second
 
 
-def _loop(kind, step_ms, wait_ms, compute_ms):
-    share = wait_ms / step_ms
-    return LoopProbe(kind=kind, phase="head", steps=10, step_ms=step_ms, input_wait_ms=wait_ms,
-                     compute_ms=compute_ms, images_per_second=32000 / step_ms, input_share=share,
-                     verdict="highly" if share >= 0.2 else "not")
-
-
 def test_advice_that_changes_nothing_is_dropped_and_one_without_gain_is_only_checked():
     """`diagnose` on the mount advised "one intra-op thread per element" to a `tuned` pipeline that
     already had it, and --fix applied it: nothing changed, and the report said the advice did not hold."""
@@ -126,7 +120,7 @@ def test_advice_that_changes_nothing_is_dropped_and_one_without_gain_is_only_che
     # 120 ms of one core's work per batch of 32: a sequential decode, or a parallel one on a busy core
     parts = PipelineBreakdown(warm_ms=120.0, cold_ms=None, cpu_ms=120.0, waiting_ms=0.0, storage_ms=0.0,
                               threads=1.0, cpu_ms_per_image=3.75)
-    phase = attribute(compute=_loop("compute", 10.0, 0.0, 10.0), end_to_end=_loop("end_to_end", 121.0, 111.0, 10.0),
+    phase = attribute(compute=loop_probe("compute", 10.0, 0.0, 10.0), end_to_end=loop_probe("end_to_end", 121.0, 111.0, 10.0),
                       parts=parts, batch_size=32, cores=2.0, phase="head")
     same = Advice("outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, "", "", "")
     nothing = Advice("prefetch", "Prefetch at the end", {"prefetch": AUTOTUNE}, "", "", "")

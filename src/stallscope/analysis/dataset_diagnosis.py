@@ -184,7 +184,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                           f"cause: {phase.cause}") + advice
     advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
                                                 examples=examples or 0)
-    notes += [f"checked, no gain expected: {a.title} ({a.gain_basis})" for a in checked]
+    notes += map(differential.checked_note, checked)
     figures = what = None
     if options.storage_scenarios or options.storage_client or in_store or requests.requests:
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,

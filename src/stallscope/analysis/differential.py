@@ -626,6 +626,11 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
     return fixes, checked
 
 
+def checked_note(advice: Advice) -> str:
+    """The note for a change the model expects to gain under MIN_GAIN (`price_advice`'s checked ones)."""
+    return f"checked, no gain expected: {advice.title} ({advice.gain_basis})"
+
+
 def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
     return max(1, examples // config.batch_size if config.drop_remainder else math.ceil(examples / config.batch_size))
 
@@ -828,7 +833,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         local_images_per_second=_cached_rate(warm, parts, under.remote), dataset_path=str(source.path)))
     advice, checked = price_advice(advice, phases, parts, config, cores=free_cores(warm),
                                    what=what if under.remote else None, examples=source.num_examples)
-    notes = (*notes, *(f"checked, no gain expected: {a.title} ({a.gain_basis})" for a in checked))
+    notes = (*notes, *map(checked_note, checked))
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
@@ -884,8 +889,8 @@ def storage_summary(under: StorageUnder, file_trips: FileRoundTrips | None,
         trip, what = round_trips.percentile_ms(0.1), "request"
     else:
         trip, what = None, None
-    return {"kind": under.kind, "type": under.fstype, "label": under.label, "round_trip_ms": trip,
-            "round_trip": what, "basis": "measured" if trip is not None else "none"}
+    return {**under.to_dict(), "round_trip_ms": trip, "round_trip": what,
+            "basis": "measured" if trip is not None else "none"}
 
 
 def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, warm: PipelineProbe,

@@ -28,7 +28,6 @@ from stallscope.storage.mounts import NetworkGuard, network_file_system
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("local", "network-fs", "gs", "s3")
 OPENS = 24            # files opened and read one at a time (as many one-byte GETs time a bucket)
 BUDGET_S = 3.0        # at most this long, however slow the file system
 FASTEST_SHARE = 0.1   # the figure is the fastest tenth: a round trip, not a queue behind other work
@@ -46,6 +45,9 @@ class StorageUnder:
     def remote(self) -> bool:
         """Its bytes live on another machine: every read pays a round trip."""
         return self.kind != "local"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "type": self.fstype, "label": self.label}
 
     @property
     def label(self) -> str:

@@ -39,6 +39,7 @@ from stallscope.pipeline.sources import SOURCE_KINDS
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path
 from stallscope.storage.request_tally import RequestTally
+from stallscope.storage.under import storage_under
 from stallscope.workload import rundir
 from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
@@ -167,14 +168,6 @@ class TrainResult:
     run_dir: Path
     stats: StepStats
     model: Any = dataclasses.field(default=None, repr=False)  # the keras.Model (None when emulated)
-
-
-def _storage_of(path) -> dict[str, Any]:
-    """What storage the data is on, for the summary: {"kind", "type", "label"} ("nfs4 mount", "local disk")."""
-    from stallscope.storage.under import storage_under
-
-    under = storage_under(path)
-    return {"kind": under.kind, "type": under.fstype, "label": under.label}
 
 
 def new_run_dir(model: str, source: str, *, root: Path = DEFAULT_RUNS_DIR) -> Path:
@@ -682,7 +675,7 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
                                              map_parallelism=options.pipeline.map_parallelism,
                                              private_pool=options.pipeline.private_threadpool_size,
                                              gcs_reader=options.pipeline.gcs_reader),
-                   "storage": _storage_of(source.path)},
+                   "storage": storage_under(source.path).to_dict()},
         "accelerator": options.accelerator.to_dict(),
         "dataset_path": str(options.dataset_path),
         "dataset_size": plan.examples,
