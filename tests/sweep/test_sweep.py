@@ -389,9 +389,9 @@ def test_a_run_ends_when_the_sweep_is_killed(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import os, subprocess, sys, time\n"
-         "from stallscope.sweep.runner import interrupt_when_parent_dies\n"
+         "from stallscope.sweep.runner import interrupted_when_the_sweep_dies\n"
          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
-         "                         preexec_fn=interrupt_when_parent_dies(os.getpid()))\n"
+         "                         preexec_fn=interrupted_when_the_sweep_dies())\n"
          "print(child.pid, flush=True)\n"
          "time.sleep(60)\n"],
         env=dict(os.environ, PYTHONPATH=str(Path(stallscope.__file__).parents[1])), stdout=subprocess.PIPE, text=True)

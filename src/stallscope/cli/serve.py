@@ -18,6 +18,7 @@ import sys
 import time
 
 from stallscope.cli.flags import add_common_flags, add_flag, duration, non_negative_int, positive_int
+from stallscope.lifetime import die_with_parent
 from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S, LOCAL_HOST
 
 _ROLES = {
@@ -102,8 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tf.data service dispatcher at {server.target}; train with --data-service {server.target}", flush=True)
         return _serve_until_signal(server)
     if args.role == "worker":
-        if args.parent_pid is not None:
-            servers.die_with_parent(args.parent_pid)
+        if args.parent_pid is not None:  # serve local's worker: SIGTERM when it ends, however it ends
+            die_with_parent(args.parent_pid, signal.SIGTERM, exit_code=0)
         address = servers.normalize_address(args.dispatcher, "--dispatcher")
 
         def waiting() -> None:

@@ -40,6 +40,7 @@ from stallscope.config import require_choice, require_positive, to_dict, usable_
 from stallscope.data import images
 from stallscope.data.folders import DATASET_INDEX, FolderTree, read_labels_file, scan_tree
 from stallscope.errors import DataError, UsageError
+from stallscope.lifetime import die_with_parent
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR, read_run
 from stallscope.records.lock import LOCK_NAME, ExclusiveLock
@@ -52,7 +53,7 @@ from stallscope.records.writer import (
     RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_convert_temporary,
     is_temporary,
 )
-from stallscope.records.worker_lifetime import die_with_parent, stopped_by_parent
+from stallscope.records.worker_lifetime import stopped_by_parent
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
@@ -460,7 +461,7 @@ def _start_method() -> str:
 @contextlib.contextmanager
 def _worker_pool(workers: int) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
     """`workers` processes, forked where it is safe, each with a one-thread BLAS pool, each ending with
-    this process however it ends (`worker_lifetime.py`). An error lets the running tasks finish (their
+    this process however it ends (`stallscope.lifetime`). An error lets the running tasks finish (their
     shards are kept for a rerun); Ctrl-C or SIGTERM (KeyboardInterrupt) stops the workers at once, by
     PID, and the caller removes what they left unfinished."""
     context = multiprocessing.get_context(_start_method())

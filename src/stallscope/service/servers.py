@@ -34,7 +34,6 @@ _POLL_S = 0.25
 LOCAL_HOST = "127.0.0.1"
 # How long a server's stop may take before the process ends without it.
 STOP_TIMEOUT_S = 5.0
-PR_SET_PDEATHSIG = 1
 
 
 def require_port(name: str, value: object) -> None:
@@ -238,20 +237,6 @@ def worker_command(dispatcher_target: str, host: str = LOCAL_HOST, parent_pid: i
     command = [sys.executable, "-m", "stallscope", "serve", "worker", "--dispatcher", dispatcher_target,
                "--host", host]
     return command + (["--parent-pid", str(parent_pid)] if parent_pid is not None else [])
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Makes the kernel send this process SIGTERM when its parent ends (Linux: PR_SET_PDEATHSIG), so a
-    worker started by `serve local` never outlives it, however the parent ends; exits at once if the
-    parent is already gone. The signal follows the parent's thread that started this process."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("could not ask to end with the parent process: %s", os.strerror(ctypes.get_errno()))
-    if os.getppid() != parent_pid:
-        raise SystemExit(0)
 
 
 @contextlib.contextmanager

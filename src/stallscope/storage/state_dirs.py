@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import psutil
+from stallscope.lifetime import start_time, still_running
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +24,11 @@ PREFIX = "stallscope-storage-"
 MARKER = "made-by.json"
 
 
-def _started(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
 def new_state_dir() -> Path:
     """A fresh state folder, marked with this process as its maker; dead runs' folders are cleared first."""
     clear_dead_state_dirs()
     folder = Path(tempfile.mkdtemp(prefix=PREFIX))
-    (folder / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": _started(os.getpid())}))
+    (folder / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": start_time(os.getpid())}))
     return folder
 
 
@@ -46,8 +39,7 @@ def _maker_gone(folder: Path) -> bool:
         pid, started = int(made["pid"]), made.get("started")
     except (OSError, ValueError, KeyError, TypeError):
         return False  # no marker of ours: not ours to judge
-    now = _started(pid)
-    return now is None or (started is not None and abs(now - float(started)) > 1.0)
+    return not still_running(pid, started)
 
 
 def clear_dead_state_dirs(root: Path | None = None) -> list[Path]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import stallscope
 from stallscope.errors import StallscopeError, UsageError
+from stallscope.lifetime import dying_with_parent
 from stallscope.pipeline.presets import apply_overrides, get_preset
 from stallscope.records.manifest import write_json_atomic
 from stallscope.sweep.grid import Cell, Grid
@@ -226,7 +227,7 @@ class Sweep:
             output.write("$ " + " ".join(command) + "\n")
             output.flush()
             child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=interrupt_when_parent_dies(os.getpid()))
+                                     preexec_fn=interrupted_when_the_sweep_dies())
             try:
                 return child.wait(timeout=self.run_timeout_s)
             except subprocess.TimeoutExpired:
@@ -237,24 +238,11 @@ class Sweep:
                 raise
 
 
-def interrupt_when_parent_dies(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn: in the child, before exec (Linux), SIGINT when the sweep dies, even by SIGKILL, so
-    no run goes on unwatched beside a resumed sweep (the run writes its record, marked interrupted);
-    None where there is no prctl. A sweep that died before the child asked: the child ends before it
-    runs. The C function is looked up here, in the parent, so the forked child loads nothing."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def arm() -> None:
-        prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:
-            os._exit(130)  # the sweep is gone already: this run would be unwatched
-
-    return arm
+def interrupted_when_the_sweep_dies() -> Callable[[], None] | None:
+    """A preexec_fn: the run gets SIGINT when the sweep dies, even by SIGKILL, so no run goes on
+    unwatched beside a resumed sweep (the run writes its record, marked interrupted); a sweep that died
+    before the child asked: the child ends (130) before it runs."""
+    return dying_with_parent(signal.SIGINT, exit_code=130)
 
 
 def _stop(child: subprocess.Popen) -> None:
