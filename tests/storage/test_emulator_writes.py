@@ -203,6 +203,37 @@ def test_a_bucket_lease_keeps_a_second_conversion_out_until_it_ends(writable_s3,
             pass
 
 
+def test_a_lease_naming_a_pid_that_now_is_another_process_is_taken_over(writable_s3, monkeypatch):
+    """A PID alone looked alive once the kernel handed it to another process: the lease records the
+    holder's start time, and a PID running under another start time is a dead holder."""
+    import socket
+    import time
+
+    import psutil
+
+    from stallscope.records import remote_lock
+    from stallscope.records.lock import LockedError
+
+    monkeypatch.setattr(remote_lock, "SETTLE_S", 0.05)
+    out, _ = writable_s3
+    lock = out / ".stallscope-convert" / remote_lock.LOCK_OBJECT
+    me = psutil.Process()
+
+    def left(process_started: float) -> None:  # a run of this host, under this test's PID, beating just now
+        location.write_bytes(lock, json.dumps({"host": socket.gethostname(), "pid": me.pid, "command": "A",
+                                               "started": time.time(), "process_started": process_started,
+                                               "heartbeat": time.time()}).encode())
+        location.forget_listings()
+
+    left(me.create_time())  # the holder runs
+    with pytest.raises(LockedError, match=f"PID {me.pid} on {socket.gethostname()}"):
+        with remote_lock.bucket_lease(out, "B"):
+            pass
+    left(me.create_time() - 3600)  # the holder died; this PID is another process's now
+    with remote_lock.bucket_lease(out, "C"):
+        assert json.loads(lock.read_bytes())["process_started"] == pytest.approx(me.create_time())
+
+
 def test_of_two_runs_that_find_a_prefix_free_at_once_only_the_later_writer_holds_it(writable_s3, monkeypatch):
     import time
 

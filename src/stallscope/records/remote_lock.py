@@ -1,13 +1,14 @@
 """A lease on a bucket prefix, so two conversions do not publish into it at once.
 
 A bucket has no `flock`, and TF's gs:// offers no conditional create, so this is a lease: the holder
-writes `.stallscope-convert/lock.json` (host, PID, command, heartbeat) before any work (which also
-proves the prefix takes writes before hours of converting), rewrites its heartbeat every
-HEARTBEAT_S and deletes it at the end. Another run refuses while the heartbeat is younger than
-LEASE_S, unless the holder is a dead process on this same host. Two runs that both find the prefix
-free both write the lease, and the store keeps the last write: so each reads it back SETTLE_S later,
-and the one whose write was overwritten refuses, leaving the lease to the other. Only runs whose
-look and write are SETTLE_S or more apart could both hold it.
+writes `.stallscope-convert/lock.json` (host, PID and the PID's start time, command, heartbeat) before
+any work (which also proves the prefix takes writes before hours of converting), rewrites its
+heartbeat every HEARTBEAT_S and deletes it at the end. Another run refuses while the heartbeat is
+younger than LEASE_S, unless the holder is a dead process on this same host (its PID free, or another
+process's now: the start time differs). Two runs that both find the prefix free both write the lease,
+and the store keeps the last write: so each reads it back SETTLE_S later, and the one whose write was
+overwritten refuses, leaving the lease to the other. Only runs whose look and write are SETTLE_S or
+more apart could both hold it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from stallscope.lifetime import start_time, still_running
 from stallscope.records.completeness import STATE_DIR
 from stallscope.records.lock import LockedError
 from stallscope.storage import location
@@ -39,14 +41,11 @@ def _alive_here(holder: dict) -> bool:
         return True  # another host's process: only its heartbeat tells
     try:
         pid = int(holder.get("pid", 0))
-        if pid <= 0:
-            return False
-        os.kill(pid, 0)
-    except (ProcessLookupError, ValueError):
+        started = holder.get("process_started")
+        started = None if started is None else float(started)  # None: a lease written before it was recorded
+    except (TypeError, ValueError):
         return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
+    return pid > 0 and still_running(pid, started)
 
 
 def _held_by_other(lock: RemotePath) -> dict | None:
@@ -130,7 +129,8 @@ def bucket_lease(out: RemotePath, command: str, *, heartbeat_s: float = HEARTBEA
             f"--output_path: another `stallscope convert` into {out} is running (PID {holder.get('pid')} on "
             f"{holder.get('host')}, heartbeat {holder['age']:.0f} s ago, lease {LEASE_S:.0f} s); wait for it to "
             f"finish, or delete {lock} if it is gone")
-    lease = Lease(out, lock, {"host": socket.gethostname(), "pid": os.getpid(), "command": command,
+    lease = Lease(out, lock, {"host": socket.gethostname(), "pid": os.getpid(),
+                              "process_started": start_time(os.getpid()), "command": command,
                               "started": time.time()})
     lease.beat()
     _settle(SETTLE_S)
