@@ -58,12 +58,13 @@ def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: 
     new temporary folder), for `stallscope analyze` and TensorBoard."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
     from stallscope.analysis.storage_whatif import parse_scenarios
+    from stallscope.report.diagnosis import with_text
 
     options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
                                      files=tuple(files) if files is not None else None,
                                      storage_scenarios=parse_scenarios(what_if_storage) if what_if_storage else (),
                                      storage_client=storage_client, work_dir=work_dir)
-    return diagnose_dataset(dataset, model=model, options=options)
+    return with_text(diagnose_dataset(dataset, model=model, options=options))
 
 
 def list_files(url, pattern: str = "*"):

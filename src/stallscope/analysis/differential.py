@@ -278,17 +278,6 @@ class Diagnosis:
             "storage_what_if": self.storage_whatif.to_dict() if self.storage_whatif is not None else None,
         }))
 
-    def text(self) -> str:
-        """The report `stallscope diagnose` prints, and the profiled steps' stage tree when there is one."""
-        from stallscope.cli.diagnose import report_lines
-
-        lines = report_lines(self)
-        if self.analysis is not None:
-            from stallscope.report.text import render_text
-
-            lines += ["", "profile of end-to-end steps:", render_text(self.analysis)]
-        return "\n".join(lines)
-
 
 def finite(value: Any) -> Any:
     """JSON has no infinity or NaN: a figure that is not finite (e.g. a rate of a zero time) is None."""
