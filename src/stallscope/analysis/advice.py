@@ -19,8 +19,9 @@ from stallscope.pipeline.config import PipelineConfig
 from stallscope.verdict import fmt_share
 
 if TYPE_CHECKING:
-    from stallscope.analysis.analyze import Analysis
     from stallscope.analysis.storage_whatif import StorageWhatIf
+
+Analysis = Any  # an analyze.Analysis: analyze imports this module, so this one does not import analyze
 
 ORDER = ("step_marker", "parallel_interleave", "parallel_generator", "parallel_map", "prefetch", "cache", "max_side",
          "more_shards", "outer_parallelism", "quota_pool", "data_service")

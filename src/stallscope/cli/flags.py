@@ -18,6 +18,8 @@ from stallscope.config import AUTOTUNE, why_not_writable
 if TYPE_CHECKING:
     from stallscope.storage.stuck_calls import StuckCallWatch
 
+DEFAULT_PRESET = "tuned"  # --pipeline's default
+
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
                "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
 
@@ -291,10 +293,25 @@ def _records_streamed_by_stallscope(args: argparse.Namespace) -> bool:
         return True
     if not any(v.startswith("gs://") for v in named) or not hasattr(args, "pipeline"):
         return False
-    from stallscope.cli.train import pipeline_from_args
     from stallscope.storage import gcs_objects
 
     return pipeline_from_args(args).gcs_reader == "pooled" and gcs_objects.available()
+
+
+def pipeline_from_args(args: argparse.Namespace):
+    """The preset (or --pipeline-config file) with the knob flags the user gave applied."""
+    import dataclasses
+
+    from stallscope.errors import UsageError
+    from stallscope.pipeline.config import PipelineConfig
+    from stallscope.pipeline.presets import apply_overrides, get_preset
+
+    if args.pipeline is not None and args.pipeline_config is not None:
+        raise UsageError("--pipeline-config: give either --pipeline PRESET or --pipeline-config FILE, not both")
+    base = PipelineConfig.load(args.pipeline_config) if args.pipeline_config is not None \
+        else get_preset(args.pipeline or DEFAULT_PRESET)
+    return apply_overrides(base, {field.name: getattr(args, f"knob_{field.name}", None)
+                                  for field in dataclasses.fields(PipelineConfig)})
 
 
 def apply_storage_flags(args: argparse.Namespace) -> list[str]:

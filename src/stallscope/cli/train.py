@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.cli import flags
+from stallscope.cli.flags import pipeline_from_args  # the one home of this flag logic; imported here by callers
 from stallscope.cpu_limits import cpu_named, quota_throttled
 from stallscope.errors import UsageError
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig, describe_knob, knob_docs
-from stallscope.pipeline.presets import OFF, PRESETS, apply_overrides, get_preset
+from stallscope.pipeline.presets import OFF, PRESETS
 from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION_IMAGES
 from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
@@ -47,7 +48,7 @@ from stallscope.verdict import fmt_share
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "0"}
-_DEFAULT_PRESET = "tuned"
+_DEFAULT_PRESET = flags.DEFAULT_PRESET
 # Knobs with their own seed-style flags elsewhere in this parser (or no flag at all).
 _NOT_KNOBS = {"preset"}
 
@@ -178,16 +179,6 @@ def require_data_service(pipeline: PipelineConfig, args: argparse.Namespace, out
               f"{pipeline.data_service}", file=out or sys.stdout, flush=True)
 
     require_reachable(pipeline.data_service, args.data_service_timeout, on_wait=waiting)
-
-
-def pipeline_from_args(args: argparse.Namespace) -> PipelineConfig:
-    """The preset (or --pipeline-config file) with the knob flags the user gave applied."""
-    if args.pipeline is not None and args.pipeline_config is not None:
-        raise UsageError("--pipeline-config: give either --pipeline PRESET or --pipeline-config FILE, not both")
-    base = PipelineConfig.load(args.pipeline_config) if args.pipeline_config is not None \
-        else get_preset(args.pipeline or _DEFAULT_PRESET)
-    return apply_overrides(base, {field.name: getattr(args, f"knob_{field.name}", None)
-                                  for field in dataclasses.fields(PipelineConfig)})
 
 
 def resolve_model_flags(model: str | None, base_model: str | None, weights: str | None) -> tuple[str, str]:
