@@ -5,7 +5,7 @@ import os as _os
 # TensorFlow's C++ start-up chatter hides our output; users can still set their own level.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__version__ = "0.1.0"
+from stallscope.version import __version__  # noqa: E402, F401
 
 
 def step(number: int):

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import stallscope
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.lifetime import dying_with_parent
 from stallscope.pipeline.presets import apply_overrides, get_preset
@@ -101,7 +100,7 @@ def train_command(grid: Grid, cell: Cell, data_path: str, pipeline_file: Path, r
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     """Our environment plus the store's; the child imports this same stallscope."""
     env = dict(os.environ)
-    package_root = str(Path(stallscope.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder above stallscope/
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra)

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallscope import __version__
 from stallscope.config import json_ready, require_choice, require_non_negative, require_positive
 from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.config import PipelineConfig
@@ -40,6 +39,7 @@ from stallscope.storage import request_tally
 from stallscope.storage.location import as_path
 from stallscope.storage.request_tally import RequestTally
 from stallscope.storage.under import storage_under
+from stallscope.version import __version__
 from stallscope.workload import rundir
 from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
