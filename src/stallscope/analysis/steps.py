@@ -29,6 +29,7 @@ from typing import Any
 
 from stallscope.analysis.stepfinder import FoundSteps, StepSpan, find_steps
 from stallscope.analysis.xplane import Event, Profile, ps_to_ms
+from stallscope.extras import install_line
 from stallscope.tfimport import stderr_fd_silenced
 from stallscope.verdict import verdict_for
 from stallscope.workload.rundir import StepRecord
@@ -227,8 +228,8 @@ def xprof_figure(profile_path: Path) -> XprofFigure:
     """
     try:
         from xprof.convert import raw_to_tool_data
-    except ImportError as exc:
-        return XprofFigure(None, 0, None, "", error=f"xprof is not installed ({exc})")
+    except ImportError:
+        return XprofFigure(None, 0, None, "", error=f"xprof is not installed: {install_line('xprof')}")
     try:
         with stderr_fd_silenced():  # xprof's C++ converter logs a dozen INFO lines to fd 2 per call
             raw = raw_to_tool_data.xspace_to_tool_data([str(profile_path)], "input_pipeline_analyzer", {})

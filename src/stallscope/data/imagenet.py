@@ -35,6 +35,7 @@ from stallscope.config import require_choice
 from stallscope.data import archives
 from stallscope.data.folders import read_text_file
 from stallscope.errors import DataError, UsageError
+from stallscope.extras import install_line
 from stallscope.records.manifest import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def _tfds_resource(relative: str):
     except ModuleNotFoundError:
         raise UsageError(
             "--labels: no labels file given and tensorflow-datasets, which ships the ILSVRC2012 "
-            "ground truth, is not installed; pip install tensorflow-datasets or pass --labels FILE"
+            f"ground truth, is not installed: {install_line('imagenet')}, or pass --labels FILE"
         ) from None
 
 

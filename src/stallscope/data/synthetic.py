@@ -34,6 +34,7 @@ import numpy as np
 
 from stallscope.config import from_dict, require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
+from stallscope.extras import needs_extra
 from stallscope.records.manifest import write_json_atomic
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
@@ -194,11 +195,13 @@ def _photo(name: str):
     from PIL import Image
 
     if name in ("china", "flower"):
-        from sklearn.datasets import load_sample_image
+        with needs_extra("data", "the built-in data set"):
+            from sklearn.datasets import load_sample_image
 
         array = load_sample_image(f"{name}.jpg")
     else:
-        import skimage.data
+        with needs_extra("data", "the built-in data set"):
+            import skimage.data
 
         if name == "hubble":
             array = skimage.data.hubble_deep_field()

@@ -31,6 +31,7 @@ from typing import Any
 
 from stallscope.data import images
 from stallscope.errors import DataError, UsageError
+from stallscope.extras import install_line
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
     ConvertOptions, ConvertReport, PlannedShard, Progress, _build_manifest, _fetch_chunk, _file_entry,
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 # What `DirectRunner` runs a batch job on, minus its first try: downloading the Prism runner's binary.
 DEFAULT_RUNNER = "FnApiRunner"
 PLAN_DIR = "beam-plan"  # in the state folder: one item list per pending shard
-INSTALL_HINT = "pip install 'stallscope[beam]' (or apache-beam)"
+INSTALL_HINT = f"{install_line('beam')} (or apache-beam)"
 # Runners whose workers run on other machines and so can never see a path of this one.
 REMOTE_ONLY_RUNNERS = ("dataflowrunner", "dataflow")
 # Images a worker fetches at once from a bucket (the local convert's chunk: its requests are in flight together).

@@ -5,11 +5,13 @@ from __future__ import annotations
 import io
 
 from stallscope.analysis.analyze import Analysis
+from stallscope.extras import needs_extra
 from stallscope.verdict import fmt_share, verdict_phrase
 
 
 def _figure():
-    import matplotlib
+    with needs_extra("report", "an HTML report's plots"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from stallscope.extras import install_line
 from stallscope.storage.counters import SharedCounters
 from stallscope.storage.latency_proxy import Throttle
 
@@ -39,7 +40,7 @@ def why_no_fuse() -> str:
     try:
         import mfusepy  # noqa: F401
     except (ImportError, OSError) as exc:
-        return f"the mfusepy package cannot be loaded ({exc}); pip install 'stallscope[storage]'"
+        return f"the mfusepy package cannot be loaded ({exc}); {install_line('emulator')}"
     return ""
 
 

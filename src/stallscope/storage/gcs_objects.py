@@ -20,6 +20,7 @@ import datetime
 import os
 
 from stallscope.errors import UsageError
+from stallscope.extras import install_line
 from stallscope.storage.location import storage_timeout
 from stallscope.storage.obstore_reading import ObstoreReader, installed, read_ca_bundle
 
@@ -27,13 +28,13 @@ TEST_TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 
 
 def available() -> bool:
-    """True where obstore (the storage extra) is installed."""
+    """True where obstore (the stores extra) is installed."""
     return installed()
 
 
 def require_obstore() -> None:
     if not available():
-        raise UsageError("--gcs-reader pooled: expected the obstore package (pip install 'stallscope[storage]'), "
+        raise UsageError(f"--gcs-reader pooled: expected the obstore package ({install_line('stores')}), "
                          "or --gcs-reader tf for TF's own gs:// client")
 
 

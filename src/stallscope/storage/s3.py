@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from stallscope.errors import UsageError
+from stallscope.extras import install_line
 from stallscope.storage import s3_objects
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, short,
@@ -124,7 +125,7 @@ class S3Store(Store):
         try:
             import s3fs
         except ImportError:
-            raise UsageError("s3:// needs the s3fs package: pip install 'stallscope[storage]'") from None
+            raise UsageError(f"s3:// needs the s3fs package: {install_line('stores')}") from None
         loop = asyncio.new_event_loop()
         threading.Thread(target=loop.run_forever, name="s3-io", daemon=True).start()
         seconds = storage_timeout()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from stallscope.errors import UsageError
+from stallscope.extras import install_line
 from stallscope.storage.obstore_reading import installed
 
 # Which reader fetches whole s3:// objects (JPEGs): obstore where installed, unless this says s3fs.
@@ -53,6 +54,6 @@ def reader_name() -> str:
         return "s3fs"
     if not installed():
         if wanted == "obstore":
-            raise UsageError(f"{READER_ENV}=obstore needs the obstore package: pip install 'stallscope[storage]'")
+            raise UsageError(f"{READER_ENV}=obstore needs the obstore package: {install_line('stores')}")
         return "s3fs"
     return "obstore"

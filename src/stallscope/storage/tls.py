@@ -10,13 +10,16 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+from stallscope.extras import needs_extra
+
 GOOGLE_API_HOSTS = ("www.googleapis.com", "storage.googleapis.com", "*.googleapis.com", "*.storage.googleapis.com")
 
 
 def server_context(ca_pem_path: Path) -> ssl.SSLContext:
     """A server-side TLS context for the Google API host names; writes the CA's certificate (PEM)
     to `ca_pem_path` for clients to trust."""
-    import trustme
+    with needs_extra("emulator", "the emulated gs:// endpoint's TLS"):
+        import trustme
 
     authority = trustme.CA(organization_name="stallscope storage emulator")
     certificate = authority.issue_cert(*GOOGLE_API_HOSTS)

@@ -1,0 +1,41 @@
+"""A missing optional package is one line naming the `pip install` that adds it; the extras it names exist."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from stallscope.errors import StallscopeError
+from stallscope.extras import EXTRAS, install_line, needs_extra
+
+PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+OPTIONAL = PYPROJECT["project"]["optional-dependencies"]
+
+
+def test_every_named_extra_is_in_pyproject_and_all_installs_the_features():
+    assert set(EXTRAS) <= set(OPTIONAL)
+    features = set(EXTRAS) - {"cpu", "demo"}
+    assert OPTIONAL["all"] == [f"stallscope[{','.join(sorted(features, key=list(EXTRAS).index))}]"]
+
+
+def test_the_core_leaves_out_every_extra_package():
+    core = {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower() for d in PYPROJECT["project"]["dependencies"]}
+    assert core.isdisjoint({"tensorflow", "tensorflow-cpu", "keras", "matplotlib", "scikit-image", "scikit-learn",
+                            "xprof", "tensorflow-datasets", "s3fs", "obstore", "apache-beam"})
+
+
+def test_a_missing_package_names_its_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    with pytest.raises(StallscopeError) as exc:
+        with needs_extra("report", "an HTML report's plots"):
+            import matplotlib  # noqa: F401
+    message = str(exc.value)
+    assert "\n" not in message and "matplotlib" in message and 'pip install "stallscope[report]"' in message
+
+
+def test_an_unknown_extra_is_a_programming_error():
+    with pytest.raises(ValueError, match="expected one of"):
+        install_line("plots")
