@@ -13,17 +13,15 @@ newest complete capture beside it, instead of "not a readable XSpace profile".
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from stallscope.errors import DataError, UsageError
+from stallscope.tfprotos import XPLANE, tf_proto
 from stallscope.workload.rundir import PROFILE_DIR
 
 log = logging.getLogger(__name__)
@@ -214,7 +212,7 @@ def load_profile(path: Path | str) -> Profile:
             raise DataError(f"{file}: this capture is still being written ({what}); analyse it once it is complete")
         hint = " (a capture stopped while it was written?)" if cut_short else ""
         raise DataError(f"{file}: not a readable XSpace profile ({what}){hint}")
-    xplane_pb2 = _xplane_module()
+    xplane_pb2 = tf_proto(XPLANE, "reading a profile")
     space = xplane_pb2.XSpace()
     try:
         space.ParseFromString(file.read_bytes())
@@ -224,30 +222,6 @@ def load_profile(path: Path | str) -> Profile:
     if not any(plane.lines for plane in planes):
         raise DataError(f"{file}: the profile holds no events (was the profiler stopped before any step ran?)")
     return Profile(path=file, planes=planes, hostnames=tuple(space.hostnames))
-
-
-_XPLANE_MODULE = "tensorflow.tsl.profiler.protobuf.xplane_pb2"
-
-
-def _xplane_module() -> Any:
-    """TF's XSpace proto module, loaded from its file when TensorFlow is not imported yet.
-
-    `import tensorflow...xplane_pb2` runs TensorFlow's package init (seconds); the generated
-    module needs only protobuf. It is registered under its own name, so a later TF import reuses it.
-    """
-    if _XPLANE_MODULE in sys.modules or "tensorflow" in sys.modules:
-        return importlib.import_module(_XPLANE_MODULE)
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError("reading a profile needs TensorFlow installed (pip install tensorflow-cpu)")
-    file = Path(list(spec.submodule_search_locations)[0]) / "tsl" / "profiler" / "protobuf" / "xplane_pb2.py"
-    if not file.exists():
-        return importlib.import_module(_XPLANE_MODULE)
-    module_spec = importlib.util.spec_from_file_location(_XPLANE_MODULE, file)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[_XPLANE_MODULE] = module
-    module_spec.loader.exec_module(module)
-    return module
 
 
 def _convert_plane(plane: Any) -> Plane:

@@ -29,7 +29,9 @@ SUBCOMMANDS = (
     ("serve", "stallscope.cli.serve", "run the tf.data service (dispatcher, workers) to decode on other processes or hosts"),
     ("storage", "stallscope.cli.storage", "emulate remote storage: a folder as a GCS or S3 bucket or a slow mount"),
 )
-NEEDS_TENSORFLOW = frozenset({"verify", "train", "evaluate", "analyze", "diagnose", "serve"})
+# Commands imported TensorFlow up front (quietly, see tfimport). `analyze` reads a profile's protobuf
+# without it and `verify --no-decode` only checksums, so both answer without TF's seconds of start-up.
+NEEDS_TENSORFLOW = frozenset({"train", "evaluate", "diagnose", "serve"})
 # Commands whose files TF itself reads or writes (a network file system's hang is in TF's threads there;
 # convert, verify and prepare bound their own steps)
 WATCHES_FILE_CALLS = frozenset({"train", "evaluate", "analyze", "diagnose"})
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
         if args.command in WATCHES_FILE_CALLS and process_entry:
             watch = watch_network_file_calls(args, give_up)
-        if args.command in NEEDS_TENSORFLOW:
+        if args.command in NEEDS_TENSORFLOW or (args.command == "verify" and not args.no_decode):
             import_tensorflow()
         return int(args.handler(args) or 0)
     except StallscopeError as exc:

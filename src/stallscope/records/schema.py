@@ -103,9 +103,9 @@ def parse_example(schema: Schema, serialized):
 
 def detect_schema(serialized: bytes) -> Schema:
     """Which schema one serialized record uses, from its feature keys."""
-    import tensorflow as tf
+    from stallscope.tfprotos import EXAMPLE, tf_proto
 
-    keys = set(tf.train.Example.FromString(serialized).features.feature)
+    keys = set(tf_proto(EXAMPLE, "reading TFRecords").Example.FromString(serialized).features.feature)
     for schema in (STANDARD, SEED):
         if schema.image_key in keys and schema.label_key in keys:
             return schema

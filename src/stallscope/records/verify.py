@@ -33,6 +33,7 @@ from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.location import RemotePath, StorageError, as_path
 from stallscope.storage.mounts import NetworkGuard, Ticks
+from stallscope.tfprotos import EXAMPLE, tf_proto
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +189,17 @@ def _decoder(jpeg_only: bool) -> Callable[[bytes], str | None]:
 
 
 def verify_records(records_dir: Path | str, *, decode: bool = True, threads: int | None = None) -> VerifyReport:
-    """Checks every shard of a records directory; `decode=False` skips image decoding."""
-    import tensorflow as tf
-
+    """Checks every shard of a records directory; `decode=False` skips image decoding (and TF's import:
+    Examples are parsed by TF's generated proto module alone)."""
+    example = tf_proto(EXAMPLE, "verify").Example
     records_dir = as_path(records_dir)
     try:
-        return _verify(records_dir, decode, threads, tf)
+        return _verify(records_dir, decode, threads, example)
     except StorageError as exc:
         raise StorageError(f"RECORDS_DIR: {exc}") from None
 
 
-def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
+def _verify(records_dir, decode: bool, threads: int | None, example) -> VerifyReport:
     # On a network file system every step is bounded: a server that stops answering a listing or a
     # shard's page faults ends the check with one line instead of holding it (`storage/mounts.NetworkGuard`).
     guard = NetworkGuard.of(records_dir, flag="")
@@ -216,7 +217,7 @@ def _verify(records_dir, decode: bool, threads: int | None, tf) -> VerifyReport:
                 if not path.is_file():
                     return None
                 with _mapped(path) as data:
-                    found = _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read)
+                    found = _check_shard(name, data, schema, num_labels, decode_one, pool, example, read)
                     return (*found, _sha256(data, read), len(data))
 
             checked = guard(check, f"reading {str(path)!r}", read, unit="records and megabytes read")
@@ -299,7 +300,7 @@ def _mapped(path: Path):
             yield data
 
 
-def _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read: Ticks | None = None):
+def _check_shard(name, data, schema, num_labels, decode_one, pool, example, read: Ticks | None = None):
     problems: list[Problem] = []
     images: list[tuple[int, int, bytes]] = []
     records = 0
@@ -328,7 +329,7 @@ def _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read: Tic
                 if schema is None:
                     problems.append(Problem(name, "parse", "not a tf.train.Example with either schema's keys", frame.index, frame.offset))
                     continue
-            problem, image = _check_example(name, frame, schema, num_labels, tf)
+            problem, image = _check_example(name, frame, schema, num_labels, example)
             if problem:
                 problems.append(problem)
             elif image is not None:
@@ -342,9 +343,9 @@ def _check_shard(name, data, schema, num_labels, decode_one, pool, tf, read: Tic
     return problems, records, decoded, schema
 
 
-def _check_example(name, frame: Frame, schema: Schema, num_labels, tf):
+def _check_example(name, frame: Frame, schema: Schema, num_labels, example):
     try:
-        feature = tf.train.Example.FromString(frame.payload).features.feature
+        feature = example.FromString(frame.payload).features.feature
     except Exception as exc:
         return Problem(name, "parse", f"not a tf.train.Example ({exc.__class__.__name__})", frame.index, frame.offset), None
     missing = [k for k in (schema.image_key, schema.label_key) if k not in feature]
