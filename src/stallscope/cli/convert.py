@@ -121,10 +121,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args
+        from stallscope.records.beam_workers import beam_stops_on_interrupt
 
         beam_args = pipeline_args(args.beam_option, args.beam_options_file)
-        with ProgressBar("convert (beam)", enabled=not args.no_progress) as bar:
-            report = convert_with_beam(options, beam_args, progress=bar.to if bar.enabled else None)
+        with sigterm_as_interrupt(), ProgressBar("convert (beam)", enabled=not args.no_progress) as bar:
+            with beam_stops_on_interrupt():  # SIGTERM, as Ctrl-C: Beam's workers stopped, one line
+                report = convert_with_beam(options, beam_args, progress=bar.to if bar.enabled else None)
     else:
         if args.beam_option or args.beam_options_file:
             flag = "--beam-option" if args.beam_option else "--beam-options-file"
