@@ -36,7 +36,7 @@ from stallscope.data import archives
 from stallscope.data.folders import read_text_file
 from stallscope.errors import DataError, UsageError
 from stallscope.extras import install_line
-from stallscope.records.manifest import write_json_atomic
+from stallscope.jsonfile import write_json_atomic
 
 log = logging.getLogger(__name__)
 JPEG_MAGIC = b"\xff\xd8\xff"  # every JPEG starts with SOI and a marker

@@ -33,7 +33,7 @@ from stallscope.data import archives
 from stallscope.data.imagenet import REPORT_NAME, PerClassCounts, Unplaced
 from stallscope.data.images import sniff_format
 from stallscope.errors import DataError, UsageError
-from stallscope.records.manifest import write_json_atomic
+from stallscope.jsonfile import write_json_atomic
 
 log = logging.getLogger(__name__)
 

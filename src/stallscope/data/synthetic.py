@@ -35,7 +35,7 @@ import numpy as np
 from stallscope.config import from_dict, require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
 from stallscope.extras import needs_extra
-from stallscope.records.manifest import write_json_atomic
+from stallscope.jsonfile import write_json_atomic
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import DataError
+from stallscope.jsonfile import write_json_atomic  # noqa: F401 (its home; imported from here too)
 from stallscope.storage.location import as_path
 
 MANIFEST_NAME = "manifest.json"
@@ -95,18 +96,6 @@ def load_manifest(records_dir: Path | str) -> Manifest:
     except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
         raise DataError(f"{path}: not valid JSON ({exc})") from None
     return Manifest.from_json(data, where=str(path))
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes JSON under a temporary name, fsyncs, then renames: readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, ensure_ascii=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def save_manifest(records_dir: Path | str, manifest: Manifest) -> None:
