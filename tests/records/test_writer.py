@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.records import writeback, writer as writer_module
+from stallscope.storage import tfrecord_frames
 from stallscope.records.schema import SEED, STANDARD, encode_example
 from stallscope.records.writer import (
     RecordFile, ShardWriter, crc32c_extend, encode_example_bytes, encode_example_parts, frame_record, masked_crc32c,
@@ -106,7 +107,7 @@ def test_examples_written_in_parts_are_the_single_buffer_bytes(tmp_path):
 @pytest.mark.parametrize("pure_python", [False, True], ids=["google_crc32c", "fallback"])
 def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_python):
     if pure_python:
-        monkeypatch.setattr(writer_module, "_CRC32C_TABLE", writer_module._crc32c_table(), raising=False)
+        monkeypatch.setattr(tfrecord_frames, "_CRC32C_TABLE", tfrecord_frames._crc32c_table(), raising=False)
         monkeypatch.setattr(writer_module, "crc32c_extend", writer_module._crc32c_extend_python)
     payload = bytes(range(256)) * 40
     record = RecordFile(tmp_path / "parts")
@@ -120,7 +121,7 @@ def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_
 
 @pytest.mark.parametrize("extend", [crc32c_extend, writer_module._crc32c_extend_python], ids=["google_crc32c", "fallback"])
 def test_crc32c_extends_part_by_part(extend, monkeypatch):
-    monkeypatch.setattr(writer_module, "_CRC32C_TABLE", writer_module._crc32c_table(), raising=False)
+    monkeypatch.setattr(tfrecord_frames, "_CRC32C_TABLE", tfrecord_frames._crc32c_table(), raising=False)
     assert extend(extend(extend(0, b"1234"), b""), b"56789") == extend(0, b"123456789") == 0xE3069283
 
 

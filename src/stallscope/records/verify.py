@@ -33,12 +33,11 @@ from stallscope.records.schema import SCHEMAS, Schema, detect_schema
 from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
 from stallscope.storage.location import RemotePath, StorageError, as_path
 from stallscope.storage.mounts import NetworkGuard, Ticks
+from stallscope.storage.tfrecord_frames import MAX_RECORD_BYTES
 from stallscope.tfprotos import EXAMPLE, tf_proto
 
 log = logging.getLogger(__name__)
 
-# Larger than any sane record; a bigger length means the header itself is garbage.
-MAX_RECORD_BYTES = 1 << 31
 DECODE_WINDOW = 256  # images held at once while decoding a shard
 
 

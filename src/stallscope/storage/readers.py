@@ -21,8 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from stallscope.errors import UsageError
-from stallscope.records.verify import MAX_RECORD_BYTES
-from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.storage.tfrecord_frames import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, MAX_RECORD_BYTES, masked_crc32c
 from stallscope.storage import gcs_objects, shard_heads
 from stallscope.storage.gcs import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
