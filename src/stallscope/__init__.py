@@ -21,7 +21,7 @@ def profile(log_dir, steps=(10, 20), dataset=None):
     reads this window's own capture and CPU figures, whatever later windows wrote to LOG. A LOG that is a
     file or cannot be written is a UsageError here, before the loop runs.
     `dataset=`: the tf.data.Dataset the loop reads, so the analysis names TF's rewrites of it."""
-    from stallscope.workload.marking import Profile
+    from stallscope.analysis.captures import Profile
 
     return Profile(log_dir, steps, dataset)
 

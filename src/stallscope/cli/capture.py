@@ -40,7 +40,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallscope.workload.capture import CaptureOptions, capture_and_analyze, default_log_path
+    from stallscope.analysis.captures import capture_and_analyze
+    from stallscope.workload.capture import CaptureOptions, default_log_path
 
     options = CaptureOptions(address=args.address, log_path=args.log_path or default_log_path(),
                              duration_s=args.duration, timeout_s=args.timeout)
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _watch(options, args: argparse.Namespace) -> int:
-    from stallscope.workload.capture import watch
+    from stallscope.analysis.captures import watch
 
     if args.markdown or args.html is not None:
         raise UsageError("--watch: prints one line per capture (or --json); --markdown and --html need a single capture")

@@ -101,16 +101,6 @@ class Profile:
     def captured_steps(self) -> int:
         return self.profiler.captured_steps
 
-    def analyze(self):
-        """The `Analysis` `stallscope analyze` computes, of this window's own capture and CPU figures
-        (its capture folder), whatever later windows wrote to the same LOG_DIR."""
-        from stallscope.analysis.analyze import analyze_run
-
-        if self.captured_steps == 0 or self.profiler.capture is None:
-            raise UsageError(f"stallscope.profile: no step of the window {self.profiler.window.text} ran; "
-                             "nothing was captured")
-        return analyze_run(self.profiler.capture)
-
 
 def dataset_or_none(dataset, name: str):
     """`dataset` where it is a tf.data.Dataset or None; else a one-line UsageError naming the argument."""
