@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from stallscope.storage.mounts import unescape
+from stallscope.mountinfo import unescape
 
 log = logging.getLogger(__name__)
 

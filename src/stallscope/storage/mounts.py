@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallscope.mountinfo import unescape  # noqa: F401 (stuck_calls imports it from here)
 from stallscope.storage.location import StorageError, is_remote, storage_timeout
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,6 @@ NETWORK_TYPES = frozenset({
     "orangefs", "fuse",
 })
 MOUNTINFO = Path("/proc/self/mountinfo")
-
-
-def unescape(field: str) -> str:
-    """mountinfo writes a space, tab, newline or backslash in a path as an octal escape."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
 
 
 def mount_points(text: str) -> list[tuple[str, str]]:
