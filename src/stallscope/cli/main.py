@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from stallscope import __version__
+from stallscope.version import __version__
 from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed, watch_network_file_calls
 from stallscope.errors import StallscopeError
 from stallscope.tfimport import import_tensorflow
