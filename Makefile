@@ -7,7 +7,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv system clean constraints chromium
+.PHONY: demo test bench venv system clean constraints chromium docs
 
 venv: system $(STAMP)
 
@@ -41,7 +41,7 @@ demo: venv
 	$(BIN)/python -m stallscope.demo --out demo-output
 
 # The suite runs where loopback is the only network, where the machine allows a namespace.
-test: venv chromium
+test: venv chromium docs
 	$(BIN)/python tools/loopback_only.py $(BIN)/python -m pytest -q
 
 # The sweep report's test renders it in headless Chromium: installed from Debian where we are root
@@ -50,6 +50,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
 	  echo "note: chromium not installed (needs root and apt); the sweep report's browser test will skip"
+
+# The documentation site (docs/, mkdocs.yml) into site/, warnings as errors; installs the docs extra first.
+# The CLI reference and the pipeline knobs are generated from the code (tools/docs_hooks.py).
+docs: venv
+	@$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 bench: venv
 	$(BIN)/python benchmarks/convert.py
