@@ -1,4 +1,4 @@
-"""The README's three API examples are the files under examples/, verbatim, and they run."""
+"""The API examples the docs show are the files under examples/, verbatim, and they run."""
 
 from __future__ import annotations
 
@@ -14,16 +14,18 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = re.compile(r"<!-- example: (\S+) -->\n```python\n(.*?)```\n<!-- /example -->", re.S)
 
 
-def _examples() -> dict[str, str]:
-    return dict(EXAMPLE.findall((REPO / "README.md").read_text(encoding="utf-8")))
+def _examples() -> list[tuple[Path, str, str]]:
+    """(page, example file, the page's copy) for every example block of the README and docs/**/*.md."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [(page, path, code) for page in pages for path, code in EXAMPLE.findall(page.read_text(encoding="utf-8"))]
 
 
-def test_the_readme_holds_each_example_file_verbatim():
+def test_the_docs_hold_each_example_file_verbatim():
     examples = _examples()
-    assert sorted(examples) == ["examples/bucket_pipeline.py", "examples/custom_loop.py",
-                                "examples/diagnose_dataset.py", "examples/keras_callback.py"]
-    for path, code in examples.items():
-        assert code == (REPO / path).read_text(encoding="utf-8"), f"README's copy of {path} is out of date"
+    assert sorted({path for _, path, _ in examples}) == sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "examples").glob("*.py"))
+    for page, path, code in examples:
+        assert code == (REPO / path).read_text(encoding="utf-8"), f"{page.name}'s copy of {path} is out of date"
 
 
 @pytest.mark.parametrize("path, args, verdict", [
