@@ -27,11 +27,17 @@ def _tf_line(exc) -> str:
 
 def data_errors() -> tuple[type, ...]:
     """TF's errors for input that is damaged, gone or unreadable: `input_error` names the file.
-    FailedPreconditionError is how TF raises ENOTCONN, a mount whose server is gone."""
+    FailedPreconditionError is how TF raises ENOTCONN, a mount whose server is gone; a read in flight
+    when it went fails with ECONNABORTED, which TF raises as an InternalError (see `_read_unavailable`)."""
     import tensorflow as tf
 
     return (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
-            tf.errors.PermissionDeniedError, tf.errors.FailedPreconditionError)
+            tf.errors.PermissionDeniedError, tf.errors.FailedPreconditionError, tf.errors.InternalError)
+
+
+def _read_unavailable(exc) -> bool:
+    """TF's ReadFile failing as UnavailableError inside tf.data is re-raised as an InternalError that says so."""
+    return "originally returned UnavailableError" in (getattr(exc, "message", None) or str(exc))
 
 
 def store_errors() -> tuple[type, ...]:
@@ -46,9 +52,9 @@ def input_error(source, exc) -> DataError:
     import tensorflow as tf
 
     what = _tf_line(exc)
-    if isinstance(exc, tf.errors.FailedPreconditionError):
+    if isinstance(exc, tf.errors.FailedPreconditionError) or _read_unavailable(exc):
         return _unreachable_error(source, " ".join((getattr(exc, "message", None) or str(exc)).split()))
-    if source is None:
+    if source is None or isinstance(exc, tf.errors.InternalError):
         return DataError(f"the input pipeline failed: {what}")
     if isinstance(exc, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
         return _unreadable_error(source, what)
@@ -72,8 +78,9 @@ def store_error(source, exc):
                         "expected it to answer within --storage-timeout")
 
 
-# ENOTCONN, as the kernel words it: a FUSE mount whose daemon ended (or was killed) without unmounting.
-_GONE_SERVER = "Transport endpoint is not connected"
+# ENOTCONN, as the kernel words it: a FUSE mount whose daemon ended (or was killed) without unmounting;
+# ECONNABORTED: a request that was in flight when it did.
+_GONE_SERVER = ("Transport endpoint is not connected", "Software caused connection abort")
 
 
 def _unreachable_error(source, text: str) -> DataError:
@@ -83,8 +90,9 @@ def _unreachable_error(source, text: str) -> DataError:
     found = re.search(r"(\S+); ([^\[]+?)\s*(?:\[\[|$)", text)
     where = found.group(1) if found else (str(source.path) if source is not None else "the input")
     reason = found.group(2) if found else _tf_line(text)
-    if _GONE_SERVER in text:
-        return DataError(f"{where}: cannot be read: the mount's server is gone ({_GONE_SERVER}: the FUSE daemon "
+    gone = next((reason for reason in _GONE_SERVER if reason in text), None)
+    if gone is not None:
+        return DataError(f"{where}: cannot be read: the mount's server is gone ({gone}: the FUSE daemon "
                          "serving it ended); expected it to serve the files until the run ends: remount it and "
                          "run again (a checkpointed run resumes)")
     return DataError(f"{where}: cannot be read any more ({reason}); expected every listed file to stay readable "
