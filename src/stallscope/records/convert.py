@@ -50,8 +50,8 @@ from stallscope.records.manifest import (
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
-    RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record, is_convert_temporary,
-    is_temporary,
+    OutputFull, RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record,
+    is_convert_temporary, is_temporary,
 )
 from stallscope.records.worker_lifetime import stopped_by_parent
 from stallscope.storage.location import RemotePath, StorageError, as_path, listed_info, read_many
@@ -845,7 +845,7 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     if isinstance(options.output_path, RemotePath):
         from stallscope.records.remote_output import convert_to_store
 
-        return convert_to_store(options, progress)
+        return convert_to_store(options, progress, convert_local=convert_tree, command=convert_command(options))
     started = time.perf_counter()
     plan = plan_conversion(options)
     guard = NetworkGuard.of(options.output_path)
@@ -857,21 +857,6 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OutputFull(options.output_path, exc) from None
         raise
-
-
-class OutputFull(UsageError):
-    """The output folder's file system (or the user's quota there) has no room for the shards."""
-
-    def __init__(self, folder: Path, exc: OSError, flag: str = "--output_path") -> None:
-        self.folder, self.reason = folder, exc.strerror or os.strerror(exc.errno)
-        try:
-            free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free there now"
-        except OSError:
-            free = "its free space unknown"
-        super().__init__(
-            f"{flag}: {str(folder)!r} is full ({self.reason}; {free}); expected a folder with room for the "
-            f"shards: free space there or choose another {flag}, and run the same command again (the shards "
-            "completed so far are kept; the unfinished files were removed)")
 
 
 def _reused_states(out: Path, state_dir: Path, plan: list[PlannedShard], hashed: Ticks) -> dict[str, dict[str, Any]]:

@@ -27,7 +27,7 @@ from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
 from stallscope.records.remote_lock import Lease, bucket_lease
-from stallscope.records.writer import is_convert_temporary, is_temporary
+from stallscope.records.writer import OutputFull, is_convert_temporary, is_temporary
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
 
@@ -133,22 +133,22 @@ def publish(local: Path, out: RemotePath, command: str, lease: Lease) -> int:
     return copied
 
 
-def convert_to_store(options, progress=None):
-    """`convert_tree` for an output in a bucket: stage locally, then publish."""
-    from stallscope.records.convert import OutputFull, convert_command, convert_tree
+def convert_to_store(options, progress=None, *, convert_local, command: str):
+    """`convert_tree` for an output in a bucket: stage locally (`convert_local`, convert_tree itself), then
+    publish; `command` is the conversion's command line (`convert_command`), which the bucket's lease names."""
 
     out = options.output_path
     with contextlib.ExitStack() as held:
         try:
             check_remote_output(out)
-            lease = held.enter_context(bucket_lease(out, convert_command(options)))  # and proves the prefix takes writes
+            lease = held.enter_context(bucket_lease(out, command))  # and proves the prefix takes writes
             clear_temporaries(out)
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
         local = staging_dir(out)
         local.parent.mkdir(parents=True, exist_ok=True)
         try:
-            report = convert_tree(dataclasses.replace(options, output_path=local), progress)
+            report = convert_local(dataclasses.replace(options, output_path=local), progress)
         except OutputFull as exc:
             raise UsageError(
                 f"--output_path: {out} is staged first in the local folder {str(local)!r}, which is full ({exc.reason}); "
@@ -157,7 +157,7 @@ def convert_to_store(options, progress=None):
         manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
         save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
         try:
-            copied = publish(local, out, convert_command(options), lease)
+            copied = publish(local, out, command, lease)
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
     shutil.rmtree(local, ignore_errors=True)

@@ -13,9 +13,11 @@ import hashlib
 import mmap
 import os
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from stallscope.errors import UsageError
 from stallscope.records import sharding
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo
 from stallscope.records.schema import Schema
@@ -303,3 +305,18 @@ def file_sha256(path: Path | str, megabytes=None) -> str:
             if megabytes is not None:
                 megabytes.count += 1
     return sha.hexdigest()
+
+
+class OutputFull(UsageError):
+    """The output folder's file system (or the user's quota there) has no room for the shards."""
+
+    def __init__(self, folder: Path, exc: OSError, flag: str = "--output_path") -> None:
+        self.folder, self.reason = folder, exc.strerror or os.strerror(exc.errno)
+        try:
+            free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free there now"
+        except OSError:
+            free = "its free space unknown"
+        super().__init__(
+            f"{flag}: {str(folder)!r} is full ({self.reason}; {free}); expected a folder with room for the "
+            f"shards: free space there or choose another {flag}, and run the same command again (the shards "
+            "completed so far are kept; the unfinished files were removed)")
