@@ -130,7 +130,7 @@ GETs, one at a time), then whole-object GETs of its largest objects, many in fli
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    from stallscope.storage.store_probe import ProbeOptions, probe_store
+    from stallscope.analysis.store_probe import ProbeOptions, probe_store
 
     result = probe_store(ProbeOptions(url=args.url, round_trips=args.round_trips, in_flight=args.in_flight,
                                       seconds=args.seconds))

@@ -5,6 +5,9 @@ data still on local disk can be asked about the store it would move to.
 
 Bandwidth is only named where the objects read were large (4 MiB or more on average): a GET of a
 75 KB JPEG is bound by its round trip, so many of them in flight measure the requests, not the link.
+
+Timing the requests is the client side's (storage/round_trips.py, storage's readers); reading them as
+the what-if's store (the round trip less the client's own cost per request, the spec) is analysis'.
 """
 
 from __future__ import annotations
