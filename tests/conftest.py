@@ -72,6 +72,25 @@ def temporary_folder_of_the_session(tmp_path_factory):
         os.environ["TMPDIR"] = saved[1]
 
 
+def make_noisy_tree(root: Path, *, per_class: int = 40, seed: int = 3) -> Path:
+    """`a/` and `b/` of noise JPEGs (480x360, about 160 KB each): slow enough to convert that a run can
+    be stopped mid-way (three workers take a second or so for 40 a class)."""
+    rng = np.random.default_rng(seed)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (360, 480, 3), dtype=np.uint8)).save(root / label / f"{i:03d}.jpg",
+                                                                                      quality=90)
+    return root
+
+
+@pytest.fixture
+def noisy_tree_factory(tmp_path):
+    """Call it for a tree of noise JPEGs (see `make_noisy_tree`): `noisy_tree_factory(per_class=12)`."""
+    counter = iter(range(1000))
+    return lambda **kwargs: make_noisy_tree(tmp_path / f"noisy{next(counter)}", **kwargs)
+
+
 @pytest.fixture
 def image_tree_factory(tmp_path):
     """Call it to write a tiny tree: `image_tree_factory(classes=3, per_class=6, splits=("train",))`."""

@@ -1,5 +1,6 @@
-"""convert leaves nothing behind: its workers end with it however it ends, its lock names a live
-process, and a dead run's unfinished files go before anything is written (a full disk among them)."""
+"""convert leaves nothing behind: its lock names a live process, and a dead run's unfinished files go
+before anything is written (a full disk among them). convert stopped by a signal, and into a full disk
+from the command line: tests/faults/test_convert.py."""
 
 from __future__ import annotations
 
@@ -10,38 +11,16 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import psutil
 import pytest
-from PIL import Image
 
 from stallscope.records.completeness import STATE_DIR
 from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.records.lock import LOCK_NAME, ExclusiveLock, LockedError, holder_text
 
-WORKERS = 3
-GONE_WITHIN_S = 5.0
-
-
-def _noisy_tree(root, per_class=40):
-    """Noise JPEGs (about 160 KB each) that take three workers a second or so to convert."""
-    rng = np.random.default_rng(3)
-    for label in ("a", "b"):
-        (root / label).mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 256, (360, 480, 3), dtype=np.uint8)).save(root / label / f"{i:03d}.jpg",
-                                                                                      quality=90)
-    return root
-
 
 def _env():
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-
-
-def _convert(src, out, *extra, stderr=None):
-    cmd = [sys.executable, "-m", "stallscope", "convert", str(src), "--output_path", str(out), "--no-progress", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=_env(),
-                            start_new_session=True)  # its own process group, as a terminal gives it
 
 
 def _end(processes):
@@ -50,56 +29,6 @@ def _end(processes):
             process.kill()
         except psutil.NoSuchProcess:
             pass
-
-
-def _alive(processes):
-    return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
-@pytest.mark.parametrize("signum, group", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
-                         ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
-def test_workers_end_with_their_parent_and_a_rerun_finishes_the_same_shards(tmp_path, signum, group):
-    """`kill -9 PID` and `kill PID` reach the parent alone; Ctrl-C reaches the whole process group."""
-    src = _noisy_tree(tmp_path / "src")
-    out = tmp_path / "out"
-    err_file = tmp_path / "stderr.txt"
-    workers = []
-    with open(err_file, "w") as err:
-        parent = _convert(src, out, "--shards", "16", "--workers", str(WORKERS), stderr=err)
-    try:
-        deadline = time.monotonic() + 120
-        while parent.poll() is None and time.monotonic() < deadline:  # until every worker writes a shard
-            workers = psutil.Process(parent.pid).children()
-            if len(workers) >= WORKERS and len(list(out.glob(".*.tmp-*"))) >= WORKERS:
-                break
-            time.sleep(0.002)
-        (os.killpg if group else os.kill)(parent.pid, signum)
-        parent.wait(timeout=60)
-        expected = -signal.SIGKILL if signum == signal.SIGKILL else 130  # SIGTERM ends as Ctrl-C does
-        assert parent.returncode == expected, f"exit {parent.returncode} (0: it finished before it could be stopped)"
-        assert len(workers) >= WORKERS
-        _, still = psutil.wait_procs(workers, timeout=GONE_WITHIN_S)
-        still = _alive(still)
-        assert not still, f"workers {[p.pid for p in still]} outlived their parent"
-        assert not (out / "manifest.json").exists()
-        if signum != signal.SIGKILL:
-            assert err_file.read_text().strip() == "stallscope convert: interrupted"
-            assert not list(out.glob(".*.tmp-*")), "the workers' unfinished files are removed"
-    finally:
-        _end(workers)
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-
-    rerun = _convert(src, out, "--shards", "16", "--workers", str(WORKERS))
-    assert rerun.wait(timeout=300) == 0
-    reference = tmp_path / "reference"
-    convert_tree(ConvertOptions(src, reference, shards=16, workers=1))
-    names = sorted(p.name for p in reference.glob("*.tfrecord"))
-    assert len(names) == 16 and sorted(p.name for p in out.glob("*.tfrecord")) == names
-    for name in names:
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
-    assert sorted(p.name for p in out.iterdir()) == sorted(names + ["labels.txt", "manifest.json"])
 
 
 # A convert killed while a process it forked kept the lock's descriptor (what older versions' workers
@@ -177,18 +106,6 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
-
-
-def test_a_full_disk_is_one_line_naming_the_flag_and_folder_and_leaves_no_temporary(tmp_path, small_disk):
-    src = _noisy_tree(tmp_path / "src", per_class=12)  # about 3.8 MB of shards for 2 MB
-    out = small_disk / "out"
-    result = subprocess.run([sys.executable, "-m", "stallscope", "convert", str(src), "--output_path", str(out),
-                             "--shards", "4", "--workers", "2", "--no-progress"],
-                            capture_output=True, text=True, timeout=300, env=_env())
-    err = result.stderr.strip()
-    assert result.returncode == 2 and len(err.splitlines()) == 1, err
-    assert f"--output_path: {str(out)!r} is full (No space left on device" in err, err
-    assert not [p.name for p in out.rglob("*") if ".tmp-" in p.name], "unfinished files hold the space a rerun needs"
 
 
 def test_a_dead_runs_temporaries_go_before_anything_is_written(tiny_tree, small_disk):

@@ -1,5 +1,6 @@
-"""`serve local` leaves no process behind however it ends, listens where it says, and a training job
-that the service stops feeding ends in one line: real processes, real servers on this machine."""
+"""The tf.data service's servers listen where they say, stop when told, and bound every wait: real
+processes, real servers on this machine. `serve local` stopped every way, and a training job the
+service does not feed: tests/faults/test_service.py."""
 
 from __future__ import annotations
 
@@ -17,119 +18,6 @@ from stallscope.service import guard, servers
 
 START_S = 150  # TF's import in two processes, on a loaded machine
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-
-
-def _serve_local(*flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "stallscope", "serve", "local", "--workers", "1", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-
-
-def _wait_for_line(process: subprocess.Popen, timeout_s: float = START_S) -> str:
-    assert select.select([process.stdout], [], [], timeout_s)[0], "serve local said nothing"
-    return process.stdout.readline()
-
-
-def _tree(process: subprocess.Popen) -> list[psutil.Process]:
-    """The process and every process below it, as they are now."""
-    root = psutil.Process(process.pid)
-    return [root] + root.children(recursive=True)
-
-
-def _left_alive(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
-    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-
-
-def _end(process: subprocess.Popen, tree: list[psutil.Process]) -> None:
-    """Whatever a failed test left: each process by its PID."""
-    for proc in tree:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    if process.poll() is None:
-        process.kill()
-    process.communicate(timeout=30)
-
-
-@pytest.mark.timeout(300)
-def test_sigterm_while_serving_stops_every_process_and_it_listened_on_this_machine_only():
-    process = _serve_local()
-    tree: list[psutil.Process] = []
-    try:
-        line = _wait_for_line(process)
-        assert line.startswith("tf.data service at grpc://127.0.0.1:"), line
-        tree = _tree(process)
-        assert len(tree) == 2, [p.cmdline() for p in tree]  # serve local and its worker
-        worker = tree[1]
-        assert worker.cmdline()[-4:] == ["--host", "127.0.0.1", "--parent-pid", str(process.pid)]
-        for proc in tree:  # gRPC's socket is *:PORT; every address of this machine but loopback is held by us
-            listening = [c.laddr for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
-            ports = {address.port for address in listening}
-            assert len(ports) == 1, listening
-            wildcard = [a.ip for a in listening if a.ip in ("0.0.0.0", "::")]
-            held = sorted(a.ip for a in listening if a.ip not in ("0.0.0.0", "::"))
-            assert len(wildcard) == 1, listening
-            assert held == sorted(a.split("%")[0] for a in guard.other_addresses("127.0.0.1")), listening
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-        assert _left_alive(tree, 30) == []
-    finally:
-        _end(process, tree)
-
-
-@pytest.mark.timeout(300)
-def test_sigterm_while_the_worker_starts_leaves_no_worker():
-    process = _serve_local()
-    tree: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + START_S
-        while len(tree) < 2 and time.monotonic() < deadline and process.poll() is None:
-            time.sleep(0.1)
-            tree = _tree(process)
-        assert len(tree) == 2, "serve local started no worker process"
-        process.send_signal(signal.SIGTERM)  # the worker is importing TF and has not registered
-        _, err = process.communicate(timeout=60)
-        assert process.returncode == 130 and err.strip().splitlines()[-1] == "stallscope serve: interrupted"
-        assert _left_alive(tree, 30) == []
-    finally:
-        _end(process, tree)
-
-
-@pytest.mark.timeout(300)
-def test_a_killed_serve_local_takes_its_worker_with_it():
-    process = _serve_local()
-    tree: list[psutil.Process] = []
-    try:
-        _wait_for_line(process)
-        tree = _tree(process)
-        assert len(tree) == 2
-        process.kill()  # no handler runs: the kernel tells the worker (PR_SET_PDEATHSIG)
-        process.wait(timeout=30)
-        assert _left_alive(tree[1:], 30) == []
-    finally:
-        _end(process, tree)
-
-
-@pytest.mark.timeout(200)
-def test_train_against_a_dispatcher_with_no_worker_ends_in_one_line_within_its_timeout(tiny_tree, tmp_path):
-    dispatcher = servers.start_dispatcher()
-    try:
-        began = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "stallscope", "train", "--dataset_path", str(tiny_tree), "--accelerator",
-             "emulated:1ms", "--steps", "2", "--image_size", "32", "--batch_size", "4", "--log_path",
-             str(tmp_path / "run"), "--data-service", dispatcher.target, "--data-service-timeout", "3s"],
-            capture_output=True, text=True, timeout=150, env=ENV)
-        took = time.monotonic() - began
-    finally:
-        dispatcher.stop()
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        f"stallscope train: error: --data-service: the tf.data service at {dispatcher.target} sent no batch for 3 s "
-        f"(no worker registered, or the dispatcher or its workers stopped?); expected batches within "
-        f"--data-service-timeout"]
-    assert took < 150
 
 
 def test_a_dispatcher_answers_on_loopback_but_not_at_an_address_it_is_kept_from():

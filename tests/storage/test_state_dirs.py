@@ -1,22 +1,17 @@
 """A storage emulator killed with -9 leaves its state folder in the temporary folder; the next store
-started removes it, and nothing that is not a dead run's marked folder."""
+started removes it, and nothing that is not a dead run's marked folder (the kill itself, from the
+command line: tests/faults/test_storage.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import psutil
-import pytest
 
 from stallscope.storage import state_dirs
-from stallscope.storage.emulator import emulate
-
-from .conftest import child_environment
 
 LIMIT_S = 60
 
@@ -47,28 +42,3 @@ def test_only_marked_folders_of_dead_makers_are_removed(tmp_path):
     assert sorted(state_dirs.clear_dead_state_dirs(tmp_path)) == sorted([dead, reused])
     assert not dead.exists() and not reused.exists()
     assert live.exists() and unmarked.exists() and other.exists()
-
-
-@pytest.mark.timeout(LIMIT_S * 2)
-def test_a_store_killed_with_sigkill_leaves_a_folder_the_next_store_removes(tiny_tree, tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(state_dirs.tempfile, "tempdir", None)  # TMPDIR is read again
-    ready = tmp_path / "ready.json"
-    server = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree), "--gcs",
-                               "--for", "60s", "--ready-file", str(ready)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=child_environment({"TMPDIR": str(tmp_path)}))
-    try:
-        deadline = time.monotonic() + LIMIT_S
-        while not ready.exists() and time.monotonic() < deadline and server.poll() is None:
-            time.sleep(0.05)
-        assert ready.exists(), "the store did not start"
-        left = [p for p in tmp_path.iterdir() if p.name.startswith(state_dirs.PREFIX)]
-        assert len(left) == 1
-    finally:
-        server.send_signal(signal.SIGKILL)
-        server.wait(LIMIT_S)
-    assert left[0].exists()  # -9: nothing ran to remove it
-    with emulate(tiny_tree, kind="gcs", max_duration_s=LIMIT_S) as store:
-        assert not left[0].exists()
-        assert store.url.startswith("gs://")
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(state_dirs.PREFIX)]

@@ -247,28 +247,6 @@ def test_a_port_nobody_listens_on_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "captures").exists()
 
 
-@pytest.mark.parametrize("timeout", ["2s", "30s"])
-def test_a_peer_that_accepts_but_never_answers_is_named_as_not_answering(tmp_path, timeout, silent_port):
-    """TF's client waited 20 s here and then said the job "recorded nothing in the window": the job
-    never answered. Said at once after --timeout, or after 5 s of the default 30 s."""
-    address = f"127.0.0.1:{silent_port}"
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "stallscope", "capture", address, "--duration", "1s", "--timeout", timeout,
-         "--log_path", str(tmp_path / "captures")],
-        capture_output=True, text=True, timeout=60,
-    )
-    seconds = time.monotonic() - started
-    assert done.returncode == 2 and done.stdout == ""
-    wait = "2s" if timeout == "2s" else "5s"
-    assert done.stderr.splitlines() == [
-        f"stallscope capture: error: {address}: the job accepts connections but does not answer (no reply to a "
-        f"gRPC greeting within {wait}); is its profiler server stuck, or is another program on this port?"
-    ]
-    assert seconds < 19  # TF's client gave up after 20 s, saying something else
-    assert not (tmp_path / "captures").exists()
-
-
 @pytest.mark.parametrize("address", ["localhost", "localhost:http", "localhost:70000", ":6009"])
 def test_a_bad_address_names_it(address, tmp_path):
     with pytest.raises(UsageError, match="HOST:PORT: expected HOST:PORT"):
