@@ -39,3 +39,12 @@ def test_a_missing_package_names_its_extra(monkeypatch):
 def test_an_unknown_extra_is_a_programming_error():
     with pytest.raises(ValueError, match="expected one of"):
         install_line("plots")
+
+
+def test_the_built_in_data_set_without_its_extra_stops_before_any_worker_starts(tmp_path, monkeypatch):
+    from stallscope.data.synthetic import make_synthetic
+
+    monkeypatch.setitem(__import__("sys").modules, "sklearn", None)
+    with pytest.raises(StallscopeError, match=r'pip install "stallscope\[data\]"'):
+        make_synthetic(tmp_path / "data")
+    assert not (tmp_path / "data").exists()

@@ -9,6 +9,7 @@ Beam and TensorBoard's Profile tab (xprof) are extras (pyproject.toml). A featur
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 
 from stallscope.errors import StallscopeError
@@ -50,3 +51,11 @@ def needs_extra(extra: str, feature: str) -> Iterator[None]:
         yield
     except ModuleNotFoundError as exc:
         raise missing_extra(extra, feature, (exc.name or str(exc)).split(".")[0]) from None
+
+
+def require(extra: str, feature: str, *modules: str) -> None:
+    """Before any work (and before worker processes, whose failed start a pool retries for ever): the
+    one line where a module of `extra` is not installed."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise missing_extra(extra, feature, module)

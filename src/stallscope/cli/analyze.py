@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stallscope.cli.flags import add_flag
 from stallscope.errors import UsageError
+from stallscope.extras import require
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,7 @@ def check_report_flags(args: argparse.Namespace) -> None:
     """Before any work: an --html file that cannot be written is refused before a report is printed, not after."""
     if args.html is None:
         return
+    require("report", "--html", "matplotlib")
     path = args.html
     if path.is_dir():
         raise UsageError(f"--html: {str(path)!r} is a directory; expected a file name such as report.html")

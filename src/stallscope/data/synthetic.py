@@ -34,7 +34,7 @@ import numpy as np
 
 from stallscope.config import from_dict, require_positive, to_dict, usable_cores
 from stallscope.errors import DataError, UsageError
-from stallscope.extras import needs_extra
+from stallscope.extras import needs_extra, require
 from stallscope.jsonfile import write_json_atomic
 from stallscope.storage.mounts import NetworkGuard, Ticks
 
@@ -396,6 +396,7 @@ def make_synthetic(
     Idempotent and resumable: each image appears under its final name only when complete, and
     `synthetic.json` is written last; a run with the same options keeps every finished image.
     """
+    require("data", "the built-in data set", "sklearn", "skimage")
     output = Path(output)
     started = time.perf_counter()
     guard = NetworkGuard.of(output, "--output")

@@ -10,7 +10,7 @@ from stallscope.verdict import fmt_share, verdict_phrase
 
 
 def _figure():
-    with needs_extra("report", "an HTML report's plots"):
+    with needs_extra("report", "plots"):
         import matplotlib
 
     matplotlib.use("Agg")
