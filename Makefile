@@ -7,7 +7,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench venv system clean constraints chromium docs
+.PHONY: demo test bench venv system clean constraints chromium dist docs
 
 venv: system $(STAMP)
 
@@ -58,7 +58,15 @@ docs: venv
 	  $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
+# The sdist and wheel users install (dist/), their metadata checked as PyPI would. No isolation: the
+# setuptools and wheel pinned in constraints.txt build it, offline and in seconds.
+dist: venv
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
+
 bench: venv
+	$(BIN)/python benchmarks/cli_startup.py
 	$(BIN)/python benchmarks/convert.py
 	$(BIN)/python benchmarks/convert_mount.py
 	$(BIN)/python benchmarks/convert_scale.py listing
@@ -82,4 +90,4 @@ bench: venv
 	$(BIN)/python benchmarks/cpu_quota.py
 
 clean:
-	rm -rf $(VENV) demo-output bench-output
+	rm -rf $(VENV) demo-output bench-output dist
