@@ -38,6 +38,7 @@ from stallscope.cli import flags
 from stallscope.cli.flags import pipeline_from_args  # the one home of this flag logic; imported here by callers
 from stallscope.cpu_limits import cpu_named, quota_throttled
 from stallscope.errors import UsageError
+from stallscope.extras import install_line, installed
 from stallscope.pipeline import config as pipeline_config
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig, describe_knob, knob_docs
 from stallscope.pipeline.presets import OFF, PRESETS
@@ -391,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"summary         {result.run_dir / 'summary.json'}")
     if result.summary.get("profile"):
         if result.summary["profile"]["files"]:
-            print(f"profile         tensorboard --logdir {shlex.quote(str(result.run_dir))}  (Profile tab)")
+            tab = "Profile tab" if installed("tensorboard_plugin_profile") else f"Profile tab: {install_line('xprof')}"
+            print(f"profile         tensorboard --logdir {shlex.quote(str(result.run_dir))}  ({tab})")
         else:
             print(f"profile         none written: the run never reached steps {result.summary['profile']['steps']}",
                   file=sys.stderr)
