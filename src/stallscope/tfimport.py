@@ -13,6 +13,8 @@ import functools
 import os
 import sys
 
+from stallscope.extras import needs_extra
+
 
 @contextlib.contextmanager
 def stderr_fd_silenced():
@@ -46,11 +48,13 @@ def silence_cpp_stderr_at_exit() -> None:
 
 
 def import_tensorflow():
-    """Returns the tensorflow module, imported with its C++ start-up notices hidden."""
+    """Returns the tensorflow module, imported with its C++ start-up notices hidden; where it is not
+    installed (the core leaves it to the environment), the one line naming the `cpu` extra."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     with stderr_fd_silenced():
-        import tensorflow
+        with needs_extra("cpu", "this command"):
+            import tensorflow
         # Keras and the first device query print more notices; trigger them here too.
         tensorflow.config.list_physical_devices()
     return tensorflow
