@@ -43,7 +43,7 @@ def test_a_run_pinned_to_one_cpu_says_so(tiny_tree, tmp_path, capsys):
     assert code == 0
     cpu = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu"]
     assert cpu["cores"] == 1 and cpu["cpus"] == 1 and cpu["quota_cores"] is None
-    assert re.search(r"^CPU +\d+% of 1 core \(process", out, re.MULTILINE), out
+    assert re.search(r"^CPU +\d\.\d\d of 1 core busy \(this process \d+\.\d\d\)$", out, re.MULTILINE), out
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to limit the run to fewer")

@@ -401,10 +401,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cpu_line(cpu: dict) -> str:
-    """'45% of 2 cores (process 90%)'; a run too short to sample says so instead of a 0%."""
+    """'1.48 of 2 cores busy (this process 1.47)': one unit, cores, for the machine and the process (the
+    machine's share is of the cores the run may use, the process's of one core); a run too short to
+    sample says so instead of a 0."""
     machine, process = cpu.get("system_mean_percent"), cpu.get("process_mean_percent")
-    own = f"process {process:.0f}%" if process is not None else "process unknown"
+    own = f"this process {process / 100:.2f}" if process is not None else "this process unknown"
+    cores = cpu.get("cores")
     if machine is None:
-        return (f"not sampled (a run of {cpu.get('duration_s', 0):.2f} s on {cpu_named(cpu)}); {own} of one core, "
+        return (f"not sampled (a run of {cpu.get('duration_s', 0):.2f} s on {cpu_named(cpu)}); {own} cores, "
                 f"from its CPU time")
-    return f"{machine:.0f}% of {cpu_named(cpu)} ({own})"
+    if not isinstance(cores, (int, float)):
+        return f"{machine:.0f}% of its cores busy, how many unknown ({own} cores)"
+    return f"{machine / 100 * cores:.2f} of {cpu_named(cpu)} busy ({own})"
