@@ -141,3 +141,14 @@ def test_a_run_too_short_to_sample_says_unknown_not_zero():
     assert summary["process_mean_percent"] > 0
     line = cpu_line(summary)
     assert line.startswith("not sampled (a run of ") and "0%" not in line.split(";")[0]
+
+
+def test_the_cpu_line_speaks_one_unit():
+    """Machine and process both in cores: the machine's share is of the run's cores, the process's of one
+    core ('74% of 2 cores (process 147%)' mixed the two)."""
+    from stallscope.cli.train import cpu_line
+
+    line = cpu_line({"system_mean_percent": 74.0, "process_mean_percent": 147.0, "cores": 2, "cpus": 2,
+                     "quota_cores": None, "duration_s": 10.0})
+    assert line == "1.48 of 2 cores busy (this process 1.47)"
+    assert "%" not in line
