@@ -86,6 +86,10 @@ class _Counter:
             self.seconds += seconds
             self.samples.append((seconds, received))
 
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.requests, self.bytes
+
     def snapshot(self) -> RequestTally:
         with self.lock:
             return RequestTally(self.requests, self.bytes, self.seconds, tuple(self.samples))
@@ -106,6 +110,11 @@ if hasattr(os, "register_at_fork"):
 def snapshot() -> RequestTally:
     """This process's requests so far."""
     return _counter.snapshot()
+
+
+def counts() -> tuple[int, int]:
+    """This process's (requests, bytes) so far, without copying the kept times: cheap enough per step."""
+    return _counter.counts()
 
 
 def timed(request: Callable[[], T], size: Callable[[T], int] = len) -> T:

@@ -3,7 +3,8 @@
 RUN_DIR/
   summary.json        headline figures of the run (written by `workload/train.py`), see below
   steps.csv           one row per step of this session: StepRecord fields (a resumed run starts at
-                      the step after its checkpoint; `step` is the global step)
+                      the step after its checkpoint; `step` is the global step); `requests` and
+                      `bytes_read` are counted on the basis summary.json's step_io names (step_io.py)
   pipeline.json       {"requested": PipelineConfig dict, "written": [stages as built, outermost
                        first], "ran": [stages after TF's static rewrites, outermost first],
                        "preset": name, "overrides": {knob: value changed from the preset}}; for a
@@ -76,6 +77,8 @@ class StepRecord:
     images: int           # images in the batch
     warmup: bool          # excluded from means (tracing, first fill of buffers)
     minor_faults: int | None = None  # this process's minor page faults during the step (None: not counted)
+    requests: int | None = None  # requests during the step, by the run's io basis (step_io.py); None: not counted
+    bytes_read: int | None = None  # bytes fetched during the step, by the same basis
 
 
 def write_steps(run_dir: Path, steps: list[StepRecord]) -> None:
@@ -102,6 +105,8 @@ def read_steps(run_dir: Path) -> list[StepRecord]:
                     compute_ms=float(row["compute_ms"]), images=int(row["images"]),
                     warmup=row["warmup"] in ("True", "true", "1"),
                     minor_faults=int(row["minor_faults"]) if row.get("minor_faults") else None,  # older runs: none
+                    requests=int(row["requests"]) if row.get("requests") else None,
+                    bytes_read=int(row["bytes_read"]) if row.get("bytes_read") else None,
                 ))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path}: malformed row {row} ({exc})") from None
