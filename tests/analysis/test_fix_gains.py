@@ -68,8 +68,9 @@ def test_a_saturated_cpu_gets_cpu_bound_advice_not_more_parallelism(saturated_ru
     # what helps a CPU-bound pipeline: less work per image, or more machines (with how many)
     assert fixes["cache"].knobs == {"cache": "memory", "cache_at": "decoded"}
     service = fixes["data_service"]
-    assert "other machine(s)" in service.title and any(ch.isdigit() for ch in service.title)
+    assert "tf.data service worker(s)" in service.title and any(ch.isdigit() for ch in service.title)
     assert "train --data-service" not in service.command    # a user's program: no stallscope train flag
+    assert service.sizing is not None and service.sizing.rows[0].workers == 1
     assert all(a.predicted_gain >= 0.05 for a in analysis.advice)
     text = render_text(analysis)
     assert "the CPU is the limit" in text

@@ -46,6 +46,7 @@ class Advice:
     predicted_step_ms: float | None = None   # the what-if model's step time with this change alone
     predicted_gain: float | None = None      # step time now / predicted, less 1 (0.25: 25% faster); None: not predicted
     gain_basis: str = ""                     # the model's arithmetic, or why nothing was predicted
+    sizing: Any = None                       # data_service: its service_sizing.ServiceSizing (the per-N what-if)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -251,22 +252,96 @@ def stored_side_for(image_size: int) -> int:
 
 
 def _data_service(analysis: "Analysis", base, evidence: str) -> Advice:
-    """More machines for the pipeline's CPU work, sized by the model: enough workers to make a batch
-    within a step's compute."""
-    from stallscope.analysis import fix_gain
+    """More machines for the pipeline's CPU work, sized by the service model (`service_sizing`) from the
+    profile: this host's pipeline CPU per batch (its step-long pipeline on the cores it kept busy), the
+    decoded batch's bytes where the run's config says them, the compute alone as the device's pace."""
+    from stallscope.analysis import service_sizing as sizing
+    from stallscope.cpu_limits import current
 
-    workers = fix_gain.service_workers(base)
-    command = f"stallscope serve worker --dispatcher DISPATCHER:5050  # on each of {workers} other host(s)"
-    if analysis.config is not None:  # stallscope's own workload: its flag
-        command += ", then train --data-service DISPATCHER:5050"
-    item = Advice(
-        "data_service", f"Move preprocessing to {workers} other machine(s) (tf.data service)", {},
-        "dataset = dataset.apply(tf.data.experimental.service.distribute(\n"
-        "    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,\n"
-        "    service='grpc://DISPATCHER:5050'))  # before the final prefetch",
-        f"every core here is busy; {workers} worker(s), each as fast as this host's pipeline, make a batch "
-        "within a step's compute", evidence, command=command)
-    return _gained(item, base, lambda b: fix_gain.with_service(b, workers))
+    window = analysis.cpu_window
+    host_cores = (window.cores if window is not None and window.cores else None) or float(len(current().cpus))
+    busy = window.process_cores if window is not None and window.process_cores else host_cores
+    per_step = max(1, analysis.steps.batches_per_step)
+    config = analysis.config
+    image_size = analysis.image_size or (config.image_size if config is not None else None)
+    batch = config.batch_size if config is not None else None
+    inputs = sizing.ServiceInputs(
+        cpu_ms_per_element=max(base.pipeline_ms * busy / per_step, 1e-6),
+        bytes_per_element=float(batch * sizing.decoded_image_bytes(image_size)) if batch and image_size else None,
+        device_elements_per_second=per_step * 1000.0 / max(base.compute_ms, 1e-6),
+        worker_cores=host_cores, trainer_cores=host_cores, images_per_element=batch or 1,
+        local_elements_per_second=per_step * 1000.0 / base.step_ms)
+    item = data_service_advice(sizing.size_service(inputs), evidence, own_workload=config is not None,
+                               basis="this host's pipeline as profiled")
+
+    def predictor(b):
+        pace = item.sizing.ceiling.elements_per_second
+        pipeline = per_step * 1000.0 / pace
+        return b.predict(pipeline, overlapped=True), (
+            f"{item.sizing.ceiling.workers} worker(s): {pace:,.1f} batches/s ({item.sizing.ceiling.bound}-bound) "
+            f"-> pipeline {pipeline:.1f} ms per step against compute {b.compute_ms:.1f} ms")
+
+    return _gained(item, base, predictor)
+
+
+SERVICE_PORT = 5050
+
+
+def data_service_advice(plan, evidence: str, *, own_workload: bool, basis: str) -> Advice:
+    """The tf.data service advice from a `service_sizing.ServiceSizing` (`plan`): how many workers reach the
+    device, what the link must carry, the compression to ask for, the code and the commands. The caller
+    prices it (the sizing's ceiling is its prediction); `basis` says where the CPU per batch came from."""
+    from stallscope.analysis import service_sizing as sizing
+
+    inputs, ceiling = plan.inputs, plan.ceiling
+    images = inputs.images_per_element
+    unit = "images" if images > 1 else "elements"
+    one = plan.worker_elements_per_second * images
+    workers = ceiling.workers
+    if plan.workers_needed is not None:
+        title = f"Move preprocessing to {workers} tf.data service worker(s) of {inputs.worker_cores:g} cores"
+        reach = f"{workers} reach the device's {inputs.device_elements_per_second * images:,.0f} {unit}/s"
+    else:
+        title = (f"Move preprocessing to {workers} tf.data service worker(s) of {inputs.worker_cores:g} cores "
+                 f"(the {ceiling.bound} caps it)")
+        reach = (f"the device takes {inputs.device_elements_per_second * images:,.0f} {unit}/s but the "
+                 f"{'link' if ceiling.bound == 'link' else 'trainer receiving'} caps the service at "
+                 f"{ceiling.images_per_second:,.0f}, which {workers} worker(s) reach")
+    parts = [f"every core here is busy with the input: one worker of {inputs.worker_cores:g} cores makes "
+             f"{one:,.0f} {unit}/s ({inputs.cpu_ms_per_element:.1f} ms of CPU per element, {basis}, plus "
+             f"sending it); {reach}"]
+    shipped = plan.shipped_bytes_per_element
+    if shipped is not None and ceiling.link_mb_per_second is not None:
+        per_image = inputs.bytes_per_element / images
+        parts.append(f"the link must carry {ceiling.link_mb_per_second:,.0f} MB/s "
+                     f"({ceiling.link_mb_per_second * 8 / 1000:.2f} Gbit/s of {inputs.link_gbps:g}): the service ships "
+                     f"decoded tensors, {per_image / 1024:,.0f} KiB per image, several times its JPEG (ship uint8 "
+                     f"and cast on the trainer for a quarter of it); receiving costs the trainer "
+                     f"{sizing.RECEIVE_MS_PER_MB:g} ms of CPU per MB")
+    else:
+        parts.append("the bytes per element are not known here, so the link and the trainer's receiving are not "
+                     "sized: a decoded 224 px float32 image is 588 KiB")
+    compressed = inputs.compression == "auto" and inputs.compression_ratio >= 1.2
+    compression = "'AUTO'" if compressed else "None"
+    parts.append(f"compression={compression}: snappy shrinks these elements {inputs.compression_ratio:.2f}x"
+                 + (" and" if compressed else " but") + f" costs each worker {sizing.COMPRESS_MS_PER_MB:g} ms of "
+                 "CPU per MB (TF's default is 'AUTO')")
+    if plan.pays_off is False:
+        parts.append(f"the service's ceiling ({ceiling.images_per_second:,.0f} {unit}/s) is below this host "
+                     f"decoding alone ({inputs.local_elements_per_second * images:,.0f}): shipping decoded "
+                     "images costs more than decoding them here; ship encoded bytes, or decode less")
+    code = ("dataset = dataset.apply(tf.data.experimental.service.distribute(\n"
+            "    processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,\n"
+            f"    service='grpc://DISPATCHER:{SERVICE_PORT}', job_name='train',\n"
+            f"    compression={compression}))  # before the final prefetch\n"
+            "dataset = dataset.prefetch(tf.data.AUTOTUNE)\n"
+            f"# or: stallscope.distribute(dataset, 'DISPATCHER:{SERVICE_PORT}', compression={compression})")
+    command = (f"stallscope serve dispatcher --host 0.0.0.0 --port {SERVICE_PORT} --work-dir DIR; "
+               f"stallscope serve worker --dispatcher DISPATCHER:{SERVICE_PORT} --host 0.0.0.0  "
+               f"# on each of {workers} host(s)")
+    if own_workload:
+        command += f"; stallscope train --data-service DISPATCHER:{SERVICE_PORT}"
+    return Advice("data_service", title, {}, code, "; ".join(parts), evidence, command=command, sizing=plan)
 
 
 def apply_advice(config: PipelineConfig, advice: Advice | Iterable[Advice]) -> PipelineConfig:

@@ -26,6 +26,7 @@ from stallscope.analysis.advice import GENERATOR_STAGES, Advice, parallel_genera
 from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
+from stallscope.analysis.service_advice import service_advice
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.config import AUTOTUNE, require_folder_to_write
 from stallscope.errors import UsageError
@@ -54,6 +55,13 @@ MAP_STAGES = ("Map", "ParallelMap", "MapAndBatch")
 SHORT_STEP_MS = 10.0  # steps this short put scheduling noise of a fraction of a ms at several points of share
 BATCH_STAGES = ("Batch", "MapAndBatch", "PaddedBatch", "ParallelBatch", "DenseToRaggedBatch", "RaggedBatch")
 _GLOB_CHARS = frozenset("*?[")
+SERVICE_OPS = frozenset({"DataServiceDataset", "DataServiceDatasetV2", "DataServiceDatasetV3", "DataServiceDatasetV4"})
+SERVED_NOTE = ("the dataset is served by the tf.data service (distribute): its stages run on the workers, so from "
+               "here the probes see the service's delivery (elements/s, the wait per step, the trainer's CPU to "
+               "receive) and the compute, not the workers' stage tree, CPU or files: the stage tree shows one "
+               "DataService stage and no cold-cache probe ran; a wait with no core busy here is the workers' "
+               "pace (more workers, or fewer bytes per element); diagnose the dataset before distribute() (as a "
+               "worker runs it) for its stages, and `stallscope serve` prints each worker's CPU")
 MAX_FILES = 100_000          # file names read from one constant of the dataset's graph
 
 
@@ -106,11 +114,12 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     notes: list[str] = []
     graph = _graph(dataset)  # serialized once: its files, ops and reading stage are read from it
     ran, chain = _as_run(dataset, notes)  # and once as TF runs it: its stages and maps' parallel calls
-    if chain and not any(name.startswith(BATCH_STAGES) for name in chain):
+    ops = _ops_in(graph)
+    served = bool(ops & SERVICE_OPS)  # distribute(): the pipeline runs on the service's workers
+    if chain and not served and not any(name.startswith(BATCH_STAGES) for name in chain):
         notes.append(f"the dataset has no batch stage ({' -> '.join(chain)}): each element is taken as one batch, "
                      "of as many examples as its first dimension; if that is an image's height, add "
                      ".batch(BATCH_SIZE) before diagnosing")
-    ops = _ops_in(graph)
     files = list(options.files) if options.files is not None else _files_in(graph)
     take_step, device_name, per_step = _device(model, options.accelerator)
 
@@ -185,6 +194,13 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
                                                 examples=examples or 0)
     notes += map(differential.checked_note, checked)
+    if served:  # what the workers do is theirs to change: only a prefetch after distribute() helps here
+        advice = [a for a in advice if a.key == "prefetch"]
+        notes.append(SERVED_NOTE)
+    elif (service := service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
+                                    bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
+                                    batches_per_step=per_step)) is not None:
+        advice = [*advice, service]
     figures = what = None
     if options.storage_scenarios or options.storage_client or in_store or requests.requests:
         figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
@@ -201,6 +217,25 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(chain), storage=figures, storage_whatif=what,
     )
+
+
+def element_bytes(dataset, batch_size: int) -> float | None:
+    """The bytes of one element as its tensors (what the service would ship uncompressed), from the
+    element spec: a dimension TF does not know is taken as the batch size where it is the first, else
+    unknown (None). Strings and ragged parts are unknown."""
+    import tensorflow as tf
+
+    total = 0.0
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if not isinstance(spec, tf.TensorSpec) or spec.dtype == tf.string or spec.shape.rank is None:
+            return None
+        dims = list(spec.shape)
+        if dims and dims[0] is None:
+            dims[0] = batch_size
+        if any(d is None for d in dims):
+            return None
+        total += math.prod(dims) * spec.dtype.size
+    return total or None
 
 
 def _verdicts_differ_note(phase, analysis) -> str:

@@ -37,6 +37,8 @@ from stallscope.analysis.advice import (
     storage_advice,
 )
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
+from stallscope.analysis.service_advice import service_advice
+from stallscope.analysis.service_sizing import decoded_image_bytes
 from stallscope.analysis.storage_counters import (
     StorageCounters,
     StorageFigures,
@@ -823,6 +825,11 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     advice, checked = price_advice(advice, phases, parts, config, cores=free_cores(warm),
                                    what=what if under.remote else None, examples=source.num_examples)
     notes = (*notes, *map(checked_note, checked))
+    service = service_advice(max(phases, key=lambda p: p.input_share), parts, batch_size=config.batch_size,
+                             cores=free_cores(warm), own_workload=True,
+                             bytes_per_element=float(config.batch_size * decoded_image_bytes(config.image_size)))
+    if service is not None and not config.data_service:
+        advice = [*advice, service]
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,

@@ -18,7 +18,6 @@ from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import Stage, StageTree
 
 MIN_GAIN = 0.05              # a fix predicted to gain less is listed as checked, not as a fix
-MAX_SERVICE_WORKERS = 64     # more tf.data service workers than this: the figure says little
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,20 +99,6 @@ def with_smaller_images(base: Baseline, stage: Stage, stored_side: int,
     pipeline = max(0.0, base.pipeline_ms - busy * (1.0 - scale))
     return base.predict(pipeline), (f"{stage.name}'s {busy:.1f} ms per step scaled by the pixels, "
                                     f"({image_size}/{stored_side})^2 = {scale:.2f} -> pipeline {pipeline:.1f} ms")
-
-
-def service_workers(base: Baseline) -> int:
-    """tf.data service workers, each as fast as this host's pipeline, to make a batch within a step's compute."""
-    if base.compute_ms <= 0:
-        return MAX_SERVICE_WORKERS
-    return max(1, min(MAX_SERVICE_WORKERS, math.ceil(base.pipeline_ms / base.compute_ms)))
-
-
-def with_service(base: Baseline, workers: int) -> tuple[whatif.Prediction, str]:
-    pipeline = base.pipeline_ms / workers
-    return base.predict(pipeline, overlapped=True), (
-        f"{workers} worker(s), each making batches as fast as this host: pipeline {base.pipeline_ms:.1f} / "
-        f"{workers} = {pipeline:.1f} ms per step against compute {base.compute_ms:.1f} ms")
 
 
 def below(tree: StageTree, stage: Stage) -> list[Stage]:

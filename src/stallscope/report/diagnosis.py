@@ -7,7 +7,7 @@ import math
 import shlex
 
 from stallscope.analysis.differential import Diagnosis as _Diagnosis
-from stallscope.report.text import fmt_knobs, render_text
+from stallscope.report.text import fmt_knobs, render_text, service_lines
 
 
 class Diagnosis(_Diagnosis):
@@ -150,6 +150,8 @@ def report_lines(diagnosis, result=None) -> list[str]:
         lines.append(f"  {number}. {advice.title}" + (f" ({knobs})" if knobs else "") + f"{_gain(advice)}: {advice.reason}")
         if own_dataset:
             lines += [f"     {code}" for code in advice.code.splitlines()]
+        if advice.sizing is not None:
+            lines += [f"     {line}" for line in service_lines(advice.sizing)]
     lines += [f"note: {note}" for note in diagnosis.notes]
     if result is not None:
         lines += ["", *fix_lines(result)]

@@ -271,11 +271,29 @@ def render_text(analysis: Analysis) -> str:
         if item.command:
             lines.append(f"     $ {item.command}")
         lines += [f"     {code}" for code in item.code.splitlines()]
+        if item.sizing is not None:
+            lines += [f"     {line}" for line in service_lines(item.sizing)]
     for item in analysis.checked:
         lines.append(f"  - {checked_line(item)}")
     for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def service_lines(plan) -> list[str]:
+    """The tf.data service what-if of a `service_sizing.ServiceSizing`: a row per worker count, then
+    the ceiling and what the link carries there."""
+    inputs = plan.inputs
+    unit = "images/s" if inputs.images_per_element > 1 else "elements/s"
+    lines = [f"service what-if (workers of {inputs.worker_cores:g} cores, link {inputs.link_gbps:g} Gbit/s, "
+             f"compression {inputs.compression}):",
+             f"  {'workers':>7}  {unit:>12}  {'limited by':<10}  {'link MB/s':>9}"]
+    for row in plan.rows:
+        link = "" if row.link_mb_per_second is None else f"{row.link_mb_per_second:,.0f}"
+        lines.append(f"  {row.workers:>7}  {row.images_per_second:>12,.0f}  {row.bound:<10}  {link:>9}")
+    if inputs.local_elements_per_second is not None:
+        lines.append(f"  trainer alone now: {inputs.local_elements_per_second * inputs.images_per_element:,.0f} {unit}")
+    return lines
 
 
 STORAGE_HEADER = ["store", "format", "client", "requests/image", "sequential", "parallel", "enough in flight"]
