@@ -67,6 +67,21 @@ def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: 
     return with_text(diagnose_dataset(dataset, model=model, options=options))
 
 
+def distribute(dataset, service: str, *, processing_mode: str = "dynamic", compression: str = "none",
+               job_name: str | None = None, timeout_s: float = 30.0):
+    """Your tf.data.Dataset run on a tf.data service (`stallscope serve`) at `service` (HOST:PORT): the
+    workers make its elements, this program receives them. `processing_mode` "dynamic" makes each
+    element once (a pass split over the workers), "parallel_epochs" a whole pass per worker;
+    `compression` "none" suits decoded images (snappy barely shrinks pixels and costs the workers CPU),
+    "auto" is TF's snappy; `job_name` lets several trainers share one stream. A dispatcher that does
+    not answer within `timeout_s` is a one-line error. Put a prefetch after it."""
+    from stallscope.service.servers import DistributeOptions
+    from stallscope.service.servers import distribute as _distribute
+
+    return _distribute(dataset, service, DistributeOptions(processing_mode=processing_mode, compression=compression,
+                                                           job_name=job_name, timeout_s=timeout_s))
+
+
 def list_files(url, pattern: str = "*"):
     """Every file below a folder, `gs://bucket/prefix` or `s3://bucket/prefix` matching `pattern`, sorted."""
     from stallscope.storage.own_pipeline import list_files as _list_files

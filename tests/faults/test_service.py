@@ -77,3 +77,51 @@ def test_train_against_a_dispatcher_with_no_worker_ends_in_one_line_within_its_t
         f"stallscope train: error: --data-service: the tf.data service at {dispatcher.target} sent no batch for 3 s "
         f"(no worker registered, or the dispatcher or its workers stopped?); expected batches within "
         f"--data-service-timeout"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _dispatching(run) -> bool:
+    return "tf.data service dispatcher at grpc://127.0.0.1:" in run.stdout_so_far()
+
+
+@pytest.mark.timeout(240)
+def test_a_dispatcher_killed_and_restarted_with_its_work_dir_resumes_the_job(faults, tmp_path):
+    """Fault-tolerant mode: the restarted dispatcher reads its journal, the worker re-registers, and the
+    training job reads on to the end of its pass: every element at most once, nothing left running."""
+    import tensorflow as tf
+
+    port, work_dir = _free_port(), tmp_path / "dispatcher-state"
+    argv = ["serve", "dispatcher", "--port", port, "--work-dir", work_dir, "--status-every", "1s"]
+    first = faults.launch("serve dispatcher --work-dir, killed -9", argv)
+    first.wait_for(lambda: _dispatching(first), START_S, "'tf.data service dispatcher at' line")
+    assert "fault-tolerant" in first.stdout_so_far()
+    worker = servers.start_worker(f"127.0.0.1:{port}", timeout_s=30)
+    second = None
+    try:
+        dataset = servers.distribute(tf.data.Dataset.range(40).map(lambda x: x * 1), f"127.0.0.1:{port}",
+                                     servers.DistributeOptions(job_name="resumed", timeout_s=30))
+        iterator = iter(dataset)
+        before = [int(next(iterator)) for _ in range(5)]
+        first.send(signal.SIGKILL)
+        first.finish(30).check(rc=-signal.SIGKILL, within_s=STOPPED_WITHIN_S, stderr_lines=None)
+        assert any(work_dir.iterdir()), "the dispatcher journalled nothing in its --work-dir"
+        second = faults.launch("serve dispatcher --work-dir, restarted", argv)
+        second.wait_for(lambda: _dispatching(second), START_S, "the restarted dispatcher's line")
+        second.wait_for(lambda: "1 worker(s) registered" in second.stdout_so_far(), 60,
+                        "the worker registered again with the restarted dispatcher")
+        after = [int(element) for element in iterator]
+    finally:
+        worker.stop()
+        if second is not None:
+            second.send(signal.SIGTERM)
+            second.finish(60).check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=None)
+    seen = before + after
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(40))
+    assert after, "no element after the restart"

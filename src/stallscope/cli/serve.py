@@ -1,6 +1,6 @@
 """Run the tf.data service that moves input preprocessing off the training host.
 
-  stallscope serve dispatcher --port 5050              on one machine
+  stallscope serve dispatcher --port 5050 --work-dir DIR   on one machine (DIR: resumes after a restart)
   stallscope serve worker --dispatcher HOST:5050       on each machine that should decode
   stallscope serve local --workers 2                   a dispatcher plus worker processes here
 
@@ -51,6 +51,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                  help=f"port the {'dispatcher' if role != 'worker' else 'worker'} listens on "
                       f"(default: 0, a free one)")
         add_flag(sub, "host", default=LOCAL_HOST, metavar="ADDRESS", help=_HOST_HELP)
+        if role == "dispatcher":
+            add_flag(sub, "work_dir", default=None, metavar="DIR",
+                     help="run fault-tolerant: journal the dispatcher's state (datasets, jobs, workers) in DIR, so "
+                          "that a dispatcher restarted with the same DIR and --port resumes them (needs --port)")
+        if role != "local":
+            add_flag(sub, "status_every", type=duration, default=60.0, metavar="DURATION",
+                     help="print a status line this often: workers registered (dispatcher), tasks (worker), and "
+                          "this process's CPU (default: 60s)")
         if role == "local":
             add_flag(sub, "workers", type=positive_int, default=1, metavar="N",
                      help="worker processes to start (default: 1)")
@@ -71,12 +79,18 @@ def _interrupt_on_signals() -> dict:
     return {sig: signal.signal(sig, interrupt) for sig in _SIGNALS}
 
 
-def _serve_until_signal(server) -> int:
-    """Waits for SIGINT or SIGTERM, then stops `server`; a stop TF does not finish in time ends the
-    process here (its threads may wait on a dispatcher that is gone)."""
+def _serve_until_signal(server, role: str = "", status_every: float = 0.0) -> int:
+    """Waits for SIGINT or SIGTERM, printing a status line every `status_every` seconds (0: none), then
+    stops `server`; a stop TF does not finish in time ends the process here (its threads may wait on a
+    dispatcher that is gone)."""
+    from stallscope.service.status import StatusMeter
+
+    meter = StatusMeter(server, role) if server is not None and status_every > 0 else None
     try:
         while True:
-            time.sleep(3600)
+            time.sleep(status_every if meter is not None else 3600)
+            if meter is not None:
+                print(meter.line(), flush=True)
     except KeyboardInterrupt:
         pass
     if server is not None and not server.stop():
@@ -99,9 +113,11 @@ def _run(args: argparse.Namespace) -> int:
     from stallscope.service import servers
 
     if args.role == "dispatcher":
-        server = servers.start_dispatcher(args.port, args.host)
-        print(f"tf.data service dispatcher at {server.target}; train with --data-service {server.target}", flush=True)
-        return _serve_until_signal(server)
+        server = servers.start_dispatcher(args.port, args.host, work_dir=args.work_dir)
+        kept = f"; fault-tolerant, state in {args.work_dir}" if args.work_dir else ""
+        print(f"tf.data service dispatcher at {server.target}{kept}; train with --data-service {server.target}",
+              flush=True)
+        return _serve_until_signal(server, "dispatcher", args.status_every)
     if args.role == "worker":
         if args.parent_pid is not None:  # serve local's worker: SIGTERM when it ends, however it ends
             die_with_parent(args.parent_pid, signal.SIGTERM, exit_code=0)
@@ -113,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         server = servers.start_worker(args.dispatcher, args.port, host=args.host, timeout_s=args.dispatcher_timeout,
                                       on_wait=waiting)
         print(f"tf.data service worker at {server.target} registered with {address}", flush=True)
-        return _serve_until_signal(server)
+        return _serve_until_signal(server, "worker", args.status_every)
     options = servers.ServiceOptions(port=args.port, workers=args.workers, host=args.host)
     with servers.local_service(options) as target:
         print(f"tf.data service at {target} with {args.workers} worker process(es); "
