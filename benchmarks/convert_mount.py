@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from stallscope.data.synthetic import SyntheticOptions, make_synthetic  # noqa: E402
 from stallscope.records.convert import default_workers  # noqa: E402
 from stallscope.storage.emulator import emulate  # noqa: E402
-from stallscope.storage.fuse_mount import why_no_fuse  # noqa: E402
+from stallscope.storage.emulator.fuse_mount import why_no_fuse  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

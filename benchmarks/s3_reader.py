@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import psutil  # noqa: E402
 
-from stallscope.storage import location, readers, s3_reading  # noqa: E402
+from stallscope.storage import location, tfdata_readers, s3_request_plan  # noqa: E402
 from stallscope.storage.emulator import emulate  # noqa: E402
 
 READERS = ("s3fs", "obstore")
@@ -87,7 +87,7 @@ def main() -> int:
         with emulate(root, kind="s3", latency_s=args.latency / 1000.0, max_duration_s=1800) as store:
             os.environ.update(store.env)
             for reader in READERS:
-                os.environ[s3_reading.READER_ENV] = reader
+                os.environ[s3_request_plan.READER_ENV] = reader
                 location.set_timeout(60)  # a fresh client for this reader
                 location.forget_listings()
                 paths = [location.as_path(f"{store.url}/{k}") for k in jpegs]
@@ -99,12 +99,12 @@ def main() -> int:
 
                 def blocks() -> None:
                     for path in shard_paths:
-                        for _ in readers._blocks(path, location.backend(path)):
+                        for _ in tfdata_readers._blocks(path, location.backend(path)):
                             pass
 
                 def records() -> None:
                     for path in shard_paths:
-                        for _ in readers._shard_groups(str(path).encode()):
+                        for _ in tfdata_readers._shard_groups(str(path).encode()):
                             pass
 
                 files()  # connections and clients made before timing

@@ -48,7 +48,7 @@ import psutil  # noqa: E402
 from stallscope.analysis import storage_whatif as sw  # noqa: E402
 from stallscope.analysis.storage_whatif import as_configured_mode  # noqa: E402
 from stallscope.pipeline.config import PipelineConfig  # noqa: E402
-from stallscope.storage import s3_reading  # noqa: E402
+from stallscope.storage import s3_request_plan  # noqa: E402
 from stallscope.storage.emulator import emulate  # noqa: E402
 
 ACCELERATOR = "emulated:20000"   # 0.8 ms per batch of 16: input dominates every run here
@@ -57,7 +57,7 @@ COMMON = ["--batch-size", str(BATCH), "--image-size", "96", "--model", "mobilene
           "--accelerator", ACCELERATOR]
 # The what-if's client: s3:// data's reader (obstore where installed, STALLSCOPE_S3_READER); for gs://
 # None, the reader each pipeline's gcs_reader names, as `diagnose` picks it.
-CLIENT = {"gcs": None, "s3": s3_reading.reader_name()}
+CLIENT = {"gcs": None, "s3": s3_request_plan.reader_name()}
 TARGET_RATIO = 0.25
 TARGET_TUNED_AT_10 = {"files": 0.8, "records": 0.9}
 

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stallscope.storage.emulator import emulate  # noqa: E402
-from stallscope.storage.fuse_mount import why_no_fuse  # noqa: E402
+from stallscope.storage.emulator.fuse_mount import why_no_fuse  # noqa: E402
 
 FILE_BYTES = 60_000
 

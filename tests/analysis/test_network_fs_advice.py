@@ -19,7 +19,7 @@ from stallscope.cpu_limits import CpuLimits
 from stallscope.pipeline import presets
 from stallscope.pipeline.presets import get_preset
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 from stallscope.storage.under import storage_under, time_file_round_trips
 
 from .conftest import loop_probe

@@ -44,7 +44,7 @@ def test_help_and_one_line_errors_import_no_tensorflow(tmp_path):
 
 
 def test_storage_emulator_and_reports_import_no_tensorflow():
-    code = ("import sys; import stallscope.storage.serving, stallscope.storage.emulator, "
+    code = ("import sys; import stallscope.storage.emulator.serving, stallscope.storage.emulator, "
             "stallscope.report.text, stallscope.report.html, stallscope.report.markdown; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

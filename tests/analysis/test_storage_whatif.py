@@ -160,9 +160,9 @@ def test_the_s3_reader_is_modelled_as_it_runs():
     """stallscope's s3:// reader fetches JPEGs in groups of up to 16 requests, two groups at least, each
     group holding a tf.data thread while it waits (the decode needs the same threads), and opens a shard
     without a HEAD (its size is the run's listing's)."""
-    from stallscope.storage import readers, s3_reading
+    from stallscope.storage import tfdata_readers, s3_request_plan
 
-    assert readers.in_flight is s3_reading.in_flight and readers.SHARD_BLOCK_BYTES == s3_reading.SHARD_BLOCK_BYTES
+    assert tfdata_readers.in_flight is s3_request_plan.in_flight and tfdata_readers.SHARD_BLOCK_BYTES == s3_request_plan.SHARD_BLOCK_BYTES
     s3 = sw.s3fs_client()
     shards = sw.IoPattern("records", 20_000, 1 / 32)  # 640 KB shards: one GET each
     assert shards.requests(s3) == pytest.approx(1 / 32)
@@ -187,14 +187,14 @@ def test_the_s3_reader_is_modelled_as_it_runs():
 def test_the_what_if_models_the_s3_reader_that_runs(monkeypatch):
     """obstore reads whole objects at under a tenth of s3fs's CPU per request and receives bytes at 0.4x its
     CPU per MiB; shards are streamed in the same blocks by both."""
-    from stallscope.storage import s3_reading
+    from stallscope.storage import s3_request_plan
 
     for reader in ("s3fs", "obstore"):
-        monkeypatch.setenv(s3_reading.READER_ENV, reader)
+        monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
         assert sw.client_for_path("s3://bucket/tree") == reader and sw.client_for_path("gs://bucket/tree") == "tf-gcs"
     obstore, s3fs = sw.obstore_client(), sw.s3fs_client()
     assert obstore.request_cpu_ms * 10 < s3fs.request_cpu_ms
-    # 4 MiB, then 16 MiB blocks (`readers.block_spans`)
+    # 4 MiB, then 16 MiB blocks (`tfdata_readers.block_spans`)
     assert obstore.requests_per_streamed_object(64 * sw.MIB) == s3fs.requests_per_streamed_object(64 * sw.MIB) == 5
     assert s3fs.requests_per_streamed_object(20 * sw.MIB) == 2 and s3fs.requests_per_streamed_object(4 * sw.MIB) == 1
     scenario = sw.StorageScenario("x", 0.0, math.inf)
@@ -377,9 +377,9 @@ def _named(text, config, client="tf-gcs", pattern=JPEG):
 
 def test_storage_advice_when_requests_dominate(monkeypatch):
     """TF's gs:// client alone (obstore not installed): enough reads in flight for its requests."""
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
-    monkeypatch.setattr(gcs_objects, "available", lambda: False)
+    monkeypatch.setattr(gcs_obstore, "available", lambda: False)
     monkeypatch.setenv(sw.GCS_BLOCK_ENV, "1")
     advice = storage_advice(_named("30ms,1Gbit", SEED), SEED, data_bytes=10**8, memory_bytes=10**10,
                             local_images_per_second=600)
@@ -398,9 +398,9 @@ def test_storage_advice_when_requests_dominate(monkeypatch):
 def test_storage_advice_moves_gs_jpegs_to_the_pooled_reader(monkeypatch):
     """Where obstore is installed, JPEGs read through TF's gs:// (a TCP+TLS handshake per request)
     are advised onto the pooled reader, with its own reads in flight; TF-sized ones are not advised."""
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
-    monkeypatch.setattr(gcs_objects, "available", lambda: True)
+    monkeypatch.setattr(gcs_obstore, "available", lambda: True)
     monkeypatch.setenv(sw.GCS_BLOCK_ENV, "1")
     what = _named("30ms,1Gbit", SEED)
     advice = storage_advice(what, SEED, data_bytes=10**8, memory_bytes=10**10, local_images_per_second=600)

@@ -13,7 +13,7 @@ from stallscope.data.imagenet import prepare_imagenet_val
 from stallscope.data.synthetic import _render_all, make_synthetic, plan
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 from stallscope.storage.location import StorageError
 from stallscope.storage.mounts import NetworkGuard
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from stallscope.storage import state_dirs
+from stallscope.storage.emulator import state_dirs
 from stallscope.storage.emulator import emulate
 
 from ..storage.conftest import BUCKET, s3_environment
@@ -53,7 +53,7 @@ def test_train_on_a_mount_whose_server_dies_mid_run_is_one_line_naming_the_file(
     """A FUSE mount whose daemon is gone answers every call with ENOTCONN, which TF raised as a 30-line
     FailedPreconditionError traceback (exit 1); a read in flight as it dies fails with ECONNABORTED, which
     TF raises as an InternalError: a 29-line traceback (exit 1) until the line named it too."""
-    from stallscope.storage.fuse_mount import why_no_fuse
+    from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
     if why := why_no_fuse():
         pytest.skip(f"needs a FUSE mount (/dev/fuse, fuse3, mfusepy): {why}")

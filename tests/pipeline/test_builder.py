@@ -265,7 +265,7 @@ def test_a_python_reader_is_refused_on_a_tf_data_service_in_one_line(url, gcs_re
     from stallscope.pipeline.config import PipelineConfig
     from stallscope.pipeline.presets import tuned_for_source
     from stallscope.pipeline.sources import DataSource
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
     from stallscope.storage.location import as_path
 
     first = as_path(url)
@@ -277,7 +277,7 @@ def test_a_python_reader_is_refused_on_a_tf_data_service_in_one_line(url, gcs_re
         with pytest.raises(UsageError, match="^--data-service: the service's workers cannot run stallscope's reader"):
             build_dataset(config, source)
     else:
-        readers.require_reader(source.files, gcs_reader, config.data_service)  # nothing refused
+        tfdata_readers.require_reader(source.files, gcs_reader, config.data_service)  # nothing refused
     # `tuned` on gs:// keeps TF's reader where a service reads
     assert tuned_for_source(PRESETS["tuned"].replace(data_service="127.0.0.1:5000"), source).gcs_reader == \
         ("tf" if url.startswith("gs://") else "pooled")

@@ -86,7 +86,7 @@ def test_a_mount_whose_server_dies_mid_run_is_one_line_naming_the_file(tiny_tree
     from stallscope.pipeline.presets import get_preset
     from stallscope.pipeline.sources import open_source
     from stallscope.storage.emulator import emulate
-    from stallscope.storage.fuse_mount import why_no_fuse
+    from stallscope.storage.emulator.fuse_mount import why_no_fuse
     from stallscope.workload.train import TrainOptions, run_training
 
     if why := why_no_fuse():

@@ -102,15 +102,15 @@ def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store(monkeypatch):
 
     from stallscope.pipeline import presets
     from stallscope.pipeline.presets import REMOTE_READS_IN_FLIGHT, POOLED_READS_IN_FLIGHT
-    from stallscope.storage import gcs_objects
-    from stallscope.storage.s3_reading import groups_in_flight
+    from stallscope.storage import gcs_obstore
+    from stallscope.storage.s3_request_plan import groups_in_flight
     from stallscope.storage.location import as_path
 
     source = _source
     tuned_for_source = partial(presets.tuned_for_source, limits=NO_QUOTA)  # the same on any machine
     tuned = PRESETS["tuned"]
     assert tuned.gcs_reader == "pooled" and PRESETS["seed"].gcs_reader == "tf"
-    monkeypatch.setattr(gcs_objects, "available", lambda: True)
+    monkeypatch.setattr(gcs_obstore, "available", lambda: True)
     on_gs = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
     assert on_gs.read_parallelism == POOLED_READS_IN_FLIGHT and on_gs.gcs_reader == "pooled"
     assert overridden_fields(on_gs).keys() == {"read_parallelism", "private_threadpool_size"}
@@ -131,7 +131,7 @@ def test_tuned_keeps_more_reads_in_flight_only_on_jpegs_in_a_store(monkeypatch):
     for config, src in unchanged:
         assert tuned_for_source(config, src) is config
     # Without obstore, tuned reads gs:// through TF's own client, with TF's reads in flight.
-    monkeypatch.setattr(gcs_objects, "available", lambda: False)
+    monkeypatch.setattr(gcs_obstore, "available", lambda: False)
     fallback = tuned_for_source(tuned, source("files", as_path("gs://bucket/train/a/1.jpg")))
     assert fallback.gcs_reader == "tf" and fallback.read_parallelism == REMOTE_READS_IN_FLIGHT
     assert tuned_for_source(tuned, source("records", as_path("gs://b/r/0.tfrecord"))).gcs_reader == "tf"
@@ -144,7 +144,7 @@ def test_tuned_under_a_cpu_quota_gets_a_pool_of_the_quotas_cores():
 
     from stallscope.pipeline.presets import tuned_for_source
     from stallscope.storage.location import as_path
-    from stallscope.storage.s3_reading import groups_in_flight
+    from stallscope.storage.s3_request_plan import groups_in_flight
 
     tuned = PRESETS["tuned"]
     local = _source("files", Path("/data/train/a/1.jpg"))

@@ -11,7 +11,7 @@ from stallscope.errors import DataError, UsageError
 from stallscope.pipeline.sources import available_splits, count_records, open_source
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 from stallscope.storage.location import StorageError
 
 

@@ -18,7 +18,7 @@ from stallscope.records.convert import ConvertOptions, SegmentTask, _segment_tas
 from stallscope.storage.mounts import NetworkGuard, Ticks
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 from stallscope.storage.location import StorageError
 
 from ..storage.conftest import child_environment

@@ -21,7 +21,7 @@ from stallscope.records.read_ahead import FIRST_MAX_DEPTH, MAX_DEPTH, FileReader
 from stallscope.storage import location, mounts
 from stallscope.storage.emulator import emulate
 from stallscope.storage.location import StorageError
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
 from .conftest import jpeg_bytes
 

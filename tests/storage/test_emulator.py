@@ -22,7 +22,7 @@ import pytest
 from stallscope.analysis.storage_counters import load_storage_counters
 from stallscope.cli.main import main
 from stallscope.errors import UsageError
-from stallscope.storage import location, s3_reading
+from stallscope.storage import location, s3_request_plan
 from stallscope.storage.emulator import emulate
 
 from .conftest import child_environment
@@ -114,35 +114,35 @@ READERS = [pytest.param("obstore", marks=pytest.mark.skipif(importlib.util.find_
 def test_s3_shards_stream_the_records_tf_reads_locally(served, s3_emulated, monkeypatch, block_bytes, reader):
     import tensorflow as tf
 
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
 
-    monkeypatch.setattr(readers, "GROUP_RECORDS", 5)  # 12 records a shard: groups of 5, 5 and 2
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(tfdata_readers, "GROUP_RECORDS", 5)  # 12 records a shard: groups of 5, 5 and 2
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", block_bytes)
     for shard in sorted((served / "records").glob("*.tfrecord")):
         local = _records(tf.data.TFRecordDataset(str(shard)))
-        remote = _records(readers.shard_records(tf.constant(f"{s3_emulated.url}/records/{shard.name}")))
+        remote = _records(tfdata_readers.shard_records(tf.constant(f"{s3_emulated.url}/records/{shard.name}")))
         assert remote == local and len(local) == 12
 
 
 @pytest.fixture(params=READERS)
 def shard_in_small_blocks(request, served, s3_emulated, monkeypatch):
     """(the first local shard, its s3:// path), read by each s3:// reader in blocks of 333 bytes."""
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, request.param)
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, request.param)
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
     return shard, location.as_path(f"{s3_emulated.url}/records/{shard.name}")
 
 
 def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(shard_in_small_blocks, s3_emulated):
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
     shard, path = shard_in_small_blocks
     before = s3_emulated.counters().requests
-    blocks = readers._blocks(path, readers.backend(path))
+    blocks = tfdata_readers._blocks(path, tfdata_readers.backend(path))
     try:
         assert next(blocks) == shard.read_bytes()[:333]
         waited = time.monotonic() + LIMIT_S
@@ -156,10 +156,10 @@ def test_the_s3_shard_reader_asks_for_the_next_block_while_one_is_parsed(shard_i
 
 def test_a_shards_first_block_is_asked_for_alone(shard_in_small_blocks, monkeypatch):
     """Asked for beside the next block, the first would share the link with bytes nobody waits for yet."""
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
     shard, path = shard_in_small_blocks
-    store = readers.backend(path)
+    store = tfdata_readers.backend(path)
     asked: list[tuple[int, bool]] = []  # (start, whether every earlier request had its bytes)
     futures = []
     real_request = store.request_range
@@ -170,7 +170,7 @@ def test_a_shards_first_block_is_asked_for_alone(shard_in_small_blocks, monkeypa
         return futures[-1]
 
     monkeypatch.setattr(store, "request_range", request_range)
-    blocks = readers._blocks(path, store)
+    blocks = tfdata_readers._blocks(path, store)
     try:
         assert b"".join(blocks) == shard.read_bytes()
     finally:
@@ -180,30 +180,30 @@ def test_a_shards_first_block_is_asked_for_alone(shard_in_small_blocks, monkeypa
 
 
 def test_a_shard_is_read_in_a_small_first_block_then_full_ones(monkeypatch):
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setattr(readers, "FIRST_BLOCK_BYTES", 4)
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 16)
-    assert readers.block_spans(0) == []
-    assert readers.block_spans(3) == [(0, 3)]
-    assert readers.block_spans(20) == [(0, 4), (4, 20)]
-    assert readers.block_spans(45) == [(0, 4), (4, 20), (20, 36), (36, 45)]
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 2)  # never a first block larger than the others
-    assert readers.block_spans(5) == [(0, 2), (2, 4), (4, 5)]
+    monkeypatch.setattr(tfdata_readers, "FIRST_BLOCK_BYTES", 4)
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 16)
+    assert tfdata_readers.block_spans(0) == []
+    assert tfdata_readers.block_spans(3) == [(0, 3)]
+    assert tfdata_readers.block_spans(20) == [(0, 4), (4, 20)]
+    assert tfdata_readers.block_spans(45) == [(0, 4), (4, 20), (20, 36), (36, 45)]
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 2)  # never a first block larger than the others
+    assert tfdata_readers.block_spans(5) == [(0, 2), (2, 4), (4, 5)]
 
 
 @pytest.mark.parametrize("reader", READERS)
 def test_a_shards_size_comes_from_the_listing_this_process_holds(served, s3_emulated, monkeypatch, reader):
     """A listing this process holds saves the size's round trip (a HEAD) at every shard's opening."""
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
     listed = {p.name: p for p in location.as_path(f"{s3_emulated.url}/records").walk_files()}  # as a run plans
     path = listed[shard.name]
     before = s3_emulated.counters().requests
-    blocks = readers._blocks(path, readers.backend(path))
+    blocks = tfdata_readers._blocks(path, tfdata_readers.backend(path))
     try:
         assert next(blocks) == shard.read_bytes()[:333]
         waited = time.monotonic() + LIMIT_S
@@ -219,12 +219,12 @@ def test_a_shards_size_comes_from_the_listing_this_process_holds(served, s3_emul
 def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served, s3_emulated, monkeypatch, reader):
     import tensorflow as tf
 
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
 
-    monkeypatch.setattr(readers, "GROUP_RECORDS", 5)
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)
+    monkeypatch.setattr(tfdata_readers, "GROUP_RECORDS", 5)
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 333)
     shard = sorted((served / "records").glob("*.tfrecord"))[0]
     local = _records(tf.data.TFRecordDataset(str(shard)))
     damaged = bytearray(shard.read_bytes())
@@ -236,7 +236,7 @@ def test_a_damaged_s3_shard_gives_its_records_up_to_the_damage_then_fails(served
         (folder / shard.name).write_bytes(bytes(damaged))
         got = []
         with pytest.raises(tf.errors.OpError, match=f"{folder.name}/{shard.name}: corrupted record at byte {eighth}"):
-            for record in readers.shard_records(tf.constant(f"{s3_emulated.url}/{folder.name}/{shard.name}")):
+            for record in tfdata_readers.shard_records(tf.constant(f"{s3_emulated.url}/{folder.name}/{shard.name}")):
                 got.append(record.numpy())
         assert got == local[:7]  # as TFRecordDataset: every record before the damaged one
     finally:
@@ -485,7 +485,7 @@ def test_a_store_port_left_in_time_wait_can_be_served_again_and_a_listening_one_
     import errno
     import socket
 
-    from stallscope.storage.http_base import listening_socket
+    from stallscope.storage.emulator.http_handler import listening_socket
 
     first = listening_socket(0)
     port = first.getsockname()[1]

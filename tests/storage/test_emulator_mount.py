@@ -15,7 +15,7 @@ import pytest
 
 from stallscope.analysis.storage_counters import load_storage_counters
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
 from .conftest import child_environment
 from .test_emulator import LIMIT_S, digests

@@ -13,7 +13,7 @@ import pytest
 
 from stallscope.storage import location
 from stallscope.storage.emulator import emulate
-from stallscope.storage.objects import FOLDER_MARKER, PART_PREFIX, FolderBucket, WriteRefused
+from stallscope.storage.emulator.folder_bucket import FOLDER_MARKER, PART_PREFIX, FolderBucket, WriteRefused
 
 from .conftest import child_environment
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from stallscope.storage import event_loop_http
-from stallscope.storage.counters import InProcessCounters
-from stallscope.storage.objects import FolderBucket
-from stallscope.storage.s3_server import S3Server
+from stallscope.storage.emulator import http_loop
+from stallscope.storage.emulator.counters import InProcessCounters
+from stallscope.storage.emulator.folder_bucket import FolderBucket
+from stallscope.storage.emulator.s3_server import S3Server
 
 BUCKET = "data"
 
@@ -153,7 +153,7 @@ def test_connection_close_and_http_1_0_end_the_connection_after_the_answer(serve
 
 
 def test_an_idle_connection_is_closed_and_a_held_request_is_not_idle(serve, monkeypatch):
-    monkeypatch.setattr(event_loop_http, "IDLE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(http_loop, "IDLE_TIMEOUT_S", 0.3)
     server = serve(latency_s=0.5)  # longer than the idle timeout: a request waiting out its latency
     with connect(server) as connection:
         connection.sendall(b"GET /data/a/small.bin HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -57,12 +57,12 @@ def test_pooled_gs_reads_the_folders_bytes_over_kept_alive_connections(served, g
 def test_pooled_gs_streams_the_records_tf_reads_locally(served, gs_store, monkeypatch):
     import tensorflow as tf
 
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 333)  # headers and records across blocks
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 333)  # headers and records across blocks
     for shard in sorted((served / "records").glob("*.tfrecord")):
         local = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
-        remote = [r.numpy() for r in readers.shard_records(tf.constant(f"gs://data/records/{shard.name}"))]
+        remote = [r.numpy() for r in tfdata_readers.shard_records(tf.constant(f"gs://data/records/{shard.name}"))]
         assert remote == local and len(local) == 12
 
 
@@ -73,14 +73,14 @@ def test_a_shard_read_to_its_end_asks_for_the_first_block_of_the_one_its_slot_op
     waits no round trip), and the records are TF's."""
     import tensorflow as tf
 
-    from stallscope.storage import readers, shard_heads
+    from stallscope.storage import tfdata_readers, shard_heads
 
-    monkeypatch.setattr(readers, "SHARD_BLOCK_BYTES", 4096)  # several blocks a shard: the last one counts
+    monkeypatch.setattr(tfdata_readers, "SHARD_BLOCK_BYTES", 4096)  # several blocks a shard: the last one counts
     shards = sorted(p for p in location.as_path("gs://data/records").iterdir() if p.name.endswith(".tfrecord"))  # listed: sizes known
     local = [served / "records" / s.name for s in shards]
     assert len(shards) == 2 and all(p.stat().st_size > 3 * 4096 for p in local)
     shard_heads.forget()
-    first = [r.numpy() for r in readers.shard_records(tf.constant(str(shards[0])), tf.constant(str(shards[1])))]
+    first = [r.numpy() for r in tfdata_readers.shard_records(tf.constant(str(shards[0])), tf.constant(str(shards[1])))]
     assert first == [r.numpy() for r in tf.data.TFRecordDataset(str(local[0]))]
     ahead = shard_heads.take(shards[1], _gs())
     assert ahead is not None and bytes(ahead.result(timeout=10)) == local[1].read_bytes()[:4096]
@@ -88,7 +88,7 @@ def test_a_shard_read_to_its_end_asks_for_the_first_block_of_the_one_its_slot_op
 
     blocks = sum(-(-p.stat().st_size // 4096) for p in local)
     before = gs_store.counters()
-    both = [r.numpy() for r in readers.records_dataset([str(s) for s in shards])]
+    both = [r.numpy() for r in tfdata_readers.records_dataset([str(s) for s in shards])]
     after = gs_store.counters()
     assert both == [r.numpy() for r in tf.data.TFRecordDataset([str(p) for p in local])]
     assert after.requests - before.requests == blocks  # the second shard's first block asked for once
@@ -98,20 +98,20 @@ def test_first_blocks_asked_ahead_are_bounded_and_taken_only_for_the_object_aske
     """Guesses that never come true (a run stopped early, a slot that opened another shard) hold at most
     HEADS_KEPT first blocks: the oldest are given up. A client made anew (another endpoint or timeout)
     takes none asked through the old one."""
-    from stallscope.storage import readers, shard_heads
+    from stallscope.storage import tfdata_readers, shard_heads
 
     shard = location.as_path("gs://data/records/train-00000-of-00002.tfrecord")
     location.as_path("gs://data/records").is_dir()  # the folder listed: the shard's size is known
     shard_heads.forget()
-    asked = [shard_heads.ask(shard, _gs(), readers._first_span) for _ in range(shard_heads.HEADS_KEPT + 3)]  # noqa: SLF001
+    asked = [shard_heads.ask(shard, _gs(), tfdata_readers._first_span) for _ in range(shard_heads.HEADS_KEPT + 3)]  # noqa: SLF001
     assert all(asked)
     taken = [shard_heads.take(shard, _gs()) for _ in range(shard_heads.HEADS_KEPT + 1)]
     assert sum(t is not None for t in taken) == shard_heads.HEADS_KEPT and taken[-1] is None
-    assert shard_heads.ask(shard, _gs(), readers._first_span)  # noqa: SLF001
+    assert shard_heads.ask(shard, _gs(), tfdata_readers._first_span)  # noqa: SLF001
     location.set_timeout(10)  # a new client
     assert shard_heads.take(shard, _gs()) is None
     unlisted = location.as_path("gs://data/not-listed.tfrecord")
-    assert not shard_heads.ask(unlisted, _gs(), readers._first_span)  # noqa: SLF001  (no size: no round trip for one)
+    assert not shard_heads.ask(unlisted, _gs(), tfdata_readers._first_span)  # noqa: SLF001  (no size: no round trip for one)
 
 
 def test_tuned_records_in_a_store_repeat_their_shard_list_before_the_reader(served, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import location, obstore_reading, s3, s3_reading
+from stallscope.storage import location, obstore_client, s3_store, s3_request_plan
 from stallscope.storage.emulator import emulate
 from stallscope.storage.location import StorageError, list_by_folders, with_silence_limit
 
@@ -74,13 +74,13 @@ def tree(tmp_path) -> Path:
 def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_time(tree, kind, s3_reader, monkeypatch):
     """One folder at a time at 0.15 s a request: 13 listings, about 2 s, against a limit of 1 s on
     silence. A limit on the whole listing failed it. s3:// lists through its reader's client."""
-    if s3_reader == "obstore" and not obstore_reading.installed():
+    if s3_reader == "obstore" and not obstore_client.installed():
         pytest.skip("obstore (the storage extra) lists s3:// where installed")
     with emulate(tree.parent, kind=kind, latency_s=0.15, max_duration_s=LIMIT_S) as store:
         for name, value in store.env.items():
             monkeypatch.setenv(name, value)
         if kind == "s3":
-            monkeypatch.setenv(s3_reading.READER_ENV, s3_reader)
+            monkeypatch.setenv(s3_request_plan.READER_ENV, s3_reader)
             monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
             monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
         location.set_timeout(10)  # fresh clients, made with this endpoint
@@ -91,8 +91,8 @@ def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_ti
         location.forget_listings()
         monkeypatch.setattr(location, "FOLDERS_IN_FLIGHT", 1)
         # gs:// and s3:// through obstore (a limit on silence), s3:// through s3fs (one on each request)
-        monkeypatch.setattr(obstore_reading, "deadline", lambda: 1.0)
-        monkeypatch.setattr(s3, "operation_limit", lambda nbytes=0: 1.0)
+        monkeypatch.setattr(obstore_client, "deadline", lambda: 1.0)
+        monkeypatch.setattr(s3_store, "operation_limit", lambda nbytes=0: 1.0)
         try:
             started = time.monotonic()
             listed = {p.relative_to(root).as_posix(): p.stat().st_size for p in root.walk_files()}
@@ -128,7 +128,7 @@ def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_ans
     """6,000 objects in one folder at 0.4 s a request: six pages in one call, past a limit of 2 s (a
     probe on a new connection, as gs:// makes it, takes a CONNECT and a GET: 0.8 s). s3:// lists and
     probes through its reader's client."""
-    if s3_reader != "s3fs" and not obstore_reading.installed():
+    if s3_reader != "s3fs" and not obstore_client.installed():
         pytest.skip("obstore (the storage extra) lists gs:// and s3:// where installed")
     folder = tmp_path / "served" / "tree" / "big"
     folder.mkdir(parents=True)
@@ -140,13 +140,13 @@ def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_ans
         monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
         monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
         if s3_reader:
-            monkeypatch.setenv(s3_reading.READER_ENV, s3_reader)
+            monkeypatch.setenv(s3_request_plan.READER_ENV, s3_reader)
         location.set_timeout(10)
         root = location.as_path(f"{store.url}/tree")
         assert (root / "big" / "00000.jpg").read_bytes() == b""  # the client made before the limit is cut
         location.forget_listings()
-        monkeypatch.setattr(obstore_reading, "deadline", lambda: 2.0)
-        monkeypatch.setattr(s3, "operation_limit", lambda nbytes=0: 2.0)
+        monkeypatch.setattr(obstore_client, "deadline", lambda: 2.0)
+        monkeypatch.setattr(s3_store, "operation_limit", lambda nbytes=0: 2.0)
         try:
             listed = list(root.walk_files())
         finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import gcs, location, obstore_reading, s3_reading
+from stallscope.storage import gcs_store, location, obstore_client, s3_request_plan
 from stallscope.storage.location import GsPath, S3Path, StorageError, as_path
 
 from .conftest import BUCKET
@@ -27,12 +27,12 @@ def test_a_gs_listing_through_obstore_takes_folder_objects_for_folders():
 
     page = [meta("data"), meta("data/a"), meta("data/a/b"), meta("data/a/b/x.jpg", 7), meta("data/c.jpg", 9),
             meta("data/empty")]
-    files = obstore_reading.listed_objects("data", page)
-    obstore_reading.without_folders(files)
+    files = obstore_client.listed_objects("data", page)
+    obstore_client.without_folders(files)
     assert {name: info.size for name, info in files.items()} == {"a/b/x.jpg": 7, "c.jpg": 9, "empty": 0}
     assert files["c.jpg"].mtime_ns == int(when.timestamp() * 1e9)
-    whole = obstore_reading.listed_objects("", [meta("a"), meta("a/x.jpg", 3)])  # a whole bucket
-    obstore_reading.without_folders(whole)
+    whole = obstore_client.listed_objects("", [meta("a"), meta("a/x.jpg", 3)])  # a whole bucket
+    obstore_client.without_folders(whole)
     assert list(whole) == ["a/x.jpg"]
 
 
@@ -75,7 +75,7 @@ def s3_reader(request, monkeypatch):
     """Each reader of whole s3:// objects in turn (STALLSCOPE_S3_READER)."""
     if request.param == "obstore":
         pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
-    monkeypatch.setenv(s3_reading.READER_ENV, request.param)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, request.param)
     return request.param
 
 
@@ -129,7 +129,7 @@ def test_obstore_reads_a_bucket_in_the_region_s3_names_when_none_is_configured(s
     client.put_object(Bucket="far-away", Key="a.jpg", Body=b"far")
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     monkeypatch.delenv("AWS_REGION", raising=False)
-    monkeypatch.setenv(s3_reading.READER_ENV, "obstore")
+    monkeypatch.setenv(s3_request_plan.READER_ENV, "obstore")
     location.set_timeout(5)
     path = as_path("s3://far-away/a.jpg")
     assert location.read_many([path], 1) == [b"far"]
@@ -156,9 +156,9 @@ def tls_store(tiny_tree, tmp_path, monkeypatch):
     import ssl
     import threading
 
-    from stallscope.storage.counters import SharedCounters
-    from stallscope.storage.objects import FolderBucket
-    from stallscope.storage.s3_server import S3Server
+    from stallscope.storage.emulator.counters import SharedCounters
+    from stallscope.storage.emulator.folder_bucket import FolderBucket
+    from stallscope.storage.emulator.s3_server import S3Server
 
     from .conftest import s3_environment
 
@@ -254,34 +254,34 @@ def test_no_credentials_and_a_dead_endpoint_are_one_line(s3_env, monkeypatch):
 
 
 def test_gcs_settings_fill_in_what_the_user_left_unset(monkeypatch):
-    from stallscope.storage.readers import describe_reader
+    from stallscope.storage.tfdata_readers import describe_reader
 
     for name in ("GCS_REQUEST_CONNECTION_TIMEOUT_SECS", "GCS_REQUEST_IDLE_TIMEOUT_SECS", "GCS_METADATA_REQUEST_TIMEOUT_SECS",
-                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", gcs.GCS_BLOCK_VAR):
+                 "GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US", gcs_store.GCS_BLOCK_VAR):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GCS_REQUEST_IDLE_TIMEOUT_SECS", "99")  # the user's own value stays
-    monkeypatch.setattr(gcs, "_set_by_us", set())
-    made = gcs.prepare_gcs_environment(7, small_objects=True)
+    monkeypatch.setattr(gcs_store, "_set_by_us", set())
+    made = gcs_store.prepare_gcs_environment(7, small_objects=True)
     assert "GCS_REQUEST_CONNECTION_TIMEOUT_SECS=7" in made and "GCS_READ_CACHE_BLOCK_SIZE_MB=1" in made
     assert not any(m.startswith("GCS_REQUEST_IDLE_TIMEOUT_SECS") for m in made)
     assert os.environ["GCS_REQUEST_IDLE_TIMEOUT_SECS"] == "99" and os.environ["GCS_RETRY_CONFIG_MAX_RETRIES"] == "2"
     files = [as_path("gs://bucket/tree/a/1.jpg")]
     assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
         "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=1, set by stallscope)"
-    monkeypatch.setenv(gcs.GCS_BLOCK_VAR, "4")
-    monkeypatch.setattr(gcs, "_set_by_us", set())
-    assert gcs.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
+    monkeypatch.setenv(gcs_store.GCS_BLOCK_VAR, "4")
+    monkeypatch.setattr(gcs_store, "_set_by_us", set())
+    assert gcs_store.prepare_gcs_environment(7, small_objects=True) == []  # all set now, by "the user"
     assert describe_reader("files", files, read_parallelism=None, map_parallelism=None) == \
         "TF gs:// (GCS_READ_CACHE_BLOCK_SIZE_MB=4)"
     for reader in ("s3fs", "obstore"):
-        monkeypatch.setenv(s3_reading.READER_ENV, reader)
+        monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
         assert describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1) == \
             f"{reader} (16 in flight)"
-    monkeypatch.delenv(s3_reading.READER_ENV)
+    monkeypatch.delenv(s3_request_plan.READER_ENV)
     monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/private-ca.pem")  # a private CA: obstore is given it too
-    assert s3_reading.reader_name() == "obstore"
+    assert s3_request_plan.reader_name() == "obstore"
     monkeypatch.delenv("AWS_CA_BUNDLE")
-    monkeypatch.setenv(s3_reading.READER_ENV, "boto")
+    monkeypatch.setenv(s3_request_plan.READER_ENV, "boto")
     with pytest.raises(location.UsageError, match="STALLSCOPE_S3_READER: expected one of obstore, s3fs, got 'boto'"):
         describe_reader("files", [as_path("s3://b/x.jpg")], read_parallelism=None, map_parallelism=-1)
     assert describe_reader("files", [Path("x.jpg")], read_parallelism=None, map_parallelism=None) == "TF local files"
@@ -304,7 +304,7 @@ def test_a_files_source_in_a_bucket_is_the_local_trees_images_held_as_text(s3_en
     """Each image is its `s3://bucket/key` text, sized from the listing: a RemotePath per object cost 9 s
     of CPU and 565 MB at the peak for ImageNet's train set (1.28 million objects)."""
     from stallscope.pipeline.sources import open_source
-    from stallscope.storage.readers import describe_reader, needs_own_reader
+    from stallscope.storage.tfdata_readers import describe_reader, needs_own_reader
 
     source = open_source("files", f"s3://{BUCKET}/tree")
     local = open_source("files", s3_env["tree"])

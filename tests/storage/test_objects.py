@@ -2,7 +2,7 @@
 
 import pytest
 
-from stallscope.storage.objects import ByteRangeError, FolderBucket, parse_range
+from stallscope.storage.emulator.folder_bucket import ByteRangeError, FolderBucket, parse_range
 
 
 def test_parse_range_forms():

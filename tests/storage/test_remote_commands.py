@@ -12,7 +12,7 @@ import time
 import pytest
 
 from stallscope.cli.main import main
-from stallscope.storage import s3_reading
+from stallscope.storage import s3_request_plan
 
 from .conftest import BUCKET, child_environment, free_port, s3_environment
 
@@ -27,7 +27,7 @@ TINY = ["--image_size", "32", "--batch_size", "4", "--shuffle-buffer", "8", "--a
 def test_train_reads_from_a_bucket(s3_env, tmp_path, capsys, monkeypatch, source, prefix, pipeline, reader):
     if reader.startswith("obstore"):
         pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
-    monkeypatch.setenv(s3_reading.READER_ENV, reader.split()[0])
+    monkeypatch.setenv(s3_request_plan.READER_ENV, reader.split()[0])
     run_dir = tmp_path / "run"
     code = main(["train", "--source", source, "--dataset_path", f"s3://{BUCKET}/{prefix}", "--steps", "6",
                  "--pipeline", pipeline, "--log_path", str(run_dir), *TINY])
@@ -54,7 +54,7 @@ def test_diagnose_reads_from_a_bucket(s3_env, capsys):
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert 0.0 <= report["input_share"] <= 1.0 and report["phases"]
-    assert report["source"]["reader"] == f"{s3_reading.reader_name()} (1 in flight)"
+    assert report["source"]["reader"] == f"{s3_request_plan.reader_name()} (1 in flight)"
     assert report["source"]["path"] == f"s3://{BUCKET}/tree"
 
 
@@ -212,13 +212,13 @@ def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypat
     from stallscope.pipeline.builder import build_dataset
     from stallscope.pipeline.presets import get_preset
     from stallscope.pipeline.sources import open_source
-    from stallscope.storage import readers
+    from stallscope.storage import tfdata_readers
 
     source = open_source("files", f"s3://{BUCKET}/tree")
     config = get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8)
     fetched = []
-    original = readers.read_many
-    monkeypatch.setattr(readers, "read_many", lambda paths, n: fetched.extend(paths) or original(paths, n))
+    original = tfdata_readers.read_many
+    monkeypatch.setattr(tfdata_readers, "read_many", lambda paths, n: fetched.extend(paths) or original(paths, n))
     batches = list(build_dataset(config, source, skip_examples=20))
     assert len(batches) == 1 and batches[0][0].shape[0] == 4
     assert len(fetched) == 4  # the 20 images skipped were never fetched

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from stallscope.storage import location, s3_reading
+from stallscope.storage import location, s3_request_plan
 from stallscope.storage.location import StorageError
-from stallscope.storage.s3 import S3Store
+from stallscope.storage.s3_store import S3Store
 
 from .conftest import BUCKET, s3_environment
 
@@ -71,14 +71,14 @@ def _timed(operation) -> tuple[BaseException | None, float]:
     return outcome[0]
 
 
-@pytest.mark.parametrize("reader", s3_reading.READERS)
+@pytest.mark.parametrize("reader", s3_request_plan.READERS)
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))
 def test_each_operation_on_a_silent_store_ends_within_the_timeout(silent_store, monkeypatch, reader, operation):
     if reader == "obstore":
         if operation in ("write", "rename", "delete"):
             pytest.skip("writes go through s3fs whichever reader reads")
         pytest.importorskip("obstore", reason="obstore (the storage extra) reads s3:// objects where installed")
-    monkeypatch.setenv(s3_reading.READER_ENV, reader)
+    monkeypatch.setenv(s3_request_plan.READER_ENV, reader)
     error, seconds = _timed(lambda: OPERATIONS[operation](S3Store()))
     assert isinstance(error, (StorageError, TimeoutError)), repr(error)
     if isinstance(error, StorageError):

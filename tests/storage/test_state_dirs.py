@@ -11,7 +11,7 @@ import sys
 
 import psutil
 
-from stallscope.storage import state_dirs
+from stallscope.storage.emulator import state_dirs
 
 LIMIT_S = 60
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from stallscope.storage.emulator import emulate
-from stallscope.storage.fuse_mount import why_no_fuse
+from stallscope.storage.emulator.fuse_mount import why_no_fuse
 from stallscope.storage.stuck_calls import StuckCallWatch
 
 from ..storage.conftest import child_environment

@@ -586,9 +586,9 @@ def _pooled_gcs_reads(current, config: PipelineConfig, what: "StorageWhatIf", sc
     reads in flight, where obstore is installed and it gains STORAGE_GAIN over the best TF's client
     gives (as configured, or with enough reads in flight); else None."""
     from stallscope.analysis import storage_whatif as sw
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
-    if current.client != "tf-gcs" or current.format != "files" or not gcs_objects.available():
+    if current.client != "tf-gcs" or current.format != "files" or not gcs_obstore.available():
         return None
     row = sw.predict_format(sw.IoPattern(current.format, current.bytes_per_image, current.objects_per_image),
                             scenario, sw.obstore_gcs_client(), config.replace(gcs_reader="pooled"), what.workload)

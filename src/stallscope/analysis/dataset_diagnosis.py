@@ -37,7 +37,7 @@ from stallscope.pipeline.describe import (
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
-from stallscope.storage.s3_reading import READ_STAGE
+from stallscope.storage.s3_request_plan import READ_STAGE
 from stallscope.verdict import fmt_share
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload import rundir

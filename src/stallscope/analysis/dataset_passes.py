@@ -16,7 +16,7 @@ import math
 
 from stallscope.pipeline.describe import given_name
 from stallscope.records.record_count import count_records
-from stallscope.storage.s3_reading import RECORDS_STAGE
+from stallscope.storage.s3_request_plan import RECORDS_STAGE
 
 # Stages that give one element for each element they take: a pass is as many of their outputs as inputs.
 _ONE_FOR_ONE = frozenset({

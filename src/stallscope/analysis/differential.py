@@ -813,7 +813,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     if under.remote:
         phases = tuple(cached_from_remote(p, images_per_second=_cached_rate(warm, parts, True),
                                           batch_size=config.batch_size) for p in phases)
-    from stallscope.storage.readers import describe_reader
+    from stallscope.storage.tfdata_readers import describe_reader
 
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
                        stored_side=stored_side(source))

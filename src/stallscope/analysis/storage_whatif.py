@@ -43,7 +43,7 @@ from stallscope.config import AUTOTUNE
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.pipeline.presets import NETWORK_FS, tuned_for_store
-from stallscope.storage import gcs_objects, s3_reading
+from stallscope.storage import gcs_obstore, s3_request_plan
 from stallscope.storage.request_tally import RequestTally
 
 MIB = 1024**2
@@ -161,8 +161,8 @@ def s3fs_client() -> StorageClient:
     return StorageClient(
         name="s3fs", block_bytes=S3FS_DEFAULT_BLOCK, requests_per_open=0, request_overhead_ms=0.8,
         request_cpu_ms=0.8, transfer_cpu_ms_per_mib=2.5, new_connection_per_request=False,
-        streamed_requests_per_open=0, streamed_block_bytes=s3_reading.SHARD_BLOCK_BYTES,
-        streamed_first_block_bytes=s3_reading.FIRST_BLOCK_BYTES, grouped_reads=True,
+        streamed_requests_per_open=0, streamed_block_bytes=s3_request_plan.SHARD_BLOCK_BYTES,
+        streamed_first_block_bytes=s3_request_plan.FIRST_BLOCK_BYTES, grouped_reads=True,
         scheme="s3", description="stallscope's s3:// reader on s3fs (pooled connections; shards in 16 MiB blocks)")
 
 
@@ -237,8 +237,8 @@ def client_for_path(path: str, gcs_reader: str = "tf") -> str:
     an object store) through the gs:// reader `gcs_reader` names (obstore for "pooled" where
     installed, as `tuned_for_store` falls back, else TF's own)."""
     if str(path).startswith("s3://"):
-        return s3_reading.reader_name()
-    return "obstore-gcs" if gcs_reader == "pooled" and gcs_objects.available() else "tf-gcs"
+        return s3_request_plan.reader_name()
+    return "obstore-gcs" if gcs_reader == "pooled" and gcs_obstore.available() else "tf-gcs"
 
 
 def _as_read_by(config: PipelineConfig, client: StorageClient) -> PipelineConfig:
@@ -525,7 +525,7 @@ class Reads:
         pool = f"a private pool of {self.pool_threads}" if self.private_pool else \
             f"tf.data's shared pool ({self.pool_threads} threads = cores)"
         if self.grouped:
-            group = min(self.parallel_calls, s3_reading.GROUP_REQUESTS)
+            group = min(self.parallel_calls, s3_request_plan.GROUP_REQUESTS)
             return f"{self.parallel_calls} requests in flight, in groups of {group} that each hold a thread of {pool}"
         calls = "autotune" if self.parallel_calls == AUTOTUNE else str(self.parallel_calls)
         return f"{calls} parallel reads on {pool}"
@@ -630,8 +630,8 @@ def requests_in_flight(reads: Reads, c: Costs) -> float:
         # fetched while one is consumed). benchmarks/storage.py --store s3, `diagnose --fix`'s files config
         # on tf.data's 2 shared threads: 1,176 images/s at 10 ms and 683 at 30 ms, where 16 in flight
         # would give 1,600 and 533.
-        group = min(calls, s3_reading.GROUP_REQUESTS)
-        capacity = s3_reading.groups_in_flight(calls) * group
+        group = min(calls, s3_request_plan.GROUP_REQUESTS)
+        capacity = s3_request_plan.groups_in_flight(calls) * group
         decode = group * (c.cpu_ms - c.client_cpu_ms)
         share = busy / (busy + decode) if busy + decode > 0 else 1.0
         return max(1.0, min(float(capacity), reads.pool_threads * group * share))
@@ -805,7 +805,7 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
         reads = autotuned_reads(pattern.format, workload.shared_pool_threads)
     grouped = client.grouped_reads and pattern.format == "files"  # stallscope's s3:// reader
     if grouped:  # groups of requests, as many as the read's parallel calls, on the config's pool
-        reads = dataclasses.replace(reads, parallel_calls=s3_reading.in_flight(reads.parallel_calls),
+        reads = dataclasses.replace(reads, parallel_calls=s3_request_plan.in_flight(reads.parallel_calls),
                                     reads_in_decode_map=False, grouped=True)
     shards = max(1, round(workload.examples * pattern.objects_per_image))
     if pattern.format == "records" and resolved_calls(reads) > shards:  # an interleave reads at most every shard

@@ -20,7 +20,7 @@ from typing import Any
 from stallscope.config import require_positive
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
-from stallscope.storage import obstore_reading, request_tally
+from stallscope.storage import obstore_client, request_tally
 from stallscope.storage.location import RemotePath, as_path, listed_size, read_many
 from stallscope.storage.round_trips import time_round_trips
 
@@ -91,7 +91,7 @@ def probe_store(options: ProbeOptions) -> StoreProbe:
     """Lists `options.url` once, times its round trip, then reads its largest objects whole."""
     from stallscope.analysis.storage_whatif import obstore_client_for
 
-    if not obstore_reading.installed():
+    if not obstore_client.installed():
         raise UsageError(f"storage probe: expected the obstore package ({install_line('stores')}), "
                          "which makes and times the requests")
     started = time.perf_counter()

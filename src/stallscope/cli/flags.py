@@ -293,9 +293,9 @@ def _records_streamed_by_stallscope(args: argparse.Namespace) -> bool:
         return True
     if not any(v.startswith("gs://") for v in named) or not hasattr(args, "pipeline"):
         return False
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
-    return pipeline_from_args(args).gcs_reader == "pooled" and gcs_objects.available()
+    return pipeline_from_args(args).gcs_reader == "pooled" and gcs_obstore.available()
 
 
 def pipeline_from_args(args: argparse.Namespace):
@@ -319,7 +319,7 @@ def apply_storage_flags(args: argparse.Namespace) -> list[str]:
     reader streams, and TF's gs:// settings when a flag names gs:// (TF reads them once, at load). A
     JPEG tree (`--source files`, `convert`) gets a small read block. Returns the gs:// settings made,
     as NAME=value."""
-    from stallscope.storage.gcs import prepare_gcs_environment
+    from stallscope.storage.gcs_store import prepare_gcs_environment
     from stallscope.storage.location import is_remote, set_timeout, storage_timeout
 
     timeout = getattr(args, "storage_timeout", None)

@@ -166,7 +166,7 @@ def probe_lines(result) -> list[str]:
 
 
 def _options(args: argparse.Namespace):
-    from stallscope.storage.serving import StoreOptions
+    from stallscope.storage.emulator.serving import StoreOptions
 
     kind = "mount" if args.mount_point is not None else (args.kind or "gcs")
     return StoreOptions(root=Path(args.root), kind=kind, latency_s=args.latency, bandwidth_bps=args.bandwidth,
@@ -175,7 +175,7 @@ def _options(args: argparse.Namespace):
 
 def _print_usage(store) -> None:
     from stallscope.analysis.storage_whatif import TF_GCS_DEFAULT_BLOCK_MB
-    from stallscope.storage.gcs import GCS_BLOCK_VAR
+    from stallscope.storage.gcs_store import GCS_BLOCK_VAR
     from stallscope.analysis.storage_whatif import format_bandwidth, format_latency
 
     bandwidth = store.options.bandwidth_bps / 8 if store.options.bandwidth_bps else float("inf")
@@ -204,8 +204,8 @@ def _write_json(path: Path, data: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "probe":
         return run_probe(args)
-    from stallscope.storage.serving import RunningStore, check_surroundings
-    from stallscope.storage.state_dirs import new_state_dir
+    from stallscope.storage.emulator.serving import RunningStore, check_surroundings
+    from stallscope.storage.emulator.state_dirs import new_state_dir
 
     options = _options(args)
     check_surroundings(options)

@@ -38,7 +38,7 @@ from stallscope.pipeline import stages
 from stallscope.pipeline.config import STATIC_OPTIMIZATIONS, PipelineConfig
 from stallscope.pipeline.sources import DataSource
 from stallscope.records.schema import get_schema
-from stallscope.storage import readers
+from stallscope.storage import tfdata_readers
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def build_dataset(
     unknown = sorted(set(hooks) - set(HOOK_POINTS))
     if unknown:
         raise UsageError(f"extra_stages: unknown hook point(s) {', '.join(unknown)}; allowed: {', '.join(HOOK_POINTS)}")
-    readers.require_reader(source.files, config.gcs_reader, config.data_service)
+    tfdata_readers.require_reader(source.files, config.gcs_reader, config.data_service)
     num_classes = source.num_classes if num_classes is None else num_classes
     if num_classes <= 0:
         raise UsageError(f"num_classes: expected a positive integer, got {num_classes!r}")
@@ -113,7 +113,7 @@ def build_dataset(
     # Shards streamed from a store repeat as their list, before the read; nothing between read and
     # repeat may need an epoch's end (a cache of encoded records, a hook on the read).
     repeat_shards = (repeat_early and source.kind == "records" and not separate_read
-                     and readers.needs_own_reader(source.files, config.gcs_reader))
+                     and tfdata_readers.needs_own_reader(source.files, config.gcs_reader))
     if source.kind == "files":
         dataset, element = _read_files(config, source, file_seed, separate_read)
     else:
@@ -226,7 +226,7 @@ def _read_files(config: PipelineConfig, source: DataSource, file_seed: int, sepa
             "interleave_cycle_length=%s does not apply to a files source (it reads with a map); ignored",
             config.interleave_cycle_length,
         )
-    if readers.needs_own_reader(source.files, config.gcs_reader):
+    if tfdata_readers.needs_own_reader(source.files, config.gcs_reader):
         # s3:// (TF cannot open it) and pooled gs://: our reader fetches groups of files (`_fetch_grouped`),
         # here when something sits between read and decode, else just before the decode map, after any
         # skip of a resumed run.
@@ -250,15 +250,15 @@ def _fetch_grouped(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.
     """(path, label) -> (bytes, label, path) through stallscope's reader of the store, as many requests
     at once as the read's (or else the map's) parallelism asks."""
     parallelism = config.read_parallelism if config.read_parallelism is not None else config.map_parallelism
-    return readers.fetch_files(dataset, requests=readers.in_flight(parallelism), deterministic=config.deterministic)
+    return tfdata_readers.fetch_files(dataset, requests=tfdata_readers.in_flight(parallelism), deterministic=config.deterministic)
 
 
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, repeat_shards: bool = False):
     """(dataset of serialized records, "serialized"). `repeat_shards`: repeat the list of shards that
     stallscope's reader streams from a store (where the pipeline repeats before decoding anyway), so
-    each epoch's first shards are known while the last ones are read (`readers.with_following`)."""
+    each epoch's first shards are known while the last ones are read (`tfdata_readers.with_following`)."""
     shards = [str(p) for p in source.files]
-    own_reader = readers.needs_own_reader(source.files, config.gcs_reader)  # records streamed by our reader
+    own_reader = tfdata_readers.needs_own_reader(source.files, config.gcs_reader)  # records streamed by our reader
     files = None
     if config.shuffle_files:
         files = tf.data.Dataset.from_tensor_slices(shards).shuffle(len(shards), seed=file_seed)
@@ -275,12 +275,12 @@ def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, re
             # read once leaves the extra slots empty anyway.
             cycle_length = min(_slots(cycle_length), len(shards))
             calls = min(calls, cycle_length) if calls is not None and calls > 0 else calls
-        files = readers.with_following(files.repeat() if repeat_shards else files,
+        files = tfdata_readers.with_following(files.repeat() if repeat_shards else files,
                                        1 if sequential else cycle_length)
         if sequential:
-            return files.flat_map(readers.shard_records, name="read"), "serialized"
+            return files.flat_map(tfdata_readers.shard_records, name="read"), "serialized"
     dataset = files.interleave(
-        readers.shard_records if own_reader else (lambda shard: tf.data.TFRecordDataset(shard)),
+        tfdata_readers.shard_records if own_reader else (lambda shard: tf.data.TFRecordDataset(shard)),
         cycle_length=cycle_length,
         block_length=1,
         num_parallel_calls=calls,

@@ -68,7 +68,7 @@ def store_error(source, exc):
     AbortedError after its retries): one line naming the object it was reading, not a traceback."""
     import re
 
-    from stallscope.storage.gcs import libcurl_reason
+    from stallscope.storage.gcs_store import libcurl_reason
     from stallscope.storage.location import StorageError, short
 
     text = " ".join((getattr(exc, "message", None) or str(exc)).split())

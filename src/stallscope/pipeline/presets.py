@@ -125,11 +125,11 @@ def tuned_for_store(config: PipelineConfig, kind: str, scheme: str, limits: "Cpu
     per large block). Anywhere else a CPU quota below the CPUs gets a pool of its own
     (`pool_for_quota`)."""
     from stallscope.cpu_limits import current
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
     if config.preset != "tuned":
         return config
-    if scheme == "gs" and config.gcs_reader == "pooled" and (config.data_service or not gcs_objects.available()):
+    if scheme == "gs" and config.gcs_reader == "pooled" and (config.data_service or not gcs_obstore.available()):
         config = config.replace(gcs_reader="tf")  # a tf.data service's workers run TF's reader, not ours
     limits = limits if limits is not None else current()
     return pool_for_quota(_reads_in_flight(config, kind, scheme, limits.whole_cores, round_trip_ms), limits)
@@ -139,7 +139,7 @@ def _reads_in_flight(config: PipelineConfig, kind: str, scheme: str, cores: int,
                      round_trip_ms: float | None = None) -> PipelineConfig:
     """Data in a bucket or on a network file system: its reads in flight and the private pool they
     wait on (`tuned_for_store`)."""
-    from stallscope.storage.s3_reading import groups_in_flight
+    from stallscope.storage.s3_request_plan import groups_in_flight
 
     if config.private_threadpool_size or config.read_parallelism != AUTOTUNE:
         return config

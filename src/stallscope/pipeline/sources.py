@@ -280,7 +280,7 @@ def _scan_records(shards: list[Path], *, need_labels: bool) -> tuple[str, int, i
 
     def read(paths: list[Path]) -> tf.data.Dataset:
         if isinstance(paths[0], RemotePath) and paths[0].scheme == "s3":
-            from stallscope.storage.readers import records_dataset
+            from stallscope.storage.tfdata_readers import records_dataset
 
             return records_dataset([str(p) for p in paths])
         return tf.data.TFRecordDataset([str(p) for p in paths], num_parallel_reads=tf.data.AUTOTUNE)

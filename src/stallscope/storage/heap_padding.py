@@ -2,7 +2,7 @@
 
 glibc's malloc hands the free memory at the top of a heap back to the kernel once more than a
 threshold of it is free there, and the next allocation that reaches it takes fresh pages, each a
-minor page fault that the kernel zeroes. The s3:// record reader (`readers.py`) frees a 16 MB block,
+minor page fault that the kernel zeroes. The s3:// record reader (`tfdata_readers.py`) frees a 16 MB block,
 a group tensor and its unbatched copies for every 200-odd records, and that churn trims the heaps so
 often that the JPEG decoder's output buffers land on fresh pages too: 49-73 minor faults per image
 in `stallscope train`'s measured steps against 20-28 with a top pad and 18-25 from local disk, and

@@ -351,9 +351,9 @@ def backend(path: RemotePath) -> "Store":
     """The client of `path`'s store, made on first use (s3fs is imported only for s3://)."""
     if path.scheme not in _STORES:
         if path.scheme == "gs":
-            from stallscope.storage.gcs import GcsStore as store_class
+            from stallscope.storage.gcs_store import GcsStore as store_class
         else:
-            from stallscope.storage.s3 import S3Store as store_class
+            from stallscope.storage.s3_store import S3Store as store_class
         _STORES[path.scheme] = store_class()
     return _STORES[path.scheme]
 
@@ -465,7 +465,7 @@ def list_by_folders(list_folder: Callable[[str], tuple[list, list[str]]], top: s
 
 
 class Store(abc.ABC):
-    """What a store's client does for this module; see gcs.py and s3.py."""
+    """What a store's client does for this module; see gcs_store.py and s3_store.py."""
 
     @abc.abstractmethod
     def list(self, root: RemotePath) -> Listing:

@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from stallscope.config import usable_cores
 from stallscope.errors import UsageError
-from stallscope.storage import gcs_objects, readers
+from stallscope.storage import gcs_obstore, tfdata_readers
 from stallscope.storage.location import RemotePath, as_path, read_many
-from stallscope.storage.s3_reading import GROUP_REQUESTS, READ_STAGE, groups_in_flight
+from stallscope.storage.s3_request_plan import GROUP_REQUESTS, READ_STAGE, groups_in_flight
 
 DEFAULT_IN_FLIGHT = 64  # requests at once: ~1,500 JPEGs/s at 10 ms per request keep ~20 busy
 
@@ -108,7 +108,7 @@ def read_files(dataset: tf.data.Dataset, in_flight: int = DEFAULT_IN_FLIGHT, *,
 
 def _own_reader(shard: str) -> bool:
     """Shards streamed by stallscope's reader: s3:// always, gs:// where obstore is installed."""
-    return readers.needs_own_reader([as_path(shard)], "pooled" if gcs_objects.available() else "tf")
+    return tfdata_readers.needs_own_reader([as_path(shard)], "pooled" if gcs_obstore.available() else "tf")
 
 
 def read_records(filenames, num_parallel_reads: int | None = None, *,
@@ -132,9 +132,9 @@ def read_records(filenames, num_parallel_reads: int | None = None, *,
     if not all(own):
         raise UsageError("read_records: expected shards in one kind of place (all in one store, or all local), "
                          f"got {shards[own.index(False)]} beside {shards[own.index(True)]}")
-    files = readers.following_in_list(shards, num_parallel_reads or 1)
+    files = tfdata_readers.following_in_list(shards, num_parallel_reads or 1)
     if num_parallel_reads is None:
-        return files.flat_map(readers.shard_records)
-    records = files.interleave(readers.shard_records, cycle_length=num_parallel_reads, block_length=1,
+        return files.flat_map(tfdata_readers.shard_records)
+    records = files.interleave(tfdata_readers.shard_records, cycle_length=num_parallel_reads, block_length=1,
                                num_parallel_calls=num_parallel_reads, deterministic=deterministic)
     return _with_pool(records, num_parallel_reads)

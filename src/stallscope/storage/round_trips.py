@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from stallscope.storage import obstore_reading, request_tally
+from stallscope.storage import obstore_client, request_tally
 from stallscope.storage.location import RemotePath, as_path, backend, deadline, listed_size
 from stallscope.storage.request_tally import RequestTally
 
@@ -37,7 +37,7 @@ def time_round_trips(paths: Sequence[str], *, count: int = GETS, budget_s: float
     empty tally where obstore is not installed or nothing is in a store. A failed request ends the
     timing early: the pipeline's own reads already said whether the store answers."""
     remote = [p for p in _in_store(paths[:count]) if listed_size(p) != 0]
-    if not remote or not obstore_reading.installed():
+    if not remote or not obstore_client.installed():
         return RequestTally()
     before = request_tally.snapshot()
     ends = time.monotonic() + budget_s
@@ -67,7 +67,7 @@ def time_transfer(paths: Sequence[str], *, latency_ms: float = 0.0, max_bytes: i
     sized = sorted(((listed_size(p) or 0, p) for p in _in_store(paths)), key=lambda item: -item[0])
     per_object = [[(path, start) for start in range(0, size - BLOCK_BYTES + 1, BLOCK_BYTES)]
                   for size, path in sized if size >= BLOCK_BYTES]
-    if not per_object or not obstore_reading.installed():
+    if not per_object or not obstore_client.installed():
         return None
     # Blocks taken from every object in turn, so a wave reads from several objects at once, as shards are read.
     ordered = [block for turn in itertools.zip_longest(*per_object) for block in turn if block]

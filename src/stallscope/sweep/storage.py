@@ -58,7 +58,7 @@ def require_emulator(latencies: tuple[str, ...], store: str = "gcs") -> None:
         raise UsageError(f"--latency: {remote[0]} needs the storage emulator ({EMULATOR_MODULE}), which this "
                          f"installation lacks; expected 'local', got {','.join(latencies)}")
     if store == "mount":
-        from stallscope.storage.fuse_mount import why_no_fuse
+        from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
         why = why_no_fuse()
         if why:

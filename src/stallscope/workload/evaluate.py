@@ -30,10 +30,10 @@ def evaluation_pipeline(train_pipeline: PipelineConfig | None = None, *, image_s
                         batch_size: int | None = None, normalize: str | None = None) -> PipelineConfig:
     """Every example once, in order, as fast as the cores allow, preprocessed like training (read as
     training read; on its own, gs:// through the pooled reader where obstore is installed)."""
-    from stallscope.storage import gcs_objects
+    from stallscope.storage import gcs_obstore
 
     base = train_pipeline or PipelineConfig(preset="evaluate",
-                                            gcs_reader="pooled" if gcs_objects.available() else "tf")
+                                            gcs_reader="pooled" if gcs_obstore.available() else "tf")
     return base.replace(
         preset="evaluate",
         image_size=image_size or base.image_size,
@@ -96,7 +96,7 @@ def evaluate_model(model, dataset, source=None) -> EvalResult:
     except store_errors() as exc:
         raise store_error(source, exc) from None  # TF's gs:// gave up on the store
     except tf.errors.UnknownError as exc:
-        from stallscope.storage.readers import storage_failure
+        from stallscope.storage.tfdata_readers import storage_failure
         if storage_failure(exc) is None:
             raise
         raise storage_failure(exc) from None  # the store failed mid-run: one line (not kept in a local)

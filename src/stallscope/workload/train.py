@@ -498,7 +498,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
                         except store_errors() as exc:  # TF's gs:// gave up on the store
                             raise store_error(source, exc) from None
                         except tf.errors.UnknownError as exc:
-                            from stallscope.storage.readers import storage_failure
+                            from stallscope.storage.tfdata_readers import storage_failure
                             if storage_failure(exc) is None:
                                 raise
                             # The store failed mid-run: one line. Not kept in a local (see the function).
@@ -646,7 +646,7 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
         io["files_opened"] = round(per.files_opened * per.images)
         io["per_image"] = per.to_dict()
     from stallscope.pipeline.presets import overridden_fields
-    from stallscope.storage.readers import describe_reader
+    from stallscope.storage.tfdata_readers import describe_reader
 
     summary = {
         **stats.to_dict(),

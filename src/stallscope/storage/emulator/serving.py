@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from stallscope.errors import UsageError
-from stallscope.storage.counters import SharedCounters
+from stallscope.storage.emulator.counters import SharedCounters
 
 KINDS = ("gcs", "s3", "mount")
 
@@ -70,7 +70,7 @@ def check_surroundings(options: StoreOptions) -> None:
         raise UsageError(f"DIR: expected an existing folder to serve, got {str(root)!r}"
                          + (" (a file)" if root.exists() else " (it does not exist)"))
     if options.kind == "mount":
-        from stallscope.storage.fuse_mount import why_no_fuse
+        from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
         point = Path(options.mount_point)
         if not point.is_dir():
@@ -112,7 +112,7 @@ class RunningStore:
         return self
 
     def _start_http(self) -> None:
-        from stallscope.storage.objects import FolderBucket
+        from stallscope.storage.emulator.folder_bucket import FolderBucket
 
         options = self.options
         bucket = FolderBucket(options.root, options.bucket, writable=options.writable)
@@ -125,21 +125,21 @@ class RunningStore:
         store_port = 0 if shaped else options.port
         try:
             if options.kind == "gcs":
-                from stallscope.storage.gcs_server import GcsServer
-                from stallscope.storage.tls import server_context
+                from stallscope.storage.emulator.gcs_server import GcsServer
+                from stallscope.storage.emulator.certificate_authority import server_context
 
                 ca_path = self.state_dir / "ca.pem"
                 server = GcsServer(store_port, bucket, self.counters, server_context(ca_path),
                                    latency_s=options.latency_s if in_server else 0.0)
             else:
-                from stallscope.storage.s3_server import S3Server
+                from stallscope.storage.emulator.s3_server import S3Server
 
                 server = S3Server(store_port, bucket, self.counters, latency_s=options.latency_s if in_server else 0.0)
             self._serve(server.serve_forever, server.shutdown, server.server_close)
             self.server_port = server.port
             self.port = server.port
             if shaped:
-                from stallscope.storage.latency_proxy import LatencyProxy
+                from stallscope.storage.emulator.latency_proxy import LatencyProxy
 
                 proxy = LatencyProxy(options.port, server.port, latency_s=options.latency_s,
                                      bandwidth_bps=options.bandwidth_bps)
@@ -171,7 +171,7 @@ class RunningStore:
         self._servers.append(stops)
 
     def _start_mount(self) -> None:
-        from stallscope.storage.fuse_mount import FuseMount
+        from stallscope.storage.emulator.fuse_mount import FuseMount
 
         options = self.options
         self._mount = FuseMount(options.root, options.mount_point, latency_s=options.latency_s,

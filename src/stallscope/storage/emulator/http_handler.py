@@ -1,5 +1,5 @@
 """The request handler both emulated stores answer with (S3 and GCS dialects), on the event loop of
-`event_loop_http`: http.server's request handler for its status lines and headers, with the bodies
+`http_loop`: http.server's request handler for its status lines and headers, with the bodies
 counted (connections, requests and bytes feed the report)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def listening_socket(port: int) -> socket.socket:
 class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta):
     """HTTP/1.1 with keep-alive; what `send_body` sends is counted. Its request is read whole by the
     event loop's connection, which then answers it and streams the body it was handed
-    (`event_loop_http.Connection`). `over_tls`: the request came over TLS."""
+    (`http_loop.Connection`). `over_tls`: the request came over TLS."""
 
     body: Iterable[bytes] | None
     upgrade: ssl.SSLContext | None

@@ -1,5 +1,5 @@
 """s3:// through fsspec/s3fs (TF 2.21 has no s3://; tensorflow-io does not load against it): listings
-and writes, and reads where obstore is not the reader (`s3_objects` reads otherwise).
+and writes, and reads where obstore is not the reader (`s3_obstore` reads otherwise).
 
 One client per process (made again in a forked child), with botocore's connect and read timeouts set
 to the storage timeout, two attempts, and enough pooled connections for a pipeline's requests in
@@ -26,13 +26,13 @@ from typing import TypeVar
 
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
-from stallscope.storage import s3_objects
+from stallscope.storage import s3_obstore
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, short,
     storage_timeout, with_silence_limit,
 )
-from stallscope.storage.obstore_reading import list_tree, storage_error_text
-from stallscope.storage.s3_reading import reader_name
+from stallscope.storage.obstore_client import list_tree, storage_error_text
+from stallscope.storage.s3_request_plan import reader_name
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +92,13 @@ class S3Store(Store):
         self._fs = None
         self._pid = 0
         self._lock = threading.Lock()
-        self._objects: s3_objects.ObjectReader | None = None
+        self._objects: s3_obstore.ObjectReader | None = None
 
-    def objects(self) -> s3_objects.ObjectReader:
+    def objects(self) -> s3_obstore.ObjectReader:
         """The obstore reader of whole objects (one per store; it remakes itself after a fork)."""
         with self._lock:
             if self._objects is None:
-                self._objects = s3_objects.ObjectReader(self._bucket_region)
+                self._objects = s3_obstore.ObjectReader(self._bucket_region)
             return self._objects
 
     def _bucket_region(self, bucket: str) -> str | None:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Iterator
 
 from stallscope.errors import UsageError
-from stallscope.storage.counters import SharedCounters, StoreCounters
-from stallscope.storage.serving import StoreOptions
-from stallscope.storage.state_dirs import new_state_dir
+from stallscope.storage.emulator.counters import SharedCounters, StoreCounters
+from stallscope.storage.emulator.serving import StoreOptions
+from stallscope.storage.emulator.state_dirs import new_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,6 @@ def emulate(root: str | os.PathLike, kind: str = "gcs", **options) -> Iterator[E
 def _child_env() -> dict[str, str]:
     """The child imports this very stallscope (a worktree's src/ wins, as in the parent)."""
     env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parents[2])
+    package_parent = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
     return env

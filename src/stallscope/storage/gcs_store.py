@@ -1,5 +1,5 @@
 """gs:// through TensorFlow's own GCS file system (`tf.io.gfile`, built into the TF 2.21 CPU wheel),
-and through obstore where it is installed (`gcs_objects`) for what TF's client does one connection
+and through obstore where it is installed (`gcs_obstore`) for what TF's client does one connection
 and one request at a time: listings (sizes come with the names), whole objects (convert's chunks, a
 Beam worker's images, verify's shards) and the pipelines that ask for the pooled reader. Writes stay
 on TF's client.
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from stallscope.storage import gcs_objects
-from stallscope.storage.obstore_reading import list_tree, storage_error_text
+from stallscope.storage import gcs_obstore
+from stallscope.storage.obstore_client import list_tree, storage_error_text
 from stallscope.storage.location import (
     Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
 )
@@ -90,13 +90,13 @@ class GcsStore(Store):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: gcs_objects.GcsObjectReader | None = None
+        self._objects: gcs_obstore.GcsObjectReader | None = None
 
-    def objects(self) -> gcs_objects.GcsObjectReader:
+    def objects(self) -> gcs_obstore.GcsObjectReader:
         """The pooled reader (obstore; one per store, remade in a forked child)."""
         with self._lock:
             if self._objects is None:
-                self._objects = gcs_objects.GcsObjectReader()
+                self._objects = gcs_obstore.GcsObjectReader()
             return self._objects
 
     def read_pooled(self, paths: list[RemotePath], in_flight: int) -> list[bytes]:
@@ -175,7 +175,7 @@ class GcsStore(Store):
         """Every object under `root`: through obstore where installed (a paged listing that carries
         each object's size: 2 requests for 1,601 objects, where TF's client lists names and then asks
         each object's size, a request and a TLS handshake each), else TF's client."""
-        if gcs_objects.available():
+        if gcs_obstore.available():
             listing = self._list_pooled(root)
             if listing is not None:
                 return listing
@@ -238,7 +238,7 @@ class GcsStore(Store):
     def read(self, path: RemotePath) -> bytes:
         """One whole object: through the pooled reader where obstore is installed (a Beam worker's
         images, verify's shards, a manifest), else TF's client."""
-        if gcs_objects.available():
+        if gcs_obstore.available():
             return self.read_pooled([path], 1)[0]
         tf = self._tf()
 
@@ -252,7 +252,7 @@ class GcsStore(Store):
         """Many whole objects (convert's chunks of a JPEG tree): through the pooled reader where obstore
         is installed, whose kept-alive connections spare each object TF's TCP+TLS handshake, else TF's
         client on `in_flight` threads."""
-        if gcs_objects.available():
+        if gcs_obstore.available():
             return self.read_pooled(paths, in_flight)
         return super().read_many(paths, in_flight)
 

@@ -22,7 +22,7 @@ import os
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
 from stallscope.storage.location import storage_timeout
-from stallscope.storage.obstore_reading import ObstoreReader, installed, read_ca_bundle
+from stallscope.storage.obstore_client import ObstoreReader, installed, read_ca_bundle
 
 TEST_TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 

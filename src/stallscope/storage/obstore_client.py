@@ -1,6 +1,6 @@
 """Whole objects and byte ranges read through obstore (Rust object_store bindings), for any store
 obstore speaks: the request threads, the per-process state and the ordered, bounded reads that the
-s3:// reader (`s3_objects`) and the pooled gs:// reader (`gcs_objects`) share.
+s3:// reader (`s3_obstore`) and the pooled gs:// reader (`gcs_obstore`) share.
 
 Each GET runs on a pool thread that waits outside the GIL while obstore's own runtime does the
 request over kept-alive connections; a store is made once per bucket and process (again after a

@@ -17,9 +17,9 @@ import urllib.parse
 import xml.etree.ElementTree as ElementTree
 from xml.sax.saxutils import escape
 
-from stallscope.storage.event_loop_http import EventLoopServer
-from stallscope.storage.http_base import CountingHandler
-from stallscope.storage.objects import (
+from stallscope.storage.emulator.http_loop import EventLoopServer
+from stallscope.storage.emulator.http_handler import CountingHandler
+from stallscope.storage.emulator.folder_bucket import (
     ByteRangeError,
     FolderBucket,
     ObjectInfo,

@@ -6,7 +6,7 @@ server is also the proxy: it answers `CONNECT *.googleapis.com:443` (and refuses
 terminates TLS with the emulator's own CA, and serves the JSON API from the folder on that same
 connection. Plain HTTP works too (STORAGE_EMULATOR_HOST for the Python clients).
 
-Every connection is served on one event loop (`event_loop_http`), as the S3 store's are. TF's client
+Every connection is served on one event loop (`http_loop`), as the S3 store's are. TF's client
 opens a new connection per request (CONNECT, TLS handshake, one GET), so a thread per connection, its
 TLS socket and `email`'s header parser were paid per request: 1.2-2.0 ms of the store's CPU per 75 KB
 JPEG with the latency relay in front, on the 2 cores the training ran on. With a latency, the server
@@ -34,10 +34,10 @@ import urllib.parse
 from pathlib import Path
 from typing import BinaryIO
 
-from stallscope.storage.event_loop_http import EventLoopServer
-from stallscope.storage.http_base import CountingHandler
-from stallscope.storage.s3_server import list_bucket_result
-from stallscope.storage.objects import (
+from stallscope.storage.emulator.http_loop import EventLoopServer
+from stallscope.storage.emulator.http_handler import CountingHandler
+from stallscope.storage.emulator.s3_server import list_bucket_result
+from stallscope.storage.emulator.folder_bucket import (
     ByteRangeError,
     FolderBucket,
     ObjectInfo,

@@ -1,5 +1,5 @@
 """An HTTP/1.1 loopback server on one asyncio event loop, answering with http.server-style handlers
-(`http_base.CountingHandler`): the emulated S3 and GCS stores. A CONNECT tunnel's handler may turn
+(`http_handler.CountingHandler`): the emulated S3 and GCS stores. A CONNECT tunnel's handler may turn
 the connection into a TLS server's (`start_tls`), as the GCS store does for TF's `gs://` client.
 
 Why: the emulated store shares the cores with the training it serves, so its CPU per request is part of
@@ -32,9 +32,9 @@ import ssl
 import threading
 from typing import Iterator
 
-from stallscope.storage.counters import SharedCounters
-from stallscope.storage.http_base import IDLE_TIMEOUT_S, CountingHandler, listening_socket
-from stallscope.storage.objects import FileRange
+from stallscope.storage.emulator.counters import SharedCounters
+from stallscope.storage.emulator.http_handler import IDLE_TIMEOUT_S, CountingHandler, listening_socket
+from stallscope.storage.emulator.folder_bucket import FileRange
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ import tensorflow as tf
 
 from stallscope.errors import UsageError
 from stallscope.storage.tfrecord_frames import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, MAX_RECORD_BYTES, masked_crc32c
-from stallscope.storage import gcs_objects, shard_heads
-from stallscope.storage.gcs import gcs_block_note
+from stallscope.storage import gcs_obstore, shard_heads
+from stallscope.storage.gcs_store import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
 from stallscope.storage.location import (
     RemotePath, S3Path, StorageError, as_path, backend, deadline, listed_size, no_answer, read_many,
 )
-from stallscope.storage.s3_reading import FIRST_BLOCK_BYTES, GROUP_REQUESTS, RECORDS_STAGE, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
+from stallscope.storage.s3_request_plan import FIRST_BLOCK_BYTES, GROUP_REQUESTS, RECORDS_STAGE, SHARD_BLOCK_BYTES, groups_in_flight, in_flight, reader_name
 
 
 def needs_own_reader(files, gcs_reader: str = "tf") -> bool:
@@ -53,7 +53,7 @@ def require_reader(files, gcs_reader: str, data_service: str = "") -> None:
                          "(a Python function); expected data TF reads itself (a local or shared folder, or "
                          "gs:// with --gcs-reader tf)")
     if not on_s3:
-        gcs_objects.require_obstore()
+        gcs_obstore.require_obstore()
 
 
 def fetch_files(paths: tf.data.Dataset, *, requests: int, deterministic: bool | None) -> tf.data.Dataset:

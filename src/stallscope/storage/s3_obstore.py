@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 from stallscope.storage.location import storage_timeout
-from stallscope.storage.obstore_reading import ObstoreReader, read_ca_bundle
+from stallscope.storage.obstore_client import ObstoreReader, read_ca_bundle
 
 CREDENTIALS_TTL = datetime.timedelta(minutes=5)  # how long obstore keeps refreshable credentials
 

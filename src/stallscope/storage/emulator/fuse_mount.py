@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from stallscope.extras import install_line
-from stallscope.storage.counters import SharedCounters
-from stallscope.storage.latency_proxy import Throttle
+from stallscope.storage.emulator.counters import SharedCounters
+from stallscope.storage.emulator.latency_proxy import Throttle
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""How the s3:// reader issues its requests, without TensorFlow: shared by the reader (`readers.py`)
+"""How the s3:// reader issues its requests, without TensorFlow: shared by the reader (`tfdata_readers.py`)
 and the storage what-if, which must model the reader that really runs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
-from stallscope.storage.obstore_reading import installed
+from stallscope.storage.obstore_client import installed
 
 # Which reader fetches whole s3:// objects (JPEGs): obstore where installed, unless this says s3fs.
 READER_ENV = "STALLSCOPE_S3_READER"

@@ -5,7 +5,7 @@ request, a TLS handshake message, a CONNECT) is held for the latency before it g
 round trip delays it; bytes in either direction share a bandwidth cap per direction. Requests in flight
 overlap their waits, as they do on a real network. It runs where it shapes what a server cannot: a
 bandwidth cap, and the round trips of TF's gs:// TLS handshakes; an S3 store without a cap waits out
-its latency on its own event loop (`event_loop_http`).
+its latency on its own event loop (`http_loop`).
 
 All connections run on one asyncio event loop, held bytes waiting on timers. The first design, a
 thread per connection and direction, made the store's process spend 1.9 ms of CPU per GET at 10 ms with
@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from stallscope.storage.http_base import IDLE_TIMEOUT_S, LOOPBACK, listening_socket
+from stallscope.storage.emulator.http_handler import IDLE_TIMEOUT_S, LOOPBACK, listening_socket
 
 log = logging.getLogger(__name__)
 
