@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import base64
 import html
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.pipeline.config import describe_knob
+from stallscope.report.html_page import STYLE as _STYLE
+from stallscope.report.html_page import img_tag as _img
+from stallscope.report.html_page import table_html as _table
 from stallscope.report.plots import stage_bars_png, step_bars_png
 from stallscope.analysis.tfdata import DEVICE_FEED_NOTE
 from stallscope.report.text import (STAGE_COLUMNS_NOTE, advice_flags, checked_line, fmt_ms, gain_text, no_fix_line,
                                     run_timing_line, source_lines, spread_cells, spread_rows, verdict_line, xprof_line)
-
-_STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
-          "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}td:first-child{text-align:left}"
-          ".hot{color:#d62728;font-weight:bold}.slowest{font-weight:bold}pre{background:#f6f6f6;padding:.5em}")
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def render_html(analysis: Analysis) -> str:

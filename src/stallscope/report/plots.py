@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
 from stallscope.analysis.analyze import Analysis
-from stallscope.extras import needs_extra
+from stallscope.report.drawing import figure_bytes as _png
+from stallscope.report.drawing import pyplot as _figure
 from stallscope.verdict import fmt_share, verdict_phrase
-
-
-def _figure():
-    with needs_extra("report", "plots"):
-        import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    _figure().close(fig)
-    return buffer.getvalue()
 
 
 INPUT_COLOR = "#d62728"
