@@ -26,7 +26,47 @@ def test_cells_span_every_combination_with_readable_names():
     cells = Grid(axes=axes, repeats=3, shared={}).cells()
     assert len(cells) == 32 and len(set(cells)) == 32
     assert len({c.name for c in cells}) == 32
-    assert Cell("files", "10ms", "seed", "emulated:15ms", 1e-4).name == "files-10ms-seed-emulated_15ms-lr0.0001"
+    assert Cell(format="files", store="gcs", latency="10ms", pipeline="seed", accelerator="emulated:15ms",
+                learning_rate=1e-4).name == "files-gcs-10ms-seed-emulated_15ms-lr0.0001"
+
+
+def test_the_store_axis_multiplies_latency_and_bandwidth_for_emulated_stores_only():
+    """local disk is one cell per other combination; every emulated store gets every latency and cap."""
+    axes = Axes.parse(formats="files,records", stores="local,gcs,s3,mount", latencies="0ms,10ms",
+                      bandwidths="none,200Mbit", pipelines="seed", accelerators="emulated:500", learning_rates="1e-4")
+    cells = Grid(axes=axes, repeats=2, shared={}).cells()
+    assert len(cells) == 2 * (1 + 3 * 2 * 2) and len({c.name for c in cells}) == len(cells)
+    local = [c for c in cells if c.store == LOCAL]
+    assert [(c.latency, c.bandwidth_bps, c.latency_ms) for c in local] == [(LOCAL, None, None)] * 2
+    assert {(c.store, c.latency, c.bandwidth_bps) for c in cells if c.store == "s3"} == {
+        ("s3", "0ms", None), ("s3", "0ms", 200e6), ("s3", "10ms", None), ("s3", "10ms", 200e6)}
+    named = next(c for c in cells if c.store == "mount" and c.bandwidth_bps and c.latency == "10ms")
+    assert named.name == "files-mount-10ms-200Mbit-seed-emulated_500-lr0.0001"
+    assert named.where == "FUSE mount 10ms 200Mbit" and named.latency_ms == 10.0
+
+
+def test_local_among_the_latencies_is_the_local_store_and_gcs_the_default_emulated_one():
+    """As before the store axis: --latency local,10ms sweeps local disk and an emulated gs:// store."""
+    axes = Axes.parse(formats="files", latencies="local,10ms", pipelines="seed", accelerators="real",
+                      learning_rates="1e-4")
+    assert (axes.stores, axes.latencies) == ((LOCAL, "gcs"), ("10ms",))
+    assert Axes.parse(formats="files", stores="s3", latencies="local,0ms", pipelines="seed", accelerators="real",
+                      learning_rates="1e-4").stores == (LOCAL, "s3")
+
+
+@pytest.mark.parametrize("stores, latencies, bandwidths, expected", [
+    ("gcs", "local", None, "--store: gcs is an emulated store, which needs a per-request --latency"),
+    ("local", "10ms", None, "--latency: 10ms applies to an emulated store; expected --store gcs, s3, mount"),
+    ("local,ftp", "10ms", None, "--store: expected stores from local, gcs, s3, mount, got 'ftp'"),
+    ("gcs", "10ms", "fast", "--bandwidth: expected bandwidths such as 200Mbit"),
+    ("gcs", "10ms", "1Gbit,1000Mbit", "--bandwidth: expected each value once"),
+    ("local", "local", "1Gbit", "--bandwidth: applies to an emulated store"),
+])
+def test_store_axis_refusals_name_their_flag(stores, latencies, bandwidths, expected):
+    with pytest.raises(UsageError) as caught:
+        Axes.parse(formats="files", stores=stores, latencies=latencies, bandwidths=bandwidths, pipelines="seed",
+                   accelerators="real", learning_rates="1e-4")
+    assert str(caught.value).startswith(expected), str(caught.value)
 
 
 def test_same_accelerator_spelled_twice_is_refused():

@@ -1,6 +1,6 @@
-"""`stallscope sweep` on tiny data: a 2x2 grid (format x storage latency: local disk and the storage
-emulator's gs:// at 0 ms), one repeat, a few steps, each run a real `stallscope train` process. Checks
-the table, resuming, refusals, HParams and the HTML report."""
+"""`stallscope sweep` on tiny data: a 2x2 grid (format x store: local disk and the storage emulator's
+gs:// at 0 ms, spelled as before the store axis: --latency local,0ms), one repeat, a few steps, each run a
+real `stallscope train` process. Checks the tables, resuming, refusals, HParams and the HTML report."""
 
 from __future__ import annotations
 
@@ -39,9 +39,14 @@ def run_cli(argv: list[str]) -> int:
         return int(exc.code)
 
 
-def csv_rows(out: Path) -> list[dict[str, str]]:
-    with open(out / "results.csv", newline="", encoding="utf-8") as handle:
+def csv_rows(out: Path, name: str = "results.csv") -> list[dict[str, str]]:
+    """results.csv: one row per run; summary.csv: one per cell."""
+    with open(out / name, newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+def summary_rows(out: Path) -> list[dict[str, str]]:
+    return csv_rows(out, "summary.csv")
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +64,13 @@ def swept(data, tmp_path_factory) -> Path:
 
 
 def test_grid_writes_one_row_per_cell_with_medians(swept):
-    rows = csv_rows(swept)
-    assert sorted((r["format"], r["latency"]) for r in rows) == [
-        ("files", "0ms"), ("files", "local"), ("records", "0ms"), ("records", "local")]
+    rows = summary_rows(swept)
+    assert sorted((r["format"], r["store"], r["latency_ms"]) for r in rows) == [
+        ("files", "gcs", "0.0"), ("files", "local", ""), ("records", "gcs", "0.0"), ("records", "local", "")]
     for row in rows:
         assert row["complete"] == "True" and row["repeats"] == "1"
-        assert float(row["images_per_second"]) > 0 and float(row["step_time_ms"]) > 0
-        assert 0.0 <= float(row["input_share"]) <= 1.0
+        assert float(row["images_per_second_median"]) > 0 and float(row["step_time_ms_median"]) > 0
+        assert 0.0 <= float(row["input_share_pct_median"]) <= 100.0
         assert row["verdict"] in ("highly", "moderately", "not")
         assert row["bottleneck"], "the seed pipeline feeding a 1 ms step: its profiled last steps name a stage"
         assert float(row["device_images_per_second"]) == 4000.0
@@ -73,18 +78,28 @@ def test_grid_writes_one_row_per_cell_with_medians(swept):
         assert (run_dir / "summary.json").exists() and (run_dir / "steps.csv").exists()
         source = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["source"]
         storage = json.loads((run_dir / "storage.json").read_text(encoding="utf-8"))
-        if row["latency"] == "local":
+        if row["store"] == "local":
             assert not source["path"].startswith("gs://") and storage["served"] is None
-            assert row["requests_per_image"] == ""
+            assert row["requests_per_image_median"] == ""
         else:
             assert source["path"].startswith("gs://") and "gs://" in source["reader"], source
             assert storage["store"] == "gcs" and storage["served"]["requests"] > 0
-            assert float(row["requests_per_image"]) > 0
-    remote = {r["format"]: float(r["requests_per_image"]) for r in rows if r["latency"] == "0ms"}
+            assert float(row["requests_per_image_median"]) > 0
+            assert row["client"].startswith("TF gs://")
+    remote = {r["format"]: float(r["requests_per_image_median"]) for r in rows if r["store"] == "gcs"}
     assert remote["records"] < remote["files"] / 2, "a shard serves many images per request"
     markdown = (swept / "results.md").read_text(encoding="utf-8").splitlines()
     assert len([line for line in markdown if line.startswith("| files") or line.startswith("| records")]) == 4
     assert (swept / "records" / "manifest.json").exists(), "records converted once into the sweep folder"
+
+
+def test_one_repeat_says_no_interval(swept):
+    """An interval needs two repeats: the summary's fields stay empty and say why, the table says so."""
+    for row in summary_rows(swept):
+        assert row["interval_method"] == "no interval (one repeat)"
+        assert row["images_per_second_ci95_low"] == row["images_per_second_ci95_high"] == ""
+    markdown = (swept / "results.md").read_text(encoding="utf-8")
+    assert markdown.count("| no interval |") == 4
 
 
 def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
@@ -92,7 +107,7 @@ def test_run_figures_leave_out_warmup_and_profiled_steps(swept):
     from stallscope.workload import rundir
 
     row = csv_rows(swept)[0]
-    run_dir = swept / row["run_dirs"]
+    run_dir = swept / row["run_dir"]
     shared = {"steps": STEPS, "profile_last": 2}
     figures = run_figures(run_dir, shared)
     assert figures.measured_steps == STEPS - 1 - 2
@@ -112,7 +127,7 @@ def test_a_runs_request_times_come_from_what_stallscopes_reader_counted(swept, t
 
     row = csv_rows(swept)[0]
     run_dir = tmp_path / "run"
-    shutil.copytree(swept / row["run_dirs"], run_dir)
+    shutil.copytree(swept / row["run_dir"], run_dir)
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     summary["store_requests"] = {"requests": 96, "bytes": 7_200_000, "median_ms": 10.6, "p90_ms": 12.4}
     (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
@@ -122,8 +137,8 @@ def test_a_runs_request_times_come_from_what_stallscopes_reader_counted(swept, t
     grid = Grid(axes=Axes(**saved["axes"]), repeats=saved["repeats"], shared=saved["shared"])
     cell = next(c for c in grid.cells() if c.name == row["cell"])
     out = tmp_path / "out"
-    (out / row["run_dirs"]).parent.mkdir(parents=True)
-    shutil.copytree(run_dir, out / row["run_dirs"])
+    (out / row["run_dir"]).parent.mkdir(parents=True)
+    shutil.copytree(run_dir, out / row["run_dir"])
     result = cell_result(out, grid, cell)
     assert result.request_ms_median == 10.6 and "10.6" in markdown_cells(result)
 
@@ -134,10 +149,10 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
     out = tmp_path / "interrupted"
     shutil.copytree(swept, out)
     rows = csv_rows(out)
-    missing = [out / rows[i]["run_dirs"] for i in (1, 2)]
+    missing = [out / rows[i]["run_dir"] for i in (1, 2)]
     for run_dir in missing:
         shutil.rmtree(run_dir)
-    kept = {r["cell"]: (out / r["run_dirs"] / "summary.json").stat().st_mtime_ns for i, r in enumerate(rows)
+    kept = {r["cell"]: (out / r["run_dir"] / "summary.json").stat().st_mtime_ns for i, r in enumerate(rows)
             if i not in (1, 2)}
     env = dict(os.environ, PYTHONPATH=str(Path(stallscope.__file__).parents[1]))
     sweep = subprocess.Popen([sys.executable, "-m", "stallscope", *sweep_args(data, out)], env=env, text=True,
@@ -179,9 +194,9 @@ def test_interrupted_sweep_resumes_only_what_is_missing(swept, data, tmp_path, c
     assert "resuming: 3 of 4 runs already complete, 1 to run" in printed
     assert "runs: 1 ran, 3 already complete, 0 failed" in printed
     assert repeat_complete(missing[1], STEPS)
-    assert {r["cell"]: (out / r["run_dirs"] / "summary.json").stat().st_mtime_ns
+    assert {r["cell"]: (out / r["run_dir"] / "summary.json").stat().st_mtime_ns
             for r in csv_rows(out) if r["cell"] in kept} == kept
-    assert all(r["complete"] == "True" for r in csv_rows(out))
+    assert all(r["complete"] == "True" for r in summary_rows(out))
 
 
 def _stores_serving(folder: Path) -> list[int]:
@@ -227,7 +242,7 @@ def test_a_different_grid_is_refused_in_one_line(swept, data, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
     assert err.startswith("stallscope sweep: error: --out: ")
-    assert "latencies: local,0ms -> local" in err and "--replace-grid" in err
+    assert "stores: local,gcs -> local" in err and "--replace-grid" in err
 
 
 def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, capsys):
@@ -239,7 +254,7 @@ def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, 
     capsys.readouterr()
     assert run_cli(argv) == 0
     assert "runs: 0 ran, 1 already complete" in capsys.readouterr().out
-    assert [(r["format"], r["latency"]) for r in csv_rows(out)] == [("files", "local")]
+    assert [(r["format"], r["store"]) for r in summary_rows(out)] == [("files", "local")]
 
 
 @pytest.mark.parametrize("flag, value, expected", [
@@ -252,7 +267,8 @@ def test_replace_grid_keeps_cells_with_the_same_settings(swept, data, tmp_path, 
     ("--pipeline", "fastest", "--pipeline: expected presets from"),
     ("--steps", "3", "--steps: expected at least 5"),
     ("--repeats", "0", "--repeats: expected a positive integer"),
-    ("--store", "mount", "--store: applies to an emulated store, which only a --latency other than local starts"),
+    ("--store", "mount", "--store: mount is an emulated store, which needs a per-request --latency"),
+    ("--store", "local,nfs", "--store: expected stores from local, gcs, s3, mount, got 'nfs'"),
     ("--bandwidth", "1Kbit", "--bandwidth: applies to an emulated store, which only a --latency other than local"),
 ])
 def test_bad_axis_values_are_one_line_exit_2(data, tmp_path, capsys, flag, value, expected):
@@ -301,29 +317,37 @@ def test_hparams_read_back(swept):
     root = [v for v in values(swept / "hparams") if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME]
     (experiment,) = [plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content).experiment
                      for v in root]
-    assert {h.name for h in experiment.hparam_infos} == {"format", "latency", "pipeline", "accelerator",
-                                                         "learning_rate"}
-    assert "images_per_second" in {m.name.tag for m in experiment.metric_infos}
-    for row in csv_rows(swept):
+    assert {h.name for h in experiment.hparam_infos} == {"format", "store", "latency", "bandwidth", "pipeline",
+                                                         "accelerator", "learning_rate"}
+    assert {"images_per_second", "input_share_pct"} <= {m.name.tag for m in experiment.metric_infos}
+    for row in summary_rows(swept):
         session = {v.tag: v for v in values(swept / "hparams" / row["cell"])}
         start = plugin_data_pb2.HParamsPluginData.FromString(
             session[metadata.SESSION_START_INFO_TAG].metadata.plugin_data.content).session_start_info
         assert start.hparams["format"].string_value == row["format"]
-        assert start.hparams["latency"].string_value == row["latency"]
+        assert start.hparams["store"].string_value == {"local": "local disk", "gcs": "gs://"}[row["store"]]
+        assert start.hparams["latency"].string_value == ("local" if row["store"] == "local" else "0ms")
         assert start.hparams["learning_rate"].number_value == pytest.approx(float(row["learning_rate"]))
         measured = tensor_util.make_ndarray(session["images_per_second"].tensor).item()
-        assert measured == pytest.approx(float(row["images_per_second"]))
+        assert measured == pytest.approx(float(row["images_per_second_median"]))
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Appended to a copy of the report: after load, writes what the page shows into the DOM that
-# --dump-dom prints (images decoded and their sizes, table rows).
+# --dump-dom prints (images decoded and their sizes, the figures, table rows, and where the table's
+# right edge and the page's widest element end against the window's width).
 _PROBE = """<script>window.addEventListener('load', () => {
   const images = [...document.images].map(i => `${i.complete && i.naturalWidth > 0}:${i.naturalWidth}x${i.naturalHeight}`);
+  const figures = [...document.querySelectorAll('figure')].map(f => f.id);
   const cells = [...document.querySelectorAll('#cells tr.cell')].map(r => r.dataset.cell);
+  const table = document.querySelector('#cells');
+  const view = document.documentElement.clientWidth;
   const out = document.createElement('pre'); out.id = 'probe';
-  out.textContent = JSON.stringify({images, cells}); document.body.appendChild(out);
+  out.textContent = JSON.stringify({images, figures, cells, view, tableRight: table.getBoundingClientRect().right,
+    tableWidth: table.scrollWidth, pageWidth: document.documentElement.scrollWidth});
+  document.body.appendChild(out);
 });</script>"""
+REVIEWER_WINDOW = "1400,1000"  # the width at which the table was cut off
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium; "
@@ -338,17 +362,20 @@ def test_report_renders_in_a_headless_browser(swept, tmp_path):
     result = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+         f"--window-size={REVIEWER_WINDOW}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=90)
     match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout)
     assert match, f"the page did not finish loading: {result.stderr[-500:]}"
     probe = json.loads(match.group(1).replace("&quot;", '"'))
+    assert probe["figures"] == ["throughput_vs_latency", "input_share_vs_latency"], "one speed: no speed plot"
     assert len(probe["images"]) == 2
     for image in probe["images"]:
         loaded, size = image.split(":")
         width, height = map(int, size.split("x"))
         assert loaded == "true" and width > 300 and height > 200, image
-    assert sorted(probe["cells"]) == sorted(r["cell"] for r in csv_rows(swept))
+    assert sorted(probe["cells"]) == sorted(r["cell"] for r in summary_rows(swept))
+    assert probe["tableRight"] <= probe["view"] and probe["tableWidth"] <= probe["view"], probe
+    assert probe["pageWidth"] <= probe["view"], f"the page scrolls sideways: {probe}"
 
 
 def test_hparams_tab_lists_every_cell(swept):
@@ -375,12 +402,12 @@ def test_hparams_tab_lists_every_cell(swept):
         "/", data=json.dumps(request), content_type="application/json")
     assert response.status_code == 200
     groups = {g["name"]: g for g in json.loads(response.get_data(as_text=True))["sessionGroups"]}
-    rows = {r["cell"]: r for r in csv_rows(swept)}
+    rows = {r["cell"]: r for r in summary_rows(swept)}
     assert set(groups) == set(rows)
     for name, group in groups.items():
-        assert group["hparams"]["latency"] == rows[name]["latency"]
+        assert group["hparams"]["store"] == {"local": "local disk", "gcs": "gs://"}[rows[name]["store"]]
         metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
-        assert metrics["images_per_second"] == pytest.approx(float(rows[name]["images_per_second"]), rel=1e-5)
+        assert metrics["images_per_second"] == pytest.approx(float(rows[name]["images_per_second_median"]), rel=1e-5)
 
 
 def test_a_run_ends_when_the_sweep_is_killed(tmp_path):

@@ -1,16 +1,19 @@
-"""Run an experiment grid: formats x storage latency x pipelines x accelerators x learning rates.
+"""Run an experiment grid: formats x stores x latencies x bandwidths x pipelines x accelerators x
+learning rates.
 
 Each cell is `stallscope train` with those settings, run --repeats times (each in its own process,
 one at a time), each run a normal run directory under SWEEP_DIR/cells/. The sweep writes
-results.csv and results.md (per cell: medians of images/s, step time, input share, the verdict, the
-bottleneck stage from a profile of each run's last --profile-last steps, the spread over repeats),
-TensorBoard HParams (`tensorboard --logdir SWEEP_DIR/hparams`, HParams tab) and report.html
-(images/s vs per-request latency; input share vs accelerator speed, with the knee).
+results.csv (one row per run: images/s, step time, input share in %, the verdict, the bottleneck
+stage from a profile of its last --profile-last steps, requests per image), summary.csv (one row per
+cell: medians and a 95% t-interval of the mean over its repeats), results.md (the summary),
+TensorBoard HParams (`tensorboard --logdir SWEEP_DIR/hparams`, HParams tab), report.html and its
+figures as PNG and PDF in SWEEP_DIR/figures (images/s and input share vs per-request latency on a log
+axis, or input share vs accelerator speed with the knee where several speeds are swept).
 
 The `records` format converts the data once into SWEEP_DIR/records, shared by every cell.
---latency local reads the folder on local disk; a latency (0ms, 10ms) serves it through the
-storage emulator with that delay per request, a fresh store per run (--store picks the kind of
-store); what it served is kept in each run's storage.json and the table adds requests per image.
+--store local reads the folder on local disk; gcs, s3 and mount serve it through the storage
+emulator at each --latency per request (and each --bandwidth cap), a fresh store per run; what it
+served is kept in each run's storage.json and the tables add requests per image.
 
 Stopped (Ctrl-C, SIGTERM, a crash, a reboot), the same command resumes: complete runs are kept, partial
 ones run again. A different grid is refused in the same folder unless --replace-grid says so.
@@ -20,14 +23,14 @@ examples:
   stallscope sweep --data images --out sweeps/format --format files,records --pipeline seed,tuned \\
       --accelerator emulated:500,emulated:2000 --steps 40 --repeats 3
   stallscope sweep --data images --out sweeps/lr --accelerator real --learning-rate 1e-4,1e-3 --steps 100
-  stallscope sweep --data images --out sweeps/storage --format files,records --latency local,0ms,10ms
+  stallscope sweep --data images --out sweeps/storage --format files,records --store local,gcs,s3 \\
+      --latency 0ms,10ms,30ms
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -40,25 +43,12 @@ from stallscope.errors import DataError, UsageError
 from stallscope.workload.models import MODELS
 
 DEFAULT_STEPS = 20
-DEFAULT_STORE = "gcs"  # the emulated store a latency other than local starts, unless --store names another
 DEFAULT_REPEATS = 3
 DEFAULT_PROFILE_LAST = 2
 LOCK_NAME = "sweep.lock"
-_BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|b|kb|mb|gb)(?:/s|ps)?\s*", re.I)
-_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "b": 8, "kb": 8e3, "mb": 8e6, "gb": 8e9}
-
-
-def bandwidth(text: str) -> float:
-    """Bits per second: 200Mbit, 1Gbit, 25MB (bytes, x8)."""
-    match = _BANDWIDTH.fullmatch(text)
-    if not match or not float(match.group(1)) > 0:
-        raise argparse.ArgumentTypeError(f"expected a bandwidth such as 200Mbit, 1Gbit or 25MB, got {text!r}")
-    return float(match.group(1)) * _BITS[match.group(2).lower()]
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    from stallscope.sweep.storage import STORE_KINDS
-
     where = parser.add_argument_group("data and output")
     flags.add_flag(where, "dataset_path", "--data", type=flags.existing_dir, required=True, metavar="DIR",
                    help="the image tree: {label}/* or {split}/{label}/*")
@@ -71,9 +61,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                    help="SWEEP_DIR holds another grid: run this one there (its cells with the same settings are kept)")
     axes = parser.add_argument_group("axes (comma-separated values; every combination is a cell)")
     flags.add_flag(axes, "format", default="files", metavar="files,records", help="data formats (default: files)")
-    flags.add_flag(axes, "latency", default="local", metavar="local,0ms,10ms",
-                   help="per-request storage latency: local (local disk) or a delay per request of an emulated store "
-                        "(a bare number is ms; default: local)")
+    flags.add_flag(axes, "store", default=None, metavar="local,gcs,s3,mount",
+                   help="where the data is read from: local (the folder on local disk), or an emulated gs://, s3:// "
+                        "store or FUSE mount serving it (default: local, and gcs where --latency names a latency)")
+    flags.add_flag(axes, "latency", default="local", metavar="0ms,10ms,30ms",
+                   help="the emulated stores' delay per request (a bare number is ms); local among them adds the "
+                        "local store (default: local)")
+    flags.add_flag(axes, "bandwidth", default=None, metavar="200Mbit,1Gbit",
+                   help="the emulated stores' shared bandwidth caps, e.g. 200Mbit; none: no cap (default: none)")
     flags.add_flag(axes, "pipeline", default="tuned", metavar="seed,tuned",
                    help="pipeline presets (seed, autotune, tuned; default: tuned); knob flags below apply to each")
     flags.add_flag(axes, "accelerator", default="real", metavar="emulated:500,emulated:2000",
@@ -92,10 +87,6 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         f"figures; 0: no profile, no bottleneck (default: {DEFAULT_PROFILE_LAST})")
     flags.add_flag(runs, "run_timeout", type=flags.duration, default=None, metavar="DURATION",
                    help="stop a run that takes longer (it counts as failed and runs again on resume; default: none)")
-    flags.add_flag(runs, "store", choices=STORE_KINDS, default=None,
-                   help="the emulated store a latency other than local uses (default: gcs)")
-    flags.add_flag(runs, "bandwidth", type=bandwidth, default=None, metavar="RATE",
-                   help="the emulated store's shared bandwidth cap, e.g. 200Mbit (default: none)")
     model = parser.add_argument_group("model (with --accelerator real)")
     flags.add_flag(model, "model", choices=sorted(MODELS), default=None, help="keras.applications base (default: mobilenet)")
     flags.add_flag(model, "alpha", type=flags.positive_float, default=1.0, help="MobileNet width multiplier (default: 1.0)")
@@ -109,8 +100,8 @@ def build_grid(args: argparse.Namespace):
     from stallscope.pipeline.presets import apply_overrides, get_preset
     from stallscope.sweep.grid import Axes, Grid
 
-    axes = Axes.parse(formats=args.format, latencies=args.latency, pipelines=args.pipeline,
-                      accelerators=args.accelerator, learning_rates=args.learning_rate)
+    axes = Axes.parse(formats=args.format, stores=args.store, latencies=args.latency, bandwidths=args.bandwidth,
+                      pipelines=args.pipeline, accelerators=args.accelerator, learning_rates=args.learning_rate)
     knobs = knob_overrides(args)
     for preset in axes.pipelines:
         apply_overrides(get_preset(preset), knobs)  # a knob a preset cannot take fails now, not in a cell
@@ -122,8 +113,7 @@ def build_grid(args: argparse.Namespace):
     shared: dict[str, Any] = {
         "dataset_path": str(Path(args.dataset_path).resolve()), "split": args.split, "steps": args.steps,
         "warmup_steps": args.warmup_steps, "profile_last": args.profile_last, "knobs": knobs, "model": model,
-        "alpha": args.alpha, "weights": weights, "fine_tune": args.fine_tune, "store": args.store,
-        "bandwidth_bps": args.bandwidth, "shards": args.shards,
+        "alpha": args.alpha, "weights": weights, "fine_tune": args.fine_tune, "shards": args.shards,
     }
     return Grid(axes=axes, repeats=args.repeats, shared=json.loads(json.dumps(shared)))
 
@@ -165,7 +155,8 @@ def resume_command(grid, out: Path) -> str:
     """The command line that runs (or resumes) this grid."""
     axes, shared = grid.axes, grid.shared
     words = ["stallscope", "sweep", "--data", shared["dataset_path"], "--out", str(out),
-             "--format", ",".join(axes.formats), "--latency", ",".join(axes.latencies),
+             "--format", ",".join(axes.formats), "--store", ",".join(axes.stores),
+             "--latency", ",".join(axes.latencies) or "local",
              "--pipeline", ",".join(axes.pipelines), "--accelerator", ",".join(axes.accelerators),
              "--learning-rate", ",".join(f"{v:g}" for v in axes.learning_rates),
              "--steps", str(shared["steps"]), "--repeats", str(grid.repeats)]
@@ -177,42 +168,30 @@ def resume_command(grid, out: Path) -> str:
                                ("--weights", "weights", "none"), ("--fine-tune", "fine_tune", "head")):
         if shared[key] != default:
             words += [flag, str(shared[key])]
-    if any(latency != "local" for latency in axes.latencies):
-        words += ["--store", shared["store"]]
-        if shared["bandwidth_bps"]:
-            words += ["--bandwidth", f"{shared['bandwidth_bps'] / 1e6:g}Mbit"]
+    if axes.bandwidths != (None,):
+        from stallscope.sweep.figures import bandwidth_name
+
+        words += ["--bandwidth", ",".join(bandwidth_name(b) if b else "none" for b in axes.bandwidths)]
     for knob, value in shared["knobs"].items():
         words += [f"--{knob.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
     return shlex.join(words)
 
 
-def _check_store_flags(latencies, given: dict[str, Any], latency_text: str) -> None:
-    """--store and --bandwidth (`given`, as typed) shape the emulated store, which only a latency other than
-    local starts: with every run on local disk they would be recorded in the grid and change nothing."""
-    if all(latency == "local" for latency in latencies):
-        for flag, value in given.items():
-            if value is not None:
-                raise UsageError(f"{flag}: applies to an emulated store, which only a --latency other than local "
-                                 f"starts; expected a --latency such as 0ms or 10ms beside it, got --latency "
-                                 f"{latency_text}")
-
-
 def run(args: argparse.Namespace) -> int:
     from stallscope.records.lock import exclusive_lock
     from stallscope.records.manifest import write_json_atomic
-    from stallscope.report.sweep import REPORT_NAME, render_sweep_html
+    from stallscope.report.sweep import write_sweep_report
     from stallscope.sweep.hparams import write_hparams
     from stallscope.sweep.results import sweep_results
     from stallscope.sweep.runner import GRID_NAME, Sweep
     from stallscope.sweep.storage import require_emulator
     from stallscope.tfimport import import_tensorflow
-    from stallscope.sweep.table import CSV_NAME, MARKDOWN_NAME, markdown_table, write_csv, write_markdown
+    from stallscope.sweep.table import (CSV_NAME, MARKDOWN_NAME, SUMMARY_NAME, markdown_table, write_csv,
+                                        write_markdown, write_summary_csv)
 
-    given = {"--store": args.store, "--bandwidth": args.bandwidth}
-    args.store = args.store or DEFAULT_STORE
     grid = build_grid(args)
-    _check_store_flags(grid.axes.latencies, given, args.latency)
-    require_emulator(grid.axes.latencies, args.store)
+    for store in grid.axes.emulated:
+        require_emulator(grid.axes.latencies, store)
     out = Path(args.out)
     if out.resolve().is_relative_to(Path(args.dataset_path).resolve()):
         raise UsageError(f"--out: expected a folder outside --data {str(args.dataset_path)!r} (its runs and records "
@@ -239,22 +218,28 @@ def run(args: argparse.Namespace) -> int:
         results = sweep_results(out, grid)
         notes = [f"each run: {grid.shared['steps']} steps, the first {grid.shared['warmup_steps']} (warm-up) and the "
                  f"last {grid.shared['profile_last']} (profiled) left out of its figures",
-                 "accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
-                 "batch / median compute time per step"]
-        if any(latency != "local" for latency in grid.axes.latencies):
-            notes.append(f"latencies other than local: an emulated {grid.shared['store']} store serving the same data, "
-                         "a fresh one per run; requests/image: what it served over the whole run (listing and "
-                         "read-ahead included) / images trained")
+                 "bottleneck: the tf.data stage a profile of each run's last steps names, where the run's measured "
+                 "steps are input-bound"]
+        if len(grid.axes.accelerators) > 1:
+            notes.append("accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
+                         "batch / median compute time per step")
+        if grid.axes.emulated:
+            notes.append(f"stores other than local disk: the storage emulator ({', '.join(grid.axes.emulated)}) "
+                         "serving the same data at the latency added per request, a fresh store per run; "
+                         "requests/image: what it served over the whole run (listing and read-ahead included) / "
+                         "images trained")
         write_csv(out / CSV_NAME, results)
+        write_summary_csv(out / SUMMARY_NAME, results)
         write_markdown(out / MARKDOWN_NAME, results, title="stallscope sweep", notes=notes)
         hparams = write_hparams(out, grid, results)
-        (out / REPORT_NAME).write_text(render_sweep_html(results, grid, command=command, notes=notes), encoding="utf-8")
+        report = write_sweep_report(out, results, repeats=grid.repeats, steps=grid.shared["steps"], command=command,
+                                    notes=notes)
     ran = sum(1 for o in outcomes if o.ran)
     failed = [o for o in outcomes if o.failure]
     print("\n".join(markdown_table(results)))
     print(f"runs: {ran} ran, {len(outcomes) - ran} already complete, {len(failed)} failed")
-    print(f"table    {out / CSV_NAME}  {out / MARKDOWN_NAME}")
-    print(f"report   {out / REPORT_NAME}")
+    print(f"table    {out / CSV_NAME} (per run)  {out / SUMMARY_NAME} (per cell)  {out / MARKDOWN_NAME}")
+    print(f"report   {report}  (figures as PNG and PDF in {report.parent / 'figures'})")
     print(f"hparams  tensorboard --logdir {shlex.quote(str(hparams))}  (HParams tab)")
     if failed:
         print(f"stallscope sweep: {len(failed)} run(s) failed (see their logs); run the same command to retry them",

@@ -1,5 +1,6 @@
-"""A sweep's grid: its axes (format x latency x pipeline x accelerator x learning rate), the settings
-every cell shares, and the cells it spans. Pure: parsing, naming and comparing, no running.
+"""A sweep's grid: its axes (format x store x latency x bandwidth x pipeline x accelerator x learning
+rate), the settings every cell shares, and the cells it spans. Pure: parsing, naming and comparing, no
+running. Local disk is a store of its own: one cell per other combination, no latency or bandwidth.
 
 A grid is saved into the sweep folder (sweep.json) so that a resumed sweep can prove it is the same
 experiment; `differences` names what changed when it is not.
@@ -15,11 +16,16 @@ from typing import Any
 from stallscope.errors import UsageError
 from stallscope.pipeline.presets import PRESETS
 from stallscope.pipeline.sources import SOURCE_KINDS
+from stallscope.sweep.figures import EMULATED_STORES, LOCAL, STORES, Cell
 from stallscope.workload.accelerator import parse_accelerator
 
-LOCAL = "local"
+__all__ = ["LOCAL", "Axes", "Cell", "Grid", "differences", "latency_seconds", "parse_bandwidth", "parse_latency"]
+
 _LATENCY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(us|ms|s)?\s*", re.I)
 _LATENCY_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|b|kb|mb|gb)(?:/s|ps)?\s*", re.I)
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "b": 8, "kb": 8e3, "mb": 8e6, "gb": 8e9}
+UNCAPPED = "none"
 
 
 def split_list(flag: str, text: str) -> list[str]:
@@ -53,6 +59,16 @@ def latency_seconds(latency: str) -> float | None:
     return None if latency == LOCAL else float(latency.removesuffix("ms")) / 1000.0
 
 
+def parse_bandwidth(text: str) -> float | None:
+    """Bits per second of an emulated store's shared cap: 200Mbit, 1Gbit, 25MB (bytes, x8); 'none': no cap."""
+    if text.strip().lower() == UNCAPPED:
+        return None
+    match = _BANDWIDTH.fullmatch(text)
+    if not match or not float(match.group(1)) > 0:
+        raise UsageError(f"--bandwidth: expected bandwidths such as 200Mbit, 1Gbit, 25MB or none, got {text!r}")
+    return float(match.group(1)) * _BITS[match.group(2).lower()]
+
+
 def parse_learning_rate(text: str) -> float:
     try:
         value = float(text)
@@ -83,62 +99,76 @@ def _unique(flag: str, values: list[Any], texts: list[str]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Axes:
-    """The values each axis takes; every combination is one cell."""
+    """The values each axis takes; every combination is one cell (the local store's cells have no
+    latency or bandwidth, so those two axes multiply only the emulated stores)."""
 
     formats: tuple[str, ...] = ("files",)
-    latencies: tuple[str, ...] = (LOCAL,)
+    stores: tuple[str, ...] = (LOCAL,)
+    latencies: tuple[str, ...] = ()                 # per-request latencies of the emulated stores ('10ms')
+    bandwidths: tuple[float | None, ...] = (None,)  # their caps in bits/s; None: uncapped
     pipelines: tuple[str, ...] = ("tuned",)
     accelerators: tuple[str, ...] = ("real",)
     learning_rates: tuple[float, ...] = (1e-4,)
 
     def __post_init__(self) -> None:
-        for name in ("formats", "latencies", "pipelines", "accelerators", "learning_rates"):
+        for name in ("formats", "stores", "latencies", "bandwidths", "pipelines", "accelerators", "learning_rates"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-            if not getattr(self, name):
+            if not getattr(self, name) and name != "latencies":
                 raise UsageError(f"{name}: expected at least one value, got none")
         for value in self.formats:
             if value not in SOURCE_KINDS:
                 raise UsageError(f"--format: expected files or records, got {value!r}")
+        for value in self.stores:
+            if value not in STORES:
+                raise UsageError(f"--store: expected stores from {', '.join(STORES)}, got {value!r}")
         for value in self.pipelines:
             if value not in PRESETS:
                 raise UsageError(f"--pipeline: expected presets from {', '.join(sorted(PRESETS))}, got {value!r}")
+        emulated = [store for store in self.stores if store != LOCAL]
+        if emulated and not self.latencies:
+            raise UsageError(f"--store: {emulated[0]} is an emulated store, which needs a per-request --latency "
+                             f"such as 0ms or 10ms beside it, got --latency local")
+        if self.latencies and not emulated:
+            raise UsageError(f"--latency: {self.latencies[0]} applies to an emulated store; expected --store "
+                             f"{', '.join(EMULATED_STORES)} beside it, got --store local")
+        if self.bandwidths != (None,) and not emulated:
+            raise UsageError("--bandwidth: applies to an emulated store, which only a --latency other than local "
+                             "starts; expected a --store such as gcs or s3 beside it")
 
     @classmethod
-    def parse(cls, *, formats: str, latencies: str, pipelines: str, accelerators: str,
-              learning_rates: str) -> "Axes":
-        """From the flags' comma-separated texts; every bad value is named with its flag."""
+    def parse(cls, *, formats: str, latencies: str, pipelines: str, accelerators: str, learning_rates: str,
+              stores: str | None = None, bandwidths: str | None = None) -> "Axes":
+        """From the flags' comma-separated texts; every bad value is named with its flag. 'local' among
+        the latencies is the local store (as before the store axis); without --store, a latency other
+        than local is an emulated gs:// store."""
         latency_texts = split_list("--latency", latencies)
         parsed_latencies = [parse_latency(t) for t in latency_texts]
         _unique("--latency", parsed_latencies, latency_texts)
+        remote = [latency for latency in parsed_latencies if latency != LOCAL]
+        if stores is None:
+            store_list = ([LOCAL] if LOCAL in parsed_latencies else []) + (["gcs"] if remote else [])
+        else:
+            store_list = [store.lower() for store in split_list("--store", stores)]
+            if LOCAL in parsed_latencies and LOCAL not in store_list:
+                store_list.insert(0, LOCAL)
+        bandwidth_texts = split_list("--bandwidth", bandwidths) if bandwidths is not None else [UNCAPPED]
+        parsed_bandwidths = [parse_bandwidth(t) for t in bandwidth_texts]
+        _unique("--bandwidth", parsed_bandwidths, bandwidth_texts)
         lr_texts = split_list("--learning-rate", learning_rates)
         parsed_lrs = [parse_learning_rate(t) for t in lr_texts]
         _unique("--learning-rate", parsed_lrs, lr_texts)
         accelerator_texts = split_list("--accelerator", accelerators)
         parsed_accelerators = [parse_accelerator_axis(t) for t in accelerator_texts]
         _unique("--accelerator", [parse_accelerator(a) for a in parsed_accelerators], accelerator_texts)
-        return cls(formats=tuple(split_list("--format", formats)), latencies=tuple(parsed_latencies),
+        return cls(formats=tuple(split_list("--format", formats)), stores=tuple(store_list),
+                   latencies=tuple(remote), bandwidths=tuple(parsed_bandwidths),
                    pipelines=tuple(split_list("--pipeline", pipelines)), accelerators=tuple(parsed_accelerators),
                    learning_rates=tuple(parsed_lrs))
 
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One combination of the axes: one `stallscope train` configuration, run `repeats` times."""
-
-    format: str
-    latency: str
-    pipeline: str
-    accelerator: str
-    learning_rate: float
-
     @property
-    def name(self) -> str:
-        """A folder name that reads as the cell: files-local-seed-emulated_500-lr0.0001."""
-        text = f"{self.format}-{self.latency}-{self.pipeline}-{self.accelerator}-lr{self.learning_rate:g}"
-        return re.sub(r"[^A-Za-z0-9.+-]", "_", text)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def emulated(self) -> list[str]:
+        """The emulated stores among the stores (none: every cell reads local disk)."""
+        return [store for store in self.stores if store != LOCAL]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +184,17 @@ class Grid:
             raise UsageError(f"--repeats: expected a positive integer, got {self.repeats!r}")
 
     def cells(self) -> list[Cell]:
-        """Every cell, storage-latency-major so that cells sharing an emulated store run together."""
+        """Every cell, store-major then latency and bandwidth: local disk's cells first, then each emulated
+        store's (a fresh store per run either way)."""
         a = self.axes
-        return [Cell(fmt, latency, pipeline, accelerator, lr) for latency, fmt, pipeline, accelerator, lr
-                in itertools.product(a.latencies, a.formats, a.pipelines, a.accelerators, a.learning_rates)]
+        cells = []
+        for store in a.stores:
+            where = [(LOCAL, None)] if store == LOCAL else list(itertools.product(a.latencies, a.bandwidths))
+            cells += [Cell(format=fmt, store=store, latency=latency, pipeline=pipeline, accelerator=accelerator,
+                           learning_rate=lr, bandwidth_bps=bandwidth)
+                      for (latency, bandwidth), fmt, pipeline, accelerator, lr
+                      in itertools.product(where, a.formats, a.pipelines, a.accelerators, a.learning_rates)]
+        return cells
 
     def to_dict(self) -> dict[str, Any]:
         return {"axes": {k: list(v) for k, v in dataclasses.asdict(self.axes).items()},

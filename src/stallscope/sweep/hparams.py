@@ -1,7 +1,7 @@
 """The sweep as TensorBoard HParams: `tensorboard --logdir SWEEP_DIR/hparams`, HParams tab.
 
 One experiment summary (the axes and metrics) at the root, and one session per cell (its axis
-values, then its medians as scalars at step 0), written with TensorBoard's own protos and event
+values, then its medians as scalars at step 0; input share in %, as in the tables), written with TensorBoard's own protos and event
 writer, so TensorFlow is not needed and the folder is rewritten whole at the end of each sweep.
 """
 
@@ -12,20 +12,21 @@ import shutil
 import time
 from pathlib import Path
 
+from stallscope.sweep.figures import STORE_LABELS, CellResult, bandwidth_name
 from stallscope.sweep.grid import Grid
-from stallscope.sweep.results import CellResult
 
 HPARAMS_DIR = "hparams"
 
-# (field of CellResult, TensorBoard display name)
+# (metric tag, TensorBoard display name, its value from a CellResult)
 METRICS = (
-    ("images_per_second", "images/s (median)"),
-    ("step_time_ms", "step time ms (median)"),
-    ("input_wait_ms", "input wait ms (median)"),
-    ("input_share", "input share (median, 0..1)"),
-    ("spread", "images/s spread over repeats"),
-    ("final_loss", "final loss (median)"),
-    ("requests_per_image", "storage requests per image (emulated stores)"),
+    ("images_per_second", "images/s (median)", lambda r: r.images_per_second),
+    ("images_per_second_ci95_half_width", "images/s 95% t-interval half-width",
+     lambda r: r.images_per_second_interval and r.images_per_second_interval.half_width),
+    ("step_time_ms", "step time ms (median)", lambda r: r.step_time_ms),
+    ("input_wait_ms", "input wait ms (median)", lambda r: r.input_wait_ms),
+    ("input_share_pct", "input share % (median)", lambda r: None if r.input_share is None else r.input_share * 100),
+    ("final_loss", "final loss (median)", lambda r: r.final_loss),
+    ("requests_per_image", "storage requests per image (emulated stores)", lambda r: r.requests_per_image),
 )
 
 
@@ -55,12 +56,15 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
     axes = grid.axes
     params = {
         "format": hp.HParam("format", hp.Discrete(list(axes.formats))),
-        "latency": hp.HParam("latency", hp.Discrete(list(axes.latencies))),
+        "store": hp.HParam("store", hp.Discrete([STORE_LABELS[s] for s in axes.stores])),
+        "latency": hp.HParam("latency", hp.Discrete(sorted({c.latency for c in grid.cells()}))),
+        "bandwidth": hp.HParam("bandwidth", hp.Discrete(sorted({bandwidth_name(c.bandwidth_bps)
+                                                                for c in grid.cells()}))),
         "pipeline": hp.HParam("pipeline", hp.Discrete(list(axes.pipelines))),
         "accelerator": hp.HParam("accelerator", hp.Discrete(list(axes.accelerators))),
         "learning_rate": hp.HParam("learning_rate", hp.Discrete([float(v) for v in axes.learning_rates])),
     }
-    metrics = [hp.Metric(name, display_name=shown) for name, shown in METRICS]
+    metrics = [hp.Metric(name, display_name=shown) for name, shown, _ in METRICS]
     target = Path(out) / HPARAMS_DIR
     staging = target.with_name(HPARAMS_DIR + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -74,11 +78,13 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
             continue  # a cell with no complete run has no figures to compare
         cell = result.cell
         writer = EventFileWriter(str(staging / cell.name))
-        values = {params["format"]: cell.format, params["latency"]: cell.latency, params["pipeline"]: cell.pipeline,
+        values = {params["format"]: cell.format, params["store"]: STORE_LABELS[cell.store],
+                  params["latency"]: cell.latency, params["bandwidth"]: bandwidth_name(cell.bandwidth_bps),
+                  params["pipeline"]: cell.pipeline,
                   params["accelerator"]: cell.accelerator, params["learning_rate"]: float(cell.learning_rate)}
         writer.add_event(_summary_event(summary_v2.hparams_pb(values, trial_id=cell.name, start_time_secs=now), now))
-        for name, _ in METRICS:
-            value = getattr(result, name)
+        for name, _, measure in METRICS:
+            value = measure(result)
             if value is not None:
                 writer.add_event(_scalar_event(name, value, now))
         writer.close()

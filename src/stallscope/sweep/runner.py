@@ -11,7 +11,8 @@ Layout of a sweep folder (everything in it is the sweep's own):
     SWEEP_DIR/cells/NAME/pipeline.json  the PipelineConfig its runs use
     SWEEP_DIR/cells/NAME/repeat-N/      a normal run directory (`stallscope train --log-path`)
     SWEEP_DIR/cells/NAME/repeat-N.log   that run's output
-    SWEEP_DIR/cells/NAME/repeat-N/storage.json  where it read from; an emulated store's counters
+    SWEEP_DIR/cells/NAME/repeat-N/storage.json  where it read from (the cell's store); an emulated store's
+                                        counters
 
 A repeat is complete only when its run directory's summary.json says it reached the last step
 and was not interrupted; anything else is partial, removed and run again.
@@ -199,15 +200,15 @@ class Sweep:
         log_path = folder / f"repeat-{repeat}.log"
         label = f"[{index}/{total}] {cell.name} repeat {repeat}/{self.grid.repeats}"
         store_life_s = self.run_timeout_s + _STOP_GRACE_S + 60 if self.run_timeout_s else _STORE_LIFE_S
-        with cell_data(self.local_data(cell), cell.latency, store=self.grid.shared["store"],
-                       bandwidth_bps=self.grid.shared["bandwidth_bps"], max_duration_s=store_life_s) as data:
+        with cell_data(self.local_data(cell), cell.latency, store=cell.store, bandwidth_bps=cell.bandwidth_bps,
+                       max_duration_s=store_life_s) as data:
             command = train_command(self.grid, cell, data.path, folder / PIPELINE_NAME, run_dir)
             started = time.perf_counter()
             code = self._execute(command, _child_env(data.env), log_path)
             served = data.counters() if data.counters else None
         if run_dir.is_dir():
             write_json_atomic(run_dir / STORAGE_NAME, {"where": data.where, "latency": cell.latency,
-                                                       "store": None if served is None else self.grid.shared["store"],
+                                                       "store": cell.store,
                                                        "served": served})
         if code == 0 and repeat_complete(run_dir, self.grid.shared["steps"]):
             self.on_event(f"{label}: done in {time.perf_counter() - started:.1f} s")

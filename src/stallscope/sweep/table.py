@@ -1,59 +1,127 @@
-"""The sweep's table: one row per cell, as CSV (numbers as numbers) and as Markdown (rendered)."""
+"""The sweep's tables: results.csv (tidy, one row per run), summary.csv (one row per cell: medians and
+a 95% t-interval over its repeats) and results.md (the summary, rendered).
+
+Column names carry their units (`images_per_second`, `input_share_pct`, `latency_ms`); input share is
+a percentage in every table. Numbers stay numbers in the CSVs; an empty field is a figure not measured
+(a local cell's latency, TF's clients' request times).
+"""
 
 from __future__ import annotations
 
 import csv
 import os
 from pathlib import Path
+from typing import Any
 
-from stallscope.sweep.results import CellResult
+from stallscope.sweep.figures import LOCAL, CellResult, Cell, RunFigures
+from stallscope.sweep.interval import METHOD, NO_INTERVAL, Interval
 
 CSV_NAME = "results.csv"
+SUMMARY_NAME = "summary.csv"
 MARKDOWN_NAME = "results.md"
 
-CSV_FIELDS = ("cell", "format", "latency", "pipeline", "accelerator", "learning_rate", "repeats", "repeats_asked",
-              "complete", "images_per_second", "images_per_second_min", "images_per_second_max", "spread",
-              "step_time_ms", "input_wait_ms", "compute_ms", "input_share", "verdict", "bottleneck",
-              "device_images_per_second", "final_loss", "requests_per_image", "bytes_per_image", "request_ms_median",
-              "request_ms_p90", "run_dirs")
+CELL_FIELDS = ("cell", "format", "store", "client", "latency_ms", "bandwidth_mbit_per_s", "pipeline", "accelerator",
+               "learning_rate")
+RUN_FIELDS = CELL_FIELDS + (
+    "repeat", "images_per_second", "step_time_ms", "input_wait_ms", "compute_ms", "input_share_pct", "verdict",
+    "bottleneck", "slowest_stage", "measured_steps", "batch_size", "final_loss", "requests_per_image",
+    "bytes_per_image", "request_ms_median", "request_ms_p90", "run_dir")
+SUMMARY_FIELDS = CELL_FIELDS + (
+    "repeats", "repeats_asked", "complete", "images_per_second_median", "images_per_second_mean",
+    "images_per_second_ci95_low", "images_per_second_ci95_high", "input_share_pct_median", "input_share_pct_ci95_low",
+    "input_share_pct_ci95_high", "interval_method", "step_time_ms_median", "input_wait_ms_median",
+    "compute_ms_median", "verdict", "bottleneck", "device_images_per_second", "final_loss_median",
+    "requests_per_image_median", "bytes_per_image_median", "request_ms_median", "request_ms_p90", "run_dirs")
 
-MARKDOWN_HEADER = ("format", "latency", "pipeline", "accelerator", "lr", "images/s", "step ms", "input share",
-                   "verdict", "bottleneck", "requests/image", "request ms", "spread", "repeats")
+MARKDOWN_HEADER = ("format", "store", "latency", "pipeline", "accelerator", "lr", "images/s", "95% interval",
+                   "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "repeats")
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else share * 100.0
+
+
+def cell_columns(cell: Cell, client: str | None) -> dict[str, Any]:
+    return {"cell": cell.name, "format": cell.format, "store": cell.store, "client": client,
+            "latency_ms": cell.latency_ms,
+            "bandwidth_mbit_per_s": None if cell.bandwidth_bps is None else cell.bandwidth_bps / 1e6,
+            "pipeline": cell.pipeline, "accelerator": cell.accelerator, "learning_rate": cell.learning_rate}
+
+
+def run_row(cell: Cell, run: RunFigures) -> dict[str, Any]:
+    """One run as a tidy row (numbers as numbers; input share in %)."""
+    row = cell_columns(cell, run.client)
+    row.update({name: getattr(run, name) for name in RUN_FIELDS if name not in row and name != "input_share_pct"})
+    row["input_share_pct"] = _pct(run.input_share)
+    return row
+
+
+def interval_method(result: CellResult) -> str:
+    if result.images_per_second_interval is not None:
+        return METHOD
+    return NO_INTERVAL if result.repeats == 1 else "no interval (no complete repeat)"
+
+
+def summary_row(result: CellResult) -> dict[str, Any]:
+    """One cell: medians, the mean and its 95% t-interval (empty with one repeat, as interval_method says)."""
+    ips, share = result.images_per_second_interval, result.input_share_interval
+    row = cell_columns(result.cell, result.client)
+    row.update({
+        "repeats": result.repeats, "repeats_asked": result.repeats_asked, "complete": result.complete,
+        "images_per_second_median": result.images_per_second, "images_per_second_mean": ips and ips.mean,
+        "images_per_second_ci95_low": ips and ips.low, "images_per_second_ci95_high": ips and ips.high,
+        "input_share_pct_median": _pct(result.input_share), "input_share_pct_ci95_low": share and _pct(share.low),
+        "input_share_pct_ci95_high": share and _pct(share.high), "interval_method": interval_method(result),
+        "step_time_ms_median": result.step_time_ms, "input_wait_ms_median": result.input_wait_ms,
+        "compute_ms_median": result.compute_ms, "verdict": result.verdict, "bottleneck": result.bottleneck,
+        "device_images_per_second": result.device_images_per_second, "final_loss_median": result.final_loss,
+        "requests_per_image_median": result.requests_per_image, "bytes_per_image_median": result.bytes_per_image,
+        "request_ms_median": result.request_ms_median, "request_ms_p90": result.request_ms_p90,
+        "run_dirs": " ".join(result.run_dirs)})
+    return row
 
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
+def interval_text(interval: Interval | None, repeats: int, digits: int = 1) -> str:
+    """'398.1 to 430.0' or why there is none."""
+    if interval is None:
+        return "no interval" if repeats == 1 else "-"
+    return f"{interval.low:,.{digits}f} to {interval.high:,.{digits}f}"
 
 
 def markdown_cells(result: CellResult) -> list[str]:
     """A row's cells as the Markdown table and the HTML report show them."""
     cell = result.cell
-    spread = "-" if result.spread is None else f"{result.spread * 100:.0f}%"
-    return [cell.format, cell.latency, cell.pipeline, cell.accelerator, f"{cell.learning_rate:g}",
-            _num(result.images_per_second), _num(result.step_time_ms), _share(result.input_share),
+    latency = "-" if cell.store == LOCAL else cell.latency
+    share = "-" if result.input_share is None else f"{result.input_share * 100:.1f}%"
+    return [cell.format, cell.where.split(" ")[0] if cell.store != LOCAL else "local disk", latency, cell.pipeline,
+            cell.accelerator, f"{cell.learning_rate:g}", _num(result.images_per_second),
+            interval_text(result.images_per_second_interval, result.repeats), _num(result.step_time_ms), share,
             result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2),
-            _num(result.request_ms_median), spread, f"{result.repeats}/{result.repeats_asked}"]
+            _num(result.request_ms_median), f"{result.repeats}/{result.repeats_asked}"]
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _write_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
+    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({name: "" if row[name] is None else row[name] for name in fields})
     os.replace(temporary, path)
 
 
 def write_csv(path: Path, results: list[CellResult]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for result in results:
-            row = result.row()
-            writer.writerow({name: "" if row[name] is None else row[name] for name in CSV_FIELDS})
-    os.replace(temporary, path)
+    """results.csv: one row per complete run."""
+    _write_rows(path, RUN_FIELDS, [run_row(r.cell, run) for r in results for run in r.runs])
+
+
+def write_summary_csv(path: Path, results: list[CellResult]) -> None:
+    """summary.csv: one row per cell, a cell without a complete run included (its figures empty)."""
+    _write_rows(path, SUMMARY_FIELDS, [summary_row(r) for r in results])
 
 
 def markdown_table(results: list[CellResult]) -> list[str]:
@@ -62,7 +130,13 @@ def markdown_table(results: list[CellResult]) -> list[str]:
     return lines
 
 
+TABLE_NOTE = (f"images/s: the median over each cell's repeats; 95% interval: a {METHOD} (none with one repeat); "
+              "input share: input wait as a percentage of step time.")
+
+
 def write_markdown(path: Path, results: list[CellResult], *, title: str, notes: list[str]) -> None:
-    body = [f"# {title}", "", "Medians over each cell's repeats; spread = (max - min) / median of images/s.", ""]
+    body = [f"# {title}", "", TABLE_NOTE, ""]
     body += markdown_table(results) + [""] + [f"- {note}" for note in notes]
-    _atomic_write(path, "\n".join(body).rstrip() + "\n")
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("\n".join(body).rstrip() + "\n", encoding="utf-8")
+    os.replace(temporary, path)

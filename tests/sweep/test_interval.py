@@ -1,0 +1,39 @@
+"""The 95% t-interval over a cell's repeats, against scipy's Student t where scipy is installed."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from stallscope.sweep.interval import t_interval, t_quantile_975
+
+
+def test_three_repeats_by_hand():
+    interval = t_interval([1.0, 2.0, 3.0])
+    half = 4.3027 * 1.0 / math.sqrt(3)
+    assert (interval.mean, interval.low, interval.high, interval.n) == pytest.approx((2.0, 2.0 - half, 2.0 + half, 3))
+
+
+def test_one_repeat_has_no_interval():
+    assert t_interval([412.0]) is None and t_interval([]) is None
+
+
+def test_a_share_is_clipped_to_what_it_can_be():
+    interval = t_interval([0.01, 0.05], floor=0.0, ceiling=1.0)
+    assert interval.low == 0.0 and interval.high < 1.0 and interval.mean == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 9, 29, 30, 31, 45, 120])
+def test_quantiles_match_students_t(df):
+    stats = pytest.importorskip("scipy.stats")
+    assert t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-4 if df <= 30 else 1e-3)
+
+
+def test_interval_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    values = [291.0, 651.0, 359.0, 747.0, 512.0]
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=statistics.fmean(values), scale=stats.sem(values))
+    interval = t_interval(values)
+    assert (interval.low, interval.high) == pytest.approx((low, high), rel=1e-4)
