@@ -8,6 +8,7 @@ the shape `diagnose --storage-counters` reads (analysis/storage_counters.py; ext
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import mmap
@@ -44,8 +45,13 @@ class StoreCounters:
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(StoreCounters))
+# Each request's time at the store (arrival to last byte handed over), in buckets whose upper edges
+# grow by 2**(1/4) (19%) from 50 us to ~30 s, plus one above: p50/p90/p99 within a bucket's width.
+LATENCY_EDGES_MS = tuple(round(0.05 * 2 ** (i / 4), 6) for i in range(78))
+LAYOUT_SUFFIX = ".layout.json"  # beside the counters file: its slots' names, read by storage/served_counters.py
 _SLOT = struct.Struct("<q")
-_SIZE = _SLOT.size * len(FIELDS)
+_COUNTER_SLOTS = len(FIELDS)
+_SIZE = _SLOT.size * (_COUNTER_SLOTS + len(LATENCY_EDGES_MS) + 1)
 
 
 class SharedCounters:
@@ -55,6 +61,8 @@ class SharedCounters:
         self.path = Path(path)
         if create:
             self.path.write_bytes(b"\0" * _SIZE)
+            Path(f"{self.path}{LAYOUT_SUFFIX}").write_text(json.dumps(
+                {"fields": list(FIELDS), "latency_edges_ms": list(LATENCY_EDGES_MS)}))
         with open(self.path, "r+b" if create else "rb") as handle:
             access = mmap.ACCESS_WRITE if create else mmap.ACCESS_READ
             self._map = mmap.mmap(handle.fileno(), _SIZE, access=access)
@@ -65,6 +73,17 @@ class SharedCounters:
             for name, amount in amounts.items():
                 offset = FIELDS.index(name) * _SLOT.size
                 _SLOT.pack_into(self._map, offset, _SLOT.unpack_from(self._map, offset)[0] + amount)
+
+    def observe(self, seconds: float) -> None:
+        """Counts one request's time at the store in its latency bucket."""
+        slot = _COUNTER_SLOTS + bisect.bisect_left(LATENCY_EDGES_MS, seconds * 1000.0)
+        with self._lock:
+            offset = slot * _SLOT.size
+            _SLOT.pack_into(self._map, offset, _SLOT.unpack_from(self._map, offset)[0] + 1)
+
+    def latency_buckets(self) -> list[int]:
+        """Requests per latency bucket so far (LATENCY_EDGES_MS, then the one above)."""
+        return list(struct.unpack_from(f"<{len(LATENCY_EDGES_MS) + 1}q", self._map, _COUNTER_SLOTS * _SLOT.size))
 
     def snapshot(self) -> StoreCounters:
         values = struct.unpack_from(f"<{len(FIELDS)}q", self._map, 0)

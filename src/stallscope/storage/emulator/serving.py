@@ -85,6 +85,11 @@ def check_surroundings(options: StoreOptions) -> None:
             raise UsageError(f"--mount: expected FUSE on this machine, got {why}")
 
 
+# The variable naming the live counters file of the store the other variables reach (its layout beside
+# it); storage/served_counters.py reads it, so a run on the store reports what the store saw.
+COUNTERS_ENV = "STALLSCOPE_STORE_COUNTERS"
+
+
 class RunningStore:
     """A started store. `url` and `env` say how to read it; `stop()` ends it."""
 
@@ -165,6 +170,7 @@ class RunningStore:
                 "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
             }
+        self.env[COUNTERS_ENV] = str(self.counters.path)  # where a reader finds what the store served
 
     def _serve(self, loop, *stops) -> None:
         threading.Thread(target=loop, daemon=True, name="storage-server").start()
