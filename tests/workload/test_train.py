@@ -158,3 +158,38 @@ def test_no_full_batch_is_a_data_error(tiny_tree, make_pipeline, tmp_path):
     with pytest.raises(DataError, match="no full batch"):
         run_training(TrainOptions(source="files", dataset_path=tiny_tree, pipeline=pipeline,
                                   accelerator="emulated:1ms", log_path=tmp_path / "run"))
+
+
+def test_steps_csv_counts_each_steps_reads(seed_run):
+    """Local JPEGs: each step's read calls and bytes read by the process ('process' basis), in steps.csv."""
+    result, _ = seed_run
+    steps = rundir.read_steps(result.run_dir)
+    assert all(s.requests is not None and s.bytes_read is not None for s in steps)
+    assert sum(s.bytes_read for s in steps) > 0
+    assert result.summary["step_io"]["basis"] == "process"
+    assert "page-cache hits included" in result.summary["step_io"]["meaning"]
+
+
+def test_the_summary_says_what_was_fetched_per_image_trained(seed_run):
+    """One definition of per image: everything fetched over the images the steps took; read amplification
+    is bytes fetched per byte trained: at least each JPEG once here (the process's other reads count too:
+    against 2 KB images they weigh; against real ones they do not)."""
+    fetched = seed_run[0].summary["fetched"]
+    assert fetched["basis"] == "process" and fetched["images_trained"] == 48
+    assert fetched["per_image"].startswith("per image trained")
+    assert fetched["requests_per_image"] == pytest.approx(fetched["requests"] / 48)
+    assert fetched["bytes_trained"] == pytest.approx(48 * seed_run[0].summary["source"]["bytes"] / 24)
+    assert fetched["read_amplification"] >= 0.9
+
+
+def test_a_short_run_warns_that_it_is_too_short_to_trust(seed_run):
+    """12 steps of ~20 ms: the run reports the precision it reached and says it is too short."""
+    from stallscope.cli.train import format_summary
+
+    summary = seed_run[0].summary
+    precision = summary["precision"]
+    assert precision["stopped_by"] == "steps" and precision["target"] is None
+    assert precision["measured_s"] < 1 and precision["warning"].startswith("too short to trust")
+    lines = format_summary(summary)
+    assert any(line.startswith("warning         too short to trust") for line in lines)
+    assert any(line.startswith("fetched ") and "per image trained; read amplification" in line for line in lines)

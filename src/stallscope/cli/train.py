@@ -46,12 +46,20 @@ from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION
 from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
 from stallscope.verdict import fmt_share
+from stallscope.workload.precision import DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS, parse_precision
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "0"}
 _DEFAULT_PRESET = flags.DEFAULT_PRESET
 # Knobs with their own seed-style flags elsewhere in this parser (or no flag at all).
 _NOT_KNOBS = {"preset"}
+
+
+def _precision(text: str) -> float:
+    try:
+        return parse_precision(text)
+    except UsageError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, got {text!r}") from None
 
 
 def parse_bool(text: str) -> bool:
@@ -246,6 +254,19 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(training, "steps", type=flags.positive_int, default=None, metavar="N",
                    help="train until global step N (a resumed run continues to N); default: --epochs")
     flags.add_flag(training, "epochs", type=flags.positive_int, default=1, help="passes over the data (default: 1)")
+    flags.add_flag(training, "precision", type=_precision, default=None, metavar="PCT",
+                   help="run (the data repeating) until the images/s of the measured steps' two halves agree within "
+                        "PCT, e.g. 5%%, after at least --min-seconds of measured steps; at most --max-seconds "
+                        "(not with --steps, which fixes the length; every run reports the precision it reached)")
+    flags.add_flag(training, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
+                   help=f"with --precision: measure at least this long (default: {DEFAULT_MIN_SECONDS:g}s)")
+    flags.add_flag(training, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
+                   help=f"with --precision: stop after this long measured even if not that precise, saying so "
+                        f"(default: {DEFAULT_MAX_SECONDS:g}s)")
+    flags.add_flag(training, "cold", action="store_true",
+                   help="evict the data's files from the page cache first (local files; a mount's kernel cache, so "
+                        "every read goes to its server again); not applicable to gs:// and s3://, whose readers "
+                        "start every run cold")
     flags.add_flag(training, "learning_rate", type=flags.positive_float, default=1e-4,
                    help="Adam learning rate (default: 1e-4)")
     flags.add_flag(training, "validation_path", type=flags.data_location, default=None, metavar="DIR|URL",
@@ -281,7 +302,11 @@ def train_options_from_args(args: argparse.Namespace, **overrides):
     )
     if getattr(args, "data_service_timeout", None) is not None:
         values["data_service_timeout_s"] = args.data_service_timeout
-    for name in ("steps", "epochs", "learning_rate", "validation_path", "warmup_steps", "log_path",
+    if getattr(args, "precision", None) is not None:
+        from stallscope.workload.precision import PrecisionTarget
+
+        values["precision"] = PrecisionTarget(args.precision, args.min_seconds, args.max_seconds)
+    for name in ("steps", "epochs", "cold", "learning_rate", "validation_path", "warmup_steps", "log_path",
                  "checkpoint_path", "checkpoint_every", "profile_steps", "log_every"):
         if hasattr(args, name):
             values[name] = getattr(args, name)
@@ -315,11 +340,19 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
             lines.append(f"CPU quota       {throttled}")
     if summary.get("minor_faults_per_image") is not None:
         lines.append(f"page faults     {summary['minor_faults_per_image']:.0f} minor per image")
+    if summary.get("cold"):
+        lines.append(f"cold start      {summary['cold']['how']}")
+    lines += precision_lines(summary.get("precision"))
+    if summary.get("fetched"):
+        lines.append(f"fetched         {fetched_line(summary['fetched'])}")
     made = summary.get("store_requests")
     if made:
-        per_image = f" ({made['requests_per_image']:.3g} per image)" if made.get("requests_per_image") else ""
+        per_image = f" ({made['requests_per_image']:.3g} per image trained)" if made.get("requests_per_image") else ""
         lines.append(f"store requests  {made['requests']:,}{per_image}, {made['bytes'] / 1e6:,.1f} MB; "
-                     f"{made['median_ms']:.1f} ms median, {made['p90_ms']:.1f} ms p90 from asking to the last byte")
+                     f"{made['median_ms']:.1f} ms median, {made['p90_ms']:.1f} ms p90 from asking to the last byte "
+                     f"(stallscope's reader)")
+    if summary.get("store_latency"):
+        lines.append(f"store latency   {store_latency_line(summary['store_latency'])}")
     if summary.get("final_loss") is not None:
         lines.append(f"loss            {summary['final_loss']:.4f}")
     if summary.get("train_top1_last_10") is not None:
@@ -413,3 +446,40 @@ def cpu_line(cpu: dict) -> str:
     if not isinstance(cores, (int, float)):
         return f"{machine:.0f}% of its cores busy, how many unknown ({own} cores)"
     return f"{machine / 100 * cores:.2f} of {cpu_named(cpu)} busy ({own})"
+
+
+def precision_lines(precision: dict | None) -> list[str]:
+    """How far the images/s can be trusted: its halves' agreement, and a warning where it is too short."""
+    if not precision:
+        return []
+    lines = []
+    pair = precision.get("halves_images_per_second")
+    if pair:
+        target = precision.get("target")
+        aim = (f"; target {target:.0%}: {'reached' if precision['reached'] else 'not reached'}, stopped by "
+               f"{precision['stopped_by'].replace('_', ' ')}") if target is not None else ""
+        lines.append(f"precision       halves {pair[0]:,.1f} and {pair[1]:,.1f} images/s, {precision['spread']:.1%} "
+                     f"apart over {precision['measured_s']:.1f} s measured{aim}")
+    if precision.get("warning"):
+        lines.append(f"warning         {precision['warning']}")
+    return lines
+
+
+def fetched_line(fetched: dict) -> str:
+    """'608 requests, 98.7 MB served by the store: 1.52 requests and 247 KB per image trained; read
+    amplification 3.9x (bytes fetched per byte trained)'."""
+    unit = "read calls" if fetched["basis"] == "process" else "requests"
+    by = {"store": "served by the store", "reader": "by stallscope's reader",
+          "process": "read by this process"}[fetched["basis"]]
+    amplification = fetched.get("read_amplification")
+    amplified = (f"; read amplification {amplification:.2f}x (bytes fetched per byte trained)"
+                 if amplification is not None else "")
+    return (f"{fetched['requests']:,} {unit}, {fetched['bytes'] / 1e6:,.1f} MB {by}: "
+            f"{fetched['requests_per_image']:.3g} {unit} and {fetched['bytes_per_image'] / 1e3:,.1f} KB "
+            f"per image trained{amplified}")
+
+
+def store_latency_line(latency: dict) -> str:
+    """A request's time at the emulated store, whichever client asked."""
+    return (f"p50 {latency['p50_ms']:.1f} ms, p90 {latency['p90_ms']:.1f}, p99 {latency['p99_ms']:.1f} "
+            f"({latency['requests']:,} requests timed at the store, arrival to last byte)")

@@ -25,7 +25,6 @@ import datetime
 import logging
 import math
 import platform
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,18 @@ from stallscope.pipeline.sources import SOURCE_KINDS
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path
 from stallscope.storage.request_tally import RequestTally
+from stallscope.storage.served_counters import served_counters_for
 from stallscope.storage.under import storage_under
 from stallscope.version import __version__
 from stallscope.workload import rundir
 from stallscope.workload.batchnorm import DEFAULT_RECALIBRATION_IMAGES, resolve_batchnorm
+from stallscope.workload.cold_start import start_cold
 from stallscope.workload.accelerator import TRACE_NAME, Accelerator, EmulatedDevice, parse_accelerator
 from stallscope.workload.models import MODELS, ModelSpec, parse_fine_tune, parse_weights
+from stallscope.workload.precision import PrecisionTarget, measure_precision, target_met
 from stallscope.workload.profiling import ProfileWindow, StepProfiler, parse_profile_steps
 from stallscope.workload.resources import ResourceMonitor, per_image
+from stallscope.workload.step_io import BASIS_MEANING, StepIoCounter
 from stallscope.workload.timing import StepClock, StepStats, format_step_line, summarize_steps
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,10 @@ class TrainOptions:
     warmup_steps: first steps of this process left out of the means (tf.function tracing).
     data_service_timeout_s: with `pipeline.data_service`, how long one wait for a batch from the service
         may last before the run ends in one line (TF itself would wait for ever).
+    precision: a PrecisionTarget: run (the data repeating) until the images/s of the measured steps'
+        two halves agree within its tolerance (precision.py); not with `steps`, which fixes the length.
+    cold: evict the data's files from the page cache first, where a cache across runs exists (local
+        files, a mount; cold_start.py); gs:// and s3:// start cold anyway, which the summary says.
     """
 
     source: str
@@ -100,6 +107,8 @@ class TrainOptions:
     log_every: int = 10
     seed: int = 0
     data_service_timeout_s: float = 30.0
+    precision: PrecisionTarget | None = None
+    cold: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # normalise spellings once, so everything downstream sees one form
@@ -135,11 +144,22 @@ class TrainOptions:
         if isinstance(self.data_service_timeout_s, bool) or not isinstance(self.data_service_timeout_s, (int, float)) \
                 or not self.data_service_timeout_s > 0:
             raise UsageError(f"data_service_timeout_s: expected seconds above 0, got {self.data_service_timeout_s!r}")
+        if self.precision is not None:
+            if not isinstance(self.precision, PrecisionTarget):
+                raise UsageError(f"precision: expected a PrecisionTarget, got {type(self.precision).__name__}")
+            if self.steps is not None:
+                raise UsageError("--precision: runs until its figure is that precise; --steps fixes the length "
+                                 "instead: give one of them")
         if not self.accelerator.emulated:
             self.model_spec(("class",))  # model, alpha and image size checked before any data is read
         if self.validation_path is not None and self.accelerator.emulated:
             raise UsageError("--validation-path: an emulated accelerator has no model to validate; "
                              "use --accelerator real")
+
+    @property
+    def repeats(self) -> bool:
+        """The data repeats: the run's length is steps or a precision, not epochs."""
+        return self.steps is not None or self.precision is not None
 
     @property
     def batchnorm_mode(self) -> str:
@@ -213,7 +233,7 @@ def _plan(options: TrainOptions, source, given_dataset: bool) -> _Plan:
     if per_epoch == 0:
         raise DataError(f"{source.path}: {examples} example(s) make no full batch of {batch}; "
                         "lower --batch-size or turn drop_remainder off")
-    if options.steps is not None:
+    if options.repeats:
         return _Plan(per_epoch, options.steps, examples)
     return _Plan(per_epoch, None if per_epoch is None else per_epoch * options.epochs, examples)
 
@@ -358,6 +378,271 @@ def _service_watch(options: TrainOptions, on_silent: Callable[[str], None] | Non
     return ServiceWatch(options.pipeline.data_service, options.data_service_timeout_s, on_silent or end_process)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    """What runs the steps (the emulated device, or the model's train step) and the model parts a run
+    reports, checkpoints and validates (None when emulated)."""
+
+    runner: Any
+    model: Any = None
+    base: Any = None
+    spec: ModelSpec | None = None
+    optimizer: Any = None
+
+
+def _make_device(options: TrainOptions, source) -> _Device:
+    if options.accelerator.emulated:
+        return _Device(EmulatedDevice(options.accelerator))
+    from stallscope.workload.models import build_model
+
+    if source.num_classes < 2:  # a softmax over one class: loss 0 and accuracy 1 from the first step, learning nothing
+        raise DataError(f"--dataset-path: {str(source.path)!r} has one class ({source.labels[0]!r}); expected "
+                        f"at least 2 class folders to fine-tune a classifier (an emulated accelerator runs on one)")
+    spec = options.model_spec(source.labels)
+    model, base = build_model(spec)
+    runner = _RealDevice(model, options.learning_rate)
+    return _Device(runner, model, base, spec, runner.optimizer)
+
+
+def _open_checkpoints(options: TrainOptions, device: _Device):
+    """(the checkpoint store or None, the global step it restored: 0 for a fresh run)."""
+    if options.checkpoint_path is None:
+        return None, 0
+    from stallscope.workload.checkpoints import CheckpointStore
+
+    store = CheckpointStore(options.checkpoint_path, model=device.model, optimizer=device.optimizer,
+                            spec=device.spec, max_to_keep=options.max_checkpoints)
+    return store, store.restore_latest()
+
+
+class _Feed:
+    """The run's batches: one repeating pipeline (by steps, or to a precision), or one per epoch. Each
+    epoch's order depends only on the config's seed and the epoch, so a resumed run sees what an
+    uninterrupted one would. Making an iterator of a tf.data service pipeline waits on the service,
+    so it is made under `waiting`."""
+
+    def __init__(self, options: TrainOptions, source, plan: _Plan, resume: _Resume, start_step: int,
+                 dataset, waiting) -> None:
+        self.options, self.source, self.plan, self.resume, self.start_step = options, source, plan, resume, start_step
+        self.given = dataset is not None
+        self.waiting = waiting
+        self.epochs_started = 0
+        self.first = dataset if dataset is not None else self.epoch_dataset(resume.epoch, resume.skip_examples)
+
+    def epoch_dataset(self, epoch: int, skip_examples: int = 0):
+        from stallscope.pipeline.builder import build_dataset
+
+        options = self.options
+        config = options.pipeline.replace(seed=options.pipeline.seed + epoch) if epoch else options.pipeline
+        built = build_dataset(config, self.source, repeat=options.repeats, num_classes=self.source.num_classes,
+                              skip_examples=skip_examples)
+        if options.dataset_size and not options.repeats:
+            built = built.take(self.plan.steps_per_epoch - skip_examples // options.pipeline.batch_size)
+        return built
+
+    def _iterator(self, dataset):
+        self.epochs_started += 1
+        with self.waiting():
+            return iter(dataset)
+
+    def iterators(self):
+        """(iterator, steps to take from it or None: until it ends) chunks."""
+        options, start_step = self.options, self.start_step
+        if options.repeats:
+            if options.steps is None:
+                yield self._iterator(self.first), None
+            elif options.steps > start_step:
+                yield self._iterator(self.first), options.steps - start_step
+            return
+        if self.plan.steps_per_epoch is None:  # a given dataset: iterated once per epoch
+            for _ in range(options.epochs):
+                yield self._iterator(self.first), None
+            return
+        offset = start_step - self.resume.epoch * self.plan.steps_per_epoch
+        for epoch in range(self.resume.epoch, options.epochs):
+            fresh = epoch != self.resume.epoch and not self.given
+            yield self._iterator(self.epoch_dataset(epoch) if fresh else self.first), self.plan.steps_per_epoch - offset
+            offset = 0
+
+
+def _describe_chains(dataset) -> dict[str, list[str]]:
+    """The pipeline as written and as TF runs it (after its static rewrites)."""
+    import tensorflow as tf
+
+    from stallscope.pipeline.describe import pipeline_as_built, pipeline_as_run
+
+    try:
+        return {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
+    except (ValueError, tf.errors.OpError) as exc:  # a hand-made dataset the describer cannot read
+        log.warning("could not describe the pipeline as run: %s", exc)
+        return {"written": [], "ran": []}
+
+
+def _next_batch(iterator, source):
+    """The next batch, or None where the data ended; a failure of the data or the store is one line."""
+    import tensorflow as tf
+
+    try:
+        return next(iterator)
+    except StopIteration:
+        return None
+    except data_errors() as exc:
+        raise input_error(source, exc) from None  # names the shard or image
+    except store_errors() as exc:  # TF's gs:// gave up on the store
+        raise store_error(source, exc) from None
+    except tf.errors.UnknownError as exc:
+        from stallscope.storage.tfdata_readers import storage_failure
+        if storage_failure(exc) is None:
+            raise
+        # The store failed mid-run: one line. Not kept in a local (see the function).
+        raise storage_failure(exc) from None
+
+
+class _StepLoop:
+    """Runs steps until the plan, the precision target or the data ends, timing each step and counting
+    its I/O; saves checkpoints on the way; keeps what it measured when interrupted."""
+
+    def __init__(self, options: TrainOptions, source, plan: _Plan, device: _Device, feed: _Feed, store,
+                 start_step: int, batchnorm: _BatchNormKeeper, run_dir: Path, on_step, service_watch) -> None:
+        import tensorflow as tf
+
+        self.options, self.source, self.plan, self.device, self.feed = options, source, plan, device, feed
+        self.store, self.batchnorm, self.on_step, self.service_watch = store, batchnorm, on_step, service_watch
+        self.profiler = StepProfiler(options.profile_steps, run_dir)
+        self.writer = tf.summary.create_file_writer(str(run_dir / "train"))
+        self.phase = "train" if options.accelerator.emulated else options.fine_tune
+        self.clock = StepClock()
+        self.served = served_counters_for(str(source.path))
+        self.served_at_begin = self.served_at_end = None
+        self.io = StepIoCounter(store=self.served.counts if self.served is not None else None)
+        self.monitor = ResourceMonitor()
+        self.steps: list[rundir.StepRecord] = []
+        self.window: list[rundir.StepRecord] = []
+        self.losses: list[float] = []
+        self.accuracies: list[float] = []
+        self.step = self.last_saved = start_step
+        self.interrupted = False
+        self.stopped_by = "steps" if options.steps is not None else "epochs"
+        self.started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+    def run(self) -> None:
+        self.served_at_begin = self.served.read() if self.served is not None else None
+        self.io.begin()
+        with self.monitor, self.writer.as_default():
+            try:
+                if self.service_watch is not None:
+                    self.service_watch.start()
+                self._run_iterators()
+            except KeyboardInterrupt:
+                self.interrupted = True  # keep what was measured; re-raised once the run directory is written
+                self.stopped_by = "interrupted"
+            finally:
+                if self.service_watch is not None:
+                    self.service_watch.stop()
+                self.profiler.stop()
+                if self.store is not None and self.step != self.last_saved:
+                    self.batchnorm.settle(self.step)
+                    self.store.save()
+                self.writer.flush()
+        self.io.end()  # after the iterators are gone: read-ahead abandoned at the end is counted
+        self.served_at_end = self.served.read() if self.served is not None else None
+        self.steps = self.io.annotate(self.steps)
+
+    def _run_iterators(self) -> None:
+        for iterator, count in self.feed.iterators():
+            taken = 0
+            while count is None or taken < count:
+                if not self._one_step(iterator):
+                    if self.options.precision is not None and self.options.steps is None:
+                        self.stopped_by = "data_end"
+                    break
+                taken += 1
+                if self._precision_met():
+                    return
+            del iterator  # its read-ahead stops before the next epoch's, and before the run's final count
+
+    def _precision_met(self) -> bool:
+        target = self.options.precision
+        if target is None or self.options.steps is not None:
+            return False
+        count = len(self.steps)
+        if count % max(1, count // 100):  # a look every 1% of the steps so far: the check stays cheap
+            return False
+        met = target_met(self.steps, target)
+        if met is not None:
+            self.stopped_by = met
+        return met is not None
+
+    def _one_step(self, iterator) -> bool:
+        """One step; False where the data ended before it."""
+        import tensorflow as tf
+
+        current = self.step + 1
+        with self.profiler.step(current):
+            self.clock.start()
+            self.io.start()
+            with self.feed.waiting():
+                batch = _next_batch(iterator, self.source)
+            if batch is None:
+                return False
+            self.clock.batch_received()
+            if self.options.accelerator.emulated:
+                with tf.profiler.experimental.Trace(TRACE_NAME):
+                    images = self.device.runner.run_step(batch)
+                loss = None
+            else:
+                images, loss = self.device.runner.run_step(batch)
+            self.clock.step_done()
+            self.io.stop()
+        self.step = current
+        self._after_step(images, loss)
+        return True
+
+    def _after_step(self, images: int, loss: float | None) -> None:
+        """Records the step; logs, writes scalars, reports progress and checkpoints when due."""
+        import tensorflow as tf
+
+        step, options = self.step, self.options
+        if self.store is not None:
+            self.store.step.assign(step)
+        record = self.clock.record(step=step, phase=self.phase, images=images,
+                                   warmup=len(self.steps) < options.warmup_steps)
+        self.steps.append(record)
+        self.window.append(record)
+        if loss is not None:
+            self.losses.append(loss)
+            self.accuracies.append(self.device.runner.last_correct / images if images else 0.0)
+        line = None
+        if step % options.log_every == 0:
+            line = format_step_line(step, self.window, loss)
+            _write_scalars(tf, step, self.window, loss)
+            log.info("%s", line)
+            self.window = []
+        if self.on_step is not None:
+            self.on_step(StepProgress(record, loss, self.plan.total_steps, line))
+        if self.store is not None and step % options.checkpoint_every == 0:
+            self.batchnorm.settle(step)
+            self.store.save()
+            self.last_saved = step
+
+
+def _validate(options: TrainOptions, model, validation_source, source, writer, step: int) -> dict[str, Any] | None:
+    """Top-1, top-5 and loss on the held-out data, also written as TensorBoard scalars."""
+    import tensorflow as tf
+
+    from stallscope.pipeline.builder import build_dataset
+    from stallscope.workload.evaluate import evaluate_model, evaluation_pipeline
+
+    eval_config = evaluation_pipeline(options.pipeline)
+    eval_dataset = build_dataset(eval_config, validation_source, num_classes=source.num_classes)
+    validation = evaluate_model(model, eval_dataset, validation_source).to_dict()
+    with writer.as_default():
+        for name in ("top1", "top5", "loss"):
+            tf.summary.scalar(f"validation/{name}", validation[name], step=step)
+    writer.flush()
+    return validation
+
+
 def run_training(options: TrainOptions, *, dataset=None, source=None,
                  on_step: Callable[[StepProgress], None] | None = None,
                  on_service_silent: Callable[[str], None] | None = None) -> TrainResult:
@@ -366,13 +651,10 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     it must end the process (by default: the line, exit code 2), as the waiting thread cannot stop."""
     from stallscope.tfimport import import_tensorflow
 
-    tf = import_tensorflow()
+    import_tensorflow()
     import keras
 
-    from stallscope.pipeline.builder import build_dataset
-    from stallscope.pipeline.describe import pipeline_as_built, pipeline_as_run
     from stallscope.pipeline.sources import open_source
-    from stallscope.workload.checkpoints import CheckpointStore
 
     if source is None:
         source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
@@ -380,199 +662,46 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     validation_source = _open_validation(options, source.labels) if options.validation_path else None
     plan = _plan(options, source, dataset is not None)
     run_dir = _make_run_dir(options)
-    accelerator: Accelerator = options.accelerator
     keras.utils.set_random_seed(options.seed)
-
-    model = spec = base = None
-    if accelerator.emulated:
-        device = EmulatedDevice(accelerator)
-        optimizer = None
-    else:
-        from stallscope.workload.models import build_model
-
-        if source.num_classes < 2:  # a softmax over one class: loss 0 and accuracy 1 from the first step, learning nothing
-            raise DataError(f"--dataset-path: {str(source.path)!r} has one class ({source.labels[0]!r}); expected "
-                            f"at least 2 class folders to fine-tune a classifier (an emulated accelerator runs on one)")
-        spec = options.model_spec(source.labels)
-        model, base = build_model(spec)
-        device = _RealDevice(model, options.learning_rate)
-        optimizer = device.optimizer
-
-    store = None
-    start_step = 0
-    if options.checkpoint_path is not None:
-        store = CheckpointStore(options.checkpoint_path, model=model, optimizer=optimizer, spec=spec,
-                                max_to_keep=options.max_checkpoints)
-        start_step = store.restore_latest()
-    step_counter = store.step if store is not None else None
-
-    given_dataset = dataset is not None
-    resume = _resume_position(options, plan, start_step, given_dataset=given_dataset)
-
-    def epoch_dataset(epoch: int, skip_examples: int = 0):
-        """Epoch `epoch`'s pipeline (by steps: the one repeating pipeline); its order depends only on
-        the config's seed and the epoch, so a resumed run sees what an uninterrupted one would."""
-        config = options.pipeline.replace(seed=options.pipeline.seed + epoch) if epoch else options.pipeline
-        built = build_dataset(config, source, repeat=options.steps is not None, num_classes=source.num_classes,
-                              skip_examples=skip_examples)
-        if options.dataset_size and options.steps is None:
-            built = built.take(plan.steps_per_epoch - skip_examples // options.pipeline.batch_size)
-        return built
-
-    if dataset is None:
-        dataset = epoch_dataset(resume.epoch, resume.skip_examples)
-    try:
-        chains = {"written": pipeline_as_built(dataset), "ran": pipeline_as_run(dataset)}
-    except (ValueError, tf.errors.OpError) as exc:  # a hand-made dataset the describer cannot read
-        log.warning("could not describe the pipeline as run: %s", exc)
-        chains = {"written": [], "ran": []}
-
-    profiler = StepProfiler(options.profile_steps, run_dir)
-    writer = tf.summary.create_file_writer(str(run_dir / "train"))
-    phase = "train" if accelerator.emulated else options.fine_tune
-    steps: list[rundir.StepRecord] = []
-    window: list[rundir.StepRecord] = []
-    losses: list[float] = []
-    accuracies: list[float] = []
-    started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    clock = StepClock()
-    step = start_step
-    interrupted = False
-    last_saved = start_step
-    epochs_started = 0
-
+    device = _make_device(options, source)
+    store, start_step = _open_checkpoints(options, device)
+    resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
     service_watch = _service_watch(options, on_service_silent)
     waiting = service_watch.waiting if service_watch is not None else contextlib.nullcontext
-
-    def iterators():
-        """(iterator, steps to take from it) chunks: one repeating iterator, or one per epoch. Making
-        an iterator of a tf.data service pipeline waits on the service, so it is watched too."""
-        nonlocal epochs_started
-        if options.steps is not None:
-            if options.steps > start_step:
-                epochs_started += 1
-                with waiting():
-                    iterator = iter(dataset)
-                yield iterator, options.steps - start_step
-            return
-        if plan.steps_per_epoch is None:  # a given dataset: iterated once per epoch
-            for _ in range(options.epochs):
-                epochs_started += 1
-                with waiting():
-                    iterator = iter(dataset)
-                yield iterator, None
-            return
-        offset = start_step - resume.epoch * plan.steps_per_epoch
-        for epoch in range(resume.epoch, options.epochs):
-            epochs_started += 1
-            fresh = epoch != resume.epoch and not given_dataset
-            with waiting():
-                iterator = iter(epoch_dataset(epoch) if fresh else dataset)
-            yield iterator, plan.steps_per_epoch - offset
-            offset = 0
-
-    batchnorm = _BatchNormKeeper(options, source, model, base)
+    feed = _Feed(options, source, plan, resume, start_step, dataset, waiting)
+    chains = _describe_chains(feed.first)
+    batchnorm = _BatchNormKeeper(options, source, device.model, device.base)
     batchnorm.prepare(start_step)
-
     if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
         log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
-    monitor = ResourceMonitor()
+
+    cold = start_cold(options.dataset_path, source.files) if options.cold else None
+    loop = _StepLoop(options, source, plan, device, feed, store, start_step, batchnorm, run_dir, on_step, service_watch)
     read_before = request_tally.snapshot()
-    with monitor, writer.as_default():
-        try:
-            if service_watch is not None:
-                service_watch.start()
-            for iterator, count in iterators():
-                taken = 0
-                while count is None or taken < count:
-                    current = step + 1
-                    with profiler.step(current):
-                        clock.start()
-                        try:
-                            with waiting():
-                                batch = next(iterator)
-                        except StopIteration:
-                            break
-                        except data_errors() as exc:
-                            raise input_error(source, exc) from None  # names the shard or image
-                        except store_errors() as exc:  # TF's gs:// gave up on the store
-                            raise store_error(source, exc) from None
-                        except tf.errors.UnknownError as exc:
-                            from stallscope.storage.tfdata_readers import storage_failure
-                            if storage_failure(exc) is None:
-                                raise
-                            # The store failed mid-run: one line. Not kept in a local (see the function).
-                            raise storage_failure(exc) from None
-                        clock.batch_received()
-                        if accelerator.emulated:
-                            with tf.profiler.experimental.Trace(TRACE_NAME):
-                                images = device.run_step(batch)
-                            loss = None
-                        else:
-                            images, loss = device.run_step(batch)
-                        clock.step_done()
-                    step = current
-                    taken += 1
-                    if step_counter is not None:
-                        step_counter.assign(step)
-                    record = clock.record(step=step, phase=phase, images=images,
-                                          warmup=len(steps) < options.warmup_steps)
-                    steps.append(record)
-                    window.append(record)
-                    if loss is not None:
-                        losses.append(loss)
-                        accuracies.append(device.last_correct / images if images else 0.0)
-                    line = None
-                    if step % options.log_every == 0:
-                        line = format_step_line(step, window, loss)
-                        _write_scalars(tf, step, window, loss)
-                        log.info("%s", line)
-                        window = []
-                    if on_step is not None:
-                        on_step(StepProgress(record, loss, plan.total_steps, line))
-                    if store is not None and step % options.checkpoint_every == 0:
-                        batchnorm.settle(step)
-                        store.save()
-                        last_saved = step
-        except KeyboardInterrupt:
-            interrupted = True  # keep what was measured; re-raised once the run directory is written
-        finally:
-            if service_watch is not None:
-                service_watch.stop()
-            profiler.stop()
-            if store is not None and step != last_saved:
-                batchnorm.settle(step)
-                store.save()
-            writer.flush()
-
-    if not interrupted:
-        batchnorm.settle(step)  # the model handed back (and validated) infers as it was trained
+    loop.run()
+    if not loop.interrupted:
+        batchnorm.settle(loop.step)  # the model handed back (and validated) infers as it was trained
     validation = None
-    if validation_source is not None and not interrupted:
-        from stallscope.workload.evaluate import evaluate_model, evaluation_pipeline
+    if validation_source is not None and not loop.interrupted:
+        validation = _validate(options, device.model, validation_source, source, loop.writer, loop.step)
 
-        eval_config = evaluation_pipeline(options.pipeline)
-        eval_dataset = build_dataset(eval_config, validation_source, num_classes=source.num_classes)
-        validation = evaluate_model(model, eval_dataset, validation_source).to_dict()
-        with writer.as_default():
-            for name in ("top1", "top5", "loss"):
-                tf.summary.scalar(f"validation/{name}", validation[name], step=step)
-        writer.flush()
-
+    steps = loop.steps
     stats = summarize_steps(steps)
-    summary = _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at,
-                       start_step, epochs_started, profiler, store, validation, spec, model)
-    summary["store_requests"] = store_requests(request_tally.snapshot().since(read_before), source)
+    summary = _summary(options, source, plan, stats, loop, chains, run_dir, start_step, store, validation, device)
+    summary["store_requests"] = store_requests(request_tally.snapshot().since(read_before), source,
+                                               images=sum(s.images for s in steps))
     summary["batchnorm"] = batchnorm.summary()
-    summary["train_top1_last_10"] = sum(accuracies[-10:]) / len(accuracies[-10:]) if accuracies else None
-    summary["interrupted"] = interrupted
+    summary["cold"] = cold.to_dict() if cold is not None else None
+    summary["train_top1_last_10"] = (sum(loop.accuracies[-10:]) / len(loop.accuracies[-10:])
+                                     if loop.accuracies else None)
+    summary["interrupted"] = loop.interrupted
     summary["resumed_data"] = (None if start_step == 0 else
                                {"epoch": resume.epoch, "skipped_examples": resume.skip_examples, "exact": resume.exact})
     if steps or not (run_dir / rundir.SUMMARY_NAME).exists():  # a no-op resume keeps the last run's figures
-        _write_run_dir(run_dir, options, steps, chains, monitor, summary)
-    if interrupted:
+        _write_run_dir(run_dir, options, steps, chains, loop.monitor, summary)
+    if loop.interrupted:
         raise KeyboardInterrupt
-    return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=model)
+    return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=device.model)
 
 
 def _write_scalars(tf, step: int, window: list[rundir.StepRecord], loss: float | None) -> None:
@@ -623,20 +752,49 @@ def _resume_position(options: TrainOptions, plan: _Plan, start_step: int, *, giv
     return _Resume(epoch, 0, False)
 
 
-def store_requests(made: RequestTally, source) -> dict[str, Any] | None:
+PER_IMAGE = ("per image trained: what was fetched from the run's start to its pipeline's end (warm-up, and "
+             "read-ahead abandoned at the end, included) over the images its steps took")
+
+
+def store_requests(made: RequestTally, source, *, images: int) -> dict[str, Any] | None:
     """What stallscope's reader asked the store for during the run (training and validation): requests,
-    bytes, requests per image (per byte received, times the data's bytes per image), and a request's
-    median and 90th-percentile time; None where it made none (local data, TF's own gs:// client)."""
+    bytes, requests per image trained (PER_IMAGE), and a request's median and 90th-percentile time as
+    the reader saw it; None where it made none (local data, TF's own gs:// client)."""
     if made.requests == 0:
         return None
-    image_bytes = source.total_bytes / source.num_examples if source.num_examples else 0
-    return {**made.to_dict(), "requests_per_image": made.requests_per_image(image_bytes)}
+    return {**made.to_dict(), "requests_per_image": made.requests / images if images else None}
 
 
-def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_dir, started_at, start_step,
-             epochs_started, profiler, store, validation, spec, model) -> dict[str, Any]:
+def fetched(loop: "_StepLoop", source, images: int) -> dict[str, Any] | None:
+    """What the run fetched, on its I/O basis (step_io.py), per image trained (PER_IMAGE), and its read
+    amplification: bytes fetched per byte of the images trained (1.0: each trained image's bytes once;
+    more: read-ahead, re-reads, blocks larger than an image)."""
+    totals, basis = loop.io.run_totals(), loop.io.basis()
+    if totals is None or images <= 0:
+        return None
+    requests, fetched_bytes = totals
+    image_bytes = source.total_bytes / source.num_examples if source.num_examples else 0.0
+    trained_bytes = images * image_bytes
+    return {"basis": basis, "meaning": BASIS_MEANING[basis], "requests": requests, "bytes": fetched_bytes,
+            "images_trained": images, "requests_per_image": requests / images,
+            "bytes_per_image": fetched_bytes / images, "bytes_trained": trained_bytes,
+            "read_amplification": fetched_bytes / trained_bytes if trained_bytes > 0 else None,
+            "per_image": PER_IMAGE}
+
+
+def store_latency(loop: "_StepLoop") -> dict[str, Any] | None:
+    """The requests' time at the emulated store the data is on, whichever client made them (p50, p90,
+    p99 and the histogram); None where the data is not on one."""
+    if loop.served is None or loop.served_at_begin is None or loop.served_at_end is None:
+        return None
+    return loop.served.latency(loop.served_at_begin, loop.served_at_end)
+
+
+def _summary(options, source, plan, stats, loop: "_StepLoop", chains, run_dir, start_step, store, validation,
+             device: "_Device") -> dict[str, Any]:
     import tensorflow as tf
 
+    steps, losses, monitor, profiler = loop.steps, loop.losses, loop.monitor, loop.profiler
     report = monitor.report
     images = sum(s.images for s in steps)
     io = dict(report.io) if report and report.io is not None else None
@@ -655,8 +813,8 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
         "last_step": steps[-1].step if steps else start_step,
         "resumed_from_step": start_step,
         "total_steps": plan.total_steps,
-        "epochs": options.epochs if options.steps is None else None,
-        "epochs_started": epochs_started,
+        "epochs": options.epochs if not options.repeats else None,
+        "epochs_started": loop.feed.epochs_started,
         "batch_size": options.pipeline.batch_size,
         "image_size": options.pipeline.image_size,
         "final_loss": losses[-1] if losses else None,
@@ -667,7 +825,7 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
             "overrides": json_ready(overridden_fields(options.pipeline)),
             **chains,
         },
-        "model": _model_summary(spec, model),
+        "model": _model_summary(device.spec, device.model),
         "source": {"kind": source.kind, "path": str(source.path), "split": source.split,
                    "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,
                    "schema": source.schema, "classes": source.num_classes,
@@ -682,13 +840,17 @@ def _summary(options, source, plan, stats, steps, losses, chains, monitor, run_d
         "learning_rate": options.learning_rate,
         "cpu": report.summary() if report else None,
         "io": io,
+        "precision": measure_precision(steps, target=options.precision, stopped_by=loop.stopped_by).to_dict(),
+        "step_io": {"basis": loop.io.basis(), "meaning": BASIS_MEANING.get(loop.io.basis())},
+        "fetched": fetched(loop, source, images),
+        "store_latency": store_latency(loop),
         "profile": {"steps": options.profile_steps.text, "captured_steps": profiler.captured_steps,
                     "files": [str(p.relative_to(run_dir)) for p in rundir.profile_files(run_dir)]}
         if options.profile_steps else None,
         "checkpoint": {"path": str(store.directory), "latest": store.latest} if store else None,
         "validation": validation,
         "run_dir": str(run_dir),
-        "started_at": started_at,
+        "started_at": loop.started_at,
         "wall_time_s": report.duration_s if report else None,
         "stallscope_version": __version__,
         "tensorflow_version": tf.__version__,
