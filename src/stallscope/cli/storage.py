@@ -80,7 +80,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                       help="a GCS store TensorFlow's gs:// reads (the default)")
     kind.add_argument("--s3", dest="kind", action="store_const", const="s3", help="an S3-compatible store")
     kind.add_argument("--mount", dest="mount_point", metavar="MNT", type=Path,
-                      help="a FUSE mount at MNT, an empty folder (needs /dev/fuse and fuse3)")
+                      help="a FUSE mount at MNT, an empty folder (needs /dev/fuse and fuse3). Its limits: reads reach "
+                           "it in pieces of at most 128 KiB (the kernel's FUSE read-ahead, which a mount made without "
+                           "root cannot raise), so a 1 MiB read is 8 requests where NFS (rsize 1 MiB) makes one; it "
+                           "serves 64 calls at once, and more queue")
     add_flag(serve, "latency", type=_latency, default=0.0, metavar="DURATION",
              help="held per request (HTTP stores: per request burst; mount: per open, read and listing, and "
                   "with --writable per create, write, fsync, rename, mkdir and unlink); "
