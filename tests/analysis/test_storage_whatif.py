@@ -320,6 +320,10 @@ def test_requests_counted_by_stallscopes_reader_are_taken_per_byte_received():
     assert pattern.bytes_per_image == JPEG.bytes_per_image and pattern.connections_per_image is None
     figures = storage_figures(JPEG, sw.obstore_client(), wait_ms_per_image=0.5, requests=reads, images=80)
     assert figures.basis == "reader" and figures.connections == 0.0  # kept alive: modelled
+    # Reported per image trained (what was fetched, read-ahead included, over the 80 images taken); the
+    # what-if's steady rate per image read beside it
+    assert figures.requests == pytest.approx(100 / 80) and figures.bytes == pytest.approx(150 * 75_000 / 80)
+    assert figures.steady_requests == pytest.approx(100 * 100_000 / (150 * 75_000))
     assert figures.request_ms_median == pytest.approx(14.95) and figures.request_ms_p90 == pytest.approx(18.91, abs=0.01)
     by_store = measured_pattern(JPEG, StorageCounters(100, 4, 10_000_000), images=100)
     assert storage_figures(by_store, PLAIN, wait_ms_per_image=0.0, requests=reads, images=80).basis == "measured"

@@ -444,7 +444,8 @@ def test_diagnose_on_a_bucket_without_counters_measures_what_its_reader_asked_fo
     report = json.loads(done.stdout)
     storage = report["storage"]
     assert storage["basis"] == "reader" and storage["client"] == "obstore"
-    assert storage["requests"] == pytest.approx(1.0, rel=0.05)  # one GET per JPEG, read one at a time
+    assert storage["steady_requests"] == pytest.approx(1.0, rel=0.05)  # one GET per JPEG, read one at a time
+    assert storage["requests"] >= storage["steady_requests"] * 0.95  # per image trained: read-ahead included
     assert storage["read_calls"] is None and report["probes"]["cold"] is None
     assert 10.0 <= storage["request_ms_median"] <= storage["request_ms_p90"]
     assert any(note.startswith("cold page cache not probed: the data is in a store") for note in report["notes"])

@@ -87,6 +87,10 @@ class StorageFigures:
     read_calls / files_opened: the local figures (read syscalls, files opened), as evidence.
     request_ms_median / request_ms_p90: a request's time from asking to its last byte, as
         stallscope's reader saw it (None where another client read).
+    Per image means per image trained (here, produced by the probe), as in `train` and `sweep`: what
+    was fetched during the probe, read-ahead it abandoned included, over the images it took ("measured"
+    and "reader"). steady_requests: for "reader", the requests per image read (per byte received, times
+    the data's bytes per image), the steady rate the what-if takes, without the probe's read-ahead.
     """
 
     basis: str
@@ -99,6 +103,7 @@ class StorageFigures:
     files_opened: float | None
     request_ms_median: float | None = None
     request_ms_p90: float | None = None
+    steady_requests: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,9 +145,13 @@ def storage_figures(pattern: storage_whatif.IoPattern, client: storage_whatif.St
     read = requests if requests is not None and requests.requests > 0 else None
     basis = "measured" if pattern.measured else "reader" if read and images > 0 else "modelled"
     pattern = reader_pattern(pattern, read, images)
+    by_reader = basis == "reader"
     return StorageFigures(
         basis=basis, client=client.name,
-        requests=pattern.requests(client), connections=pattern.connections(client),
-        bytes=pattern.bytes_per_image, wait_ms=wait_ms_per_image, read_calls=read_calls, files_opened=files_opened,
+        requests=read.requests / images if by_reader else pattern.requests(client),
+        connections=pattern.connections(client),
+        bytes=read.bytes / images if by_reader else pattern.bytes_per_image, wait_ms=wait_ms_per_image,
+        read_calls=read_calls, files_opened=files_opened,
         request_ms_median=read.percentile_ms(0.5) if read else None,
-        request_ms_p90=read.percentile_ms(0.9) if read else None)
+        request_ms_p90=read.percentile_ms(0.9) if read else None,
+        steady_requests=pattern.requests(client) if by_reader else None)

@@ -309,9 +309,9 @@ def _cell(cell) -> str:
             f"(C={cell.in_flight:.3g}, {cell.bound})")
 
 
-STORAGE_BASES = {
-    "measured": "measured by the store",
-    "reader": "requests and bytes counted by stallscope's reader, connections modelled for {client}",
+STORAGE_BASES = {  # measured and counted figures are per image trained: fetched over the images the probe took
+    "measured": "measured by the store, per image trained",
+    "reader": "requests and bytes counted by stallscope's reader, per image trained, connections modelled for {client}",
     "modelled": "modelled for {client}",
 }
 
@@ -327,7 +327,9 @@ def storage_figure_line(figures) -> str:
         timed = (f"; a request took {figures.request_ms_median:.1f} ms (median), {figures.request_ms_p90:.1f} ms "
                  "(90th percentile) from asking to its last byte")
     what = STORAGE_BASES[figures.basis].format(client=figures.client)
-    return (f"storage per image ({what}): requests {figures.requests:.3g}, connections opened "
+    steady = figures.steady_requests
+    steady = f" ({steady:.3g} per image read, the what-if's)" if steady is not None else ""
+    return (f"storage per image ({what}): requests {figures.requests:.3g}{steady}, connections opened "
             f"{figures.connections:.3g}, {figures.bytes / 1024:.1f} KiB, {figures.wait_ms:.2f} ms waiting for "
             f"storage{timed}{local}")
 
