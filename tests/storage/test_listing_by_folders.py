@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import location, obstore_client, s3_store, s3_request_plan
+from stallscope.storage import location, obstore_client, paths, s3_request_plan, s3_store
 from stallscope.storage.emulator import emulate
 from stallscope.storage.location import StorageError, list_by_folders, with_silence_limit
 
@@ -89,7 +89,7 @@ def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_ti
         # can take a second to load botocore's models for s3fs's first request.
         assert (root / "top.txt").read_bytes() == b"top"
         location.forget_listings()
-        monkeypatch.setattr(location, "FOLDERS_IN_FLIGHT", 1)
+        monkeypatch.setattr(paths, "FOLDERS_IN_FLIGHT", 1)  # where list_by_folders reads it
         # gs:// and s3:// through obstore (a limit on silence), s3:// through s3fs (one on each request)
         monkeypatch.setattr(obstore_client, "deadline", lambda: 1.0)
         monkeypatch.setattr(s3_store, "operation_limit", lambda nbytes=0: 1.0)

@@ -21,7 +21,7 @@ import os
 
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
-from stallscope.storage.location import storage_timeout
+from stallscope.storage.deadlines import storage_timeout
 from stallscope.storage.obstore_client import ObstoreReader, installed, read_ca_bundle
 
 TEST_TOKEN_ENV = "GOOGLE_AUTH_TOKEN_FOR_TESTING"

@@ -25,9 +25,8 @@ from typing import TypeVar
 
 from stallscope.storage import gcs_obstore
 from stallscope.storage.obstore_client import list_tree, storage_error_text
-from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, as_path, deadline, short, with_deadline,
-)
+from stallscope.storage.deadlines import StorageError, deadline, short, with_deadline
+from stallscope.storage.paths import Listing, ObjectInfo, RemotePath, Store, as_path
 
 logger = logging.getLogger(__name__)
 

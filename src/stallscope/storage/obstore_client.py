@@ -20,16 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stallscope.storage import request_tally
-from stallscope.storage.location import (
-    ObjectInfo, RemotePath, StorageError, deadline, list_by_folders, no_answer, with_deadline, with_silence_limit,
-)
+from stallscope.storage.deadlines import StorageError, deadline, no_answer, with_deadline, with_silence_limit
+from stallscope.storage.paths import ObjectInfo, RemotePath, list_by_folders
 
 REQUEST_THREADS = 64  # GETs at once across a process's reads; each waits outside the GIL
 
 
 def list_tree(store, prefix: str, what: str) -> dict[str, ObjectInfo]:
     """Every object below `prefix` ("" for the bucket) with its size and time, listed folder by folder
-    (`location.list_by_folders`), folder objects left out; an object at the prefix itself is {"": it},
+    (`paths.list_by_folders`), folder objects left out; an object at the prefix itself is {"": it},
     nothing there {}. Fails only when the store stops answering for `deadline()`; its other errors come
     as obstore raised them, for the store to put in one line."""
     import obstore

@@ -16,7 +16,7 @@ import datetime
 import os
 from collections.abc import Callable
 
-from stallscope.storage.location import storage_timeout
+from stallscope.storage.deadlines import storage_timeout
 from stallscope.storage.obstore_client import ObstoreReader, read_ca_bundle
 
 CREDENTIALS_TTL = datetime.timedelta(minutes=5)  # how long obstore keeps refreshable credentials

@@ -27,10 +27,8 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
 from stallscope.storage import s3_obstore
-from stallscope.storage.location import (
-    Listing, ObjectInfo, RemotePath, Store, StorageError, list_by_folders, listed_size, short,
-    storage_timeout, with_silence_limit,
-)
+from stallscope.storage.deadlines import StorageError, short, storage_timeout, with_silence_limit
+from stallscope.storage.paths import Listing, ObjectInfo, RemotePath, Store, list_by_folders, listed_size
 from stallscope.storage.obstore_client import list_tree, storage_error_text
 from stallscope.storage.s3_request_plan import reader_name
 
@@ -132,7 +130,7 @@ class S3Store(Store):
         fs = s3fs.S3FileSystem(
             loop=loop,
             skip_instance_cache=True,
-            # Our own listing is the cache (location.Listing); s3fs's would hold about 1 KB more per
+            # Our own listing is the cache (paths.Listing); s3fs's would hold about 1 KB more per
             # object (1.2 GB for ImageNet's 1.28 million training images), and reads need no sizes.
             use_listings_cache=False,
             config_kwargs={"connect_timeout": seconds, "read_timeout": seconds,
