@@ -13,10 +13,11 @@ Printed: per cell seed, fix, best found, fix / best (target >= 0.8), each listed
 measured gain (target: measured >= half the predicted), and for `tuned` on a mount its ratio to the lower
 of `tuned` on local disk and the mount's own ceiling here (32 raw readers, no decode; target >= 0.7).
 
-Storages: local disk and the emulator's FUSE mount at the latencies given (it shares these cores with the
-pipeline, as a real network file system would not: its ceiling is measured in the same run).
+Storages: local disk, the emulator's FUSE mount and its gs:// and s3:// buckets at the latencies given (the
+emulator shares these cores with the pipeline, as a real network file system or store would not: the
+mount's ceiling is measured in the same run).
 
-usage: python benchmarks/advice.py [--mount-latency-ms 2,10] [--formats files,records]
+usage: python benchmarks/advice.py [--stores local,mount,gcs,s3] [--mount-latency-ms 2,10] [--bucket-latency-ms 10] [--formats files,records]
            [--images-per-class 48] [--accelerator emulated:4000] [--steps 36]
 """
 
@@ -26,6 +27,9 @@ import argparse
 import concurrent.futures
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -77,17 +81,25 @@ def raw_ceiling(folder: Path, seconds: float = 3.0) -> float:
 
 @contextlib.contextmanager
 def storage(kind: str, tree: Path, records: Path, scratch: Path, latency_ms: float):
-    """(tree, records) as seen on `kind`: "local", or the FUSE mount at `latency_ms`."""
+    """(tree, records, env) as seen on `kind`: "local", the FUSE mount, or the emulated gs:// / s3:// bucket,
+    at `latency_ms` a request; env: the variables a reader of the bucket needs."""
     if kind == "local":
-        yield tree, records
+        yield tree, records, {}
         return
     from stallscope.storage.emulator import emulate
 
-    mount = scratch / f"mnt-{latency_ms:g}"
-    mount.mkdir(exist_ok=True)
-    with emulate(scratch / "served", kind="mount", mount_point=mount, latency_s=latency_ms / 1000.0,
-                 max_duration_s=3600):
-        yield mount / "data", mount / "records"
+    if kind == "mount":
+        mount = scratch / f"mnt-{latency_ms:g}"
+        mount.mkdir(exist_ok=True)
+        with emulate(scratch / "served", kind="mount", mount_point=mount, latency_s=latency_ms / 1000.0,
+                     max_duration_s=3600):
+            yield mount / "data", mount / "records", {}
+        return
+    with emulate(scratch / "served", kind=kind, latency_s=latency_ms / 1000.0, max_duration_s=3600) as store:
+        yield f"{store.url}/data", f"{store.url}/records", store.env
+
+
+STORAGE_LABELS = {"local": "local disk", "mount": "mount", "gcs": "gs://", "s3": "s3://"}
 
 
 def diagnose_fix(source: str, path: Path, config, *, accelerator: str, fixed: Path) -> dict:
@@ -105,9 +117,92 @@ def diagnose_fix(source: str, path: Path, config, *, accelerator: str, fixed: Pa
     return {"diagnosis": found, "fix": result}
 
 
+def measure_cell(spec: dict) -> dict:
+    """One storage x format cell, in a process of its own: prepared as `stallscope train` prepares one
+    (TF's gs:// settings and the records' heap padding before TensorFlow loads), so each cell reads its
+    store as the CLI would."""
+    import argparse as _argparse
+
+    from stallscope.cli.flags import apply_storage_flags
+
+    fmt, path = spec["format"], spec["path"]
+    apply_storage_flags(_argparse.Namespace(command="train", source=fmt, dataset_path=path, storage_timeout=None))
+
+    from stallscope.analysis.advice import apply_advice
+    from stallscope.analysis.differential import changes_cache
+    from stallscope.config import AUTOTUNE
+    from stallscope.cpu_limits import current
+    from stallscope.pipeline.presets import get_preset, tuned_for_source
+    from stallscope.pipeline.sources import open_source
+    from stallscope.storage.location import as_path
+    from stallscope.tfimport import import_tensorflow
+
+    import_tensorflow()
+    cores = current().whole_cores
+    path = as_path(path)
+    run = Path(spec["run"])
+    accelerator, steps = spec["accelerator"], spec["steps"]
+
+    def rate(config, name):
+        return trained_rate(fmt, path, config, accelerator=accelerator, steps=steps, run_dir=run / name)
+
+    seed = get_preset("seed")
+    seed_rate = rate(seed, "seed")
+    found = diagnose_fix(fmt, path, seed, accelerator=accelerator, fixed=run / "fixed.json")
+    fix = found["fix"]
+    fix_rate = rate(fix.config, "fix") if fix is not None else seed_rate
+    # by hand: reads in flight x a private pool of reads + cores, parallel decode, prefetch; on gs:// through
+    # the pooled reader too (TF's client opens a connection per request whatever the pool)
+    readers = ("tf", "pooled") if str(path).startswith("gs://") else ("tf",)
+    searched = {}
+    for reader in readers:
+        for reads in READS_GRID:
+            config = seed.replace(read_parallelism=reads, private_threadpool_size=reads + cores,
+                                  map_parallelism=AUTOTUNE, prefetch=AUTOTUNE, deterministic=False, gcs_reader=reader)
+            searched[(reader, reads)] = rate(config, f"{reader}-reads-{reads}")
+    best_at = max(searched, key=searched.get)
+    cell = {"storage": spec["label"], "format": fmt, "seed": seed_rate, "fix": fix_rate,
+            "best": max(searched[best_at], seed_rate), "best_reads": best_at[1], "best_reader": best_at[0],
+            "fix_config": fix.config_changes if fix else {}, "tried": len(fix.trials) if fix else 0}
+    cell["fix_over_best"] = fix_rate / cell["best"]
+    # every listed fix: its predicted gain against its measured one, each applied as it was priced, beside
+    # the advice the model does not cover (the shuffle's place) but not beside a cache
+    listed = found["diagnosis"].advice
+    unpriced = [a for a in listed if a.knobs and a.gain_basis.startswith("not predicted")
+                and not changes_cache(a, seed)]
+    base = apply_advice(seed, unpriced) if unpriced else seed
+    base_rate = rate(base, "unpriced") if unpriced else seed_rate
+    gains = []
+    for advice in listed:
+        if not advice.knobs or advice.predicted_gain is None:
+            continue
+        alone = rate(apply_advice(base, advice), f"alone-{advice.key}")
+        gains.append({"storage": spec["label"], "format": fmt, "fix": advice.key,
+                      "predicted_gain": advice.predicted_gain, "measured_gain": alone / base_rate - 1.0})
+    # tuned, as train reads this storage; and the healthy variant: tuned feeding a device it keeps up with
+    tuned_rate = rate(tuned_for_source(get_preset("tuned"), open_source(fmt, path)), "tuned")
+    healthy = diagnose_fix(fmt, path, get_preset("tuned"), accelerator=spec["healthy_accelerator"],
+                           fixed=run / "tuned-fixed.json")["diagnosis"]
+    tuned = {"storage": spec["label"], "format": fmt, "tuned": tuned_rate, "verdict": healthy.verdict,
+             "fixes": [a.key for a in healthy.advice if a.knobs]}
+    return {"cell": cell, "gains": gains, "tuned": tuned}
+
+
+def run_cell(spec: dict, env: dict[str, str]) -> dict:
+    """measure_cell in a child process with the store's variables; its figures come back as JSON."""
+    out = Path(spec["run"]) / "cell.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    child_env = {**os.environ, **env, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    subprocess.run([sys.executable, __file__, "--cell", json.dumps(spec), "--json", str(out)], env=child_env,
+                   check=True, timeout=3600)
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stores", default="local,mount,gcs,s3", help="which storages have cells")
     parser.add_argument("--mount-latency-ms", default="2,10")
+    parser.add_argument("--bucket-latency-ms", default="10", help="gs:// and s3:// cells at these latencies ('' for none)")
     parser.add_argument("--formats", default="files,records")
     parser.add_argument("--images-per-class", type=int, default=48)
     parser.add_argument("--accelerator", default="emulated:4000")
@@ -115,18 +210,19 @@ def main() -> None:
     parser.add_argument("--healthy-accelerator", default="emulated:200",
                         help="the device the healthy variant (tuned) keeps up with on every storage")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # one cell, in a child process
     args = parser.parse_args()
+    if args.cell:
+        args.json.write_text(json.dumps(measure_cell(json.loads(args.cell))))
+        return
 
-    from stallscope.analysis.advice import apply_advice
-    from stallscope.config import AUTOTUNE
     from stallscope.cpu_limits import current
-    from stallscope.pipeline.presets import get_preset, tuned_for_source
-    from stallscope.pipeline.sources import open_source
-    from stallscope.tfimport import import_tensorflow
 
-    import_tensorflow()
     cores = current().whole_cores
-    stores = [("local", 0.0)] + [("mount", float(x)) for x in args.mount_latency_ms.split(",") if x]
+    kinds = args.stores.split(",")
+    stores = ([("local", 0.0)] + [("mount", float(x)) for x in args.mount_latency_ms.split(",") if x]
+              + [(kind, float(x)) for kind in ("gcs", "s3") for x in args.bucket_latency_ms.split(",") if x])
+    stores = [(kind, latency) for kind, latency in stores if kind in kinds]
     formats = [f for f in args.formats.split(",") if f]
     rows, gains, tuned_rows = [], [], []
     with tempfile.TemporaryDirectory() as scratch_name:
@@ -136,65 +232,33 @@ def main() -> None:
         tree, records = prepare(served, args.images_per_class)
         tuned_local = {}
         for kind, latency in stores:
-            with storage(kind, tree, records, scratch, latency) as (tree_at, records_at):
-                label = "local disk" if kind == "local" else f"mount {latency:g} ms"
+            with storage(kind, tree, records, scratch, latency) as (tree_at, records_at, env):
+                label = STORAGE_LABELS[kind] + ("" if kind == "local" else f" {latency:g} ms")
                 ceiling = raw_ceiling(tree_at) if kind == "mount" else None
                 for fmt in formats:
-                    path = (tree_at / "train") if fmt == "files" else records_at
-                    run = scratch / "runs" / f"{kind}-{latency:g}-{fmt}"
-
-                    def rate(config, name):
-                        return trained_rate(fmt, path, config, accelerator=args.accelerator, steps=args.steps,
-                                            run_dir=run / name)
-
-                    seed = get_preset("seed")
-                    seed_rate = rate(seed, "seed")
-                    found = diagnose_fix(fmt, path, seed, accelerator=args.accelerator, fixed=run / "fixed.json")
-                    fix = found["fix"]
-                    fix_rate = rate(fix.config, "fix") if fix is not None else seed_rate
-                    searched = {}
-                    for reads in READS_GRID:
-                        config = seed.replace(read_parallelism=reads, private_threadpool_size=reads + cores,
-                                              map_parallelism=AUTOTUNE, prefetch=AUTOTUNE, deterministic=False)
-                        searched[reads] = rate(config, f"reads-{reads}")
-                    best_reads = max(searched, key=searched.get)
-                    best = max(searched[best_reads], seed_rate)
-                    rows.append({"storage": label, "format": fmt, "seed": seed_rate, "fix": fix_rate,
-                                 "best": best, "best_reads": best_reads, "fix_over_best": fix_rate / best,
-                                 "fix_config": fix.config_changes if fix else {},
-                                 "tried": len(fix.trials) if fix else 0})
-                    # every listed fix: its predicted gain against its measured one, each applied as it was
-                    # priced, beside the advice the model does not cover (the shuffle's place)
-                    listed = found["diagnosis"].advice
-                    unpriced = [a for a in listed if a.knobs and a.gain_basis.startswith("not predicted")]
-                    base = apply_advice(seed, unpriced) if unpriced else seed
-                    base_rate = rate(base, "unpriced") if unpriced else seed_rate
-                    for advice in listed:
-                        if not advice.knobs or advice.predicted_gain is None:
-                            continue
-                        alone = rate(apply_advice(base, advice), f"alone-{advice.key}")
-                        gains.append({"storage": label, "format": fmt, "fix": advice.key,
-                                      "predicted_gain": advice.predicted_gain,
-                                      "measured_gain": alone / base_rate - 1.0})
-                    # tuned, as train reads this storage; and the healthy variant: tuned feeding a device it keeps up with
-                    tuned = tuned_for_source(get_preset("tuned"), open_source(fmt, path))
-                    tuned_rate = rate(tuned, "tuned")
-                    healthy = diagnose_fix(fmt, path, get_preset("tuned"), accelerator=args.healthy_accelerator,
-                                           fixed=run / "tuned-fixed.json")["diagnosis"]
+                    spec = {"label": label, "format": fmt,
+                            "path": f"{tree_at}/train" if fmt == "files" else str(records_at),
+                            "run": str(scratch / "runs" / f"{kind}-{latency:g}-{fmt}"),
+                            "accelerator": args.accelerator, "steps": args.steps,
+                            "healthy_accelerator": args.healthy_accelerator}
+                    measured = run_cell(spec, env)
+                    rows.append(measured["cell"])
+                    gains += measured["gains"]
                     if kind == "local":
-                        tuned_local[fmt] = tuned_rate
-                    tuned_rows.append({"storage": label, "format": fmt, "tuned": tuned_rate,
-                                       "verdict": healthy.verdict, "fixes": [a.key for a in healthy.advice if a.knobs],
-                                       "ceiling": ceiling, "tuned_local": tuned_local.get(fmt)})
+                        tuned_local[fmt] = measured["tuned"]["tuned"]
+                    tuned_rows.append({**measured["tuned"], "ceiling": ceiling, "tuned_local": tuned_local.get(fmt)})
+                    print(f"  done: {label} {fmt}", file=sys.stderr, flush=True)
 
     print(f"advice benchmark: {args.images_per_class * 10} JPEGs, {args.accelerator}, {args.steps} steps a config, "
           f"{cores} cores; images/s")
-    print(f"  {'storage':<12}{'format':<9}{'seed':>8}{'fix':>8}{'best':>8}  {'fix/best':>8}  best by hand     fix")
+    print(f"  {'storage':<12}{'format':<9}{'seed':>8}{'fix':>8}{'best':>8}  {'fix/best':>8}  best by hand          fix")
     for r in rows:
         knobs = ", ".join(f"{k}={v}" for k, v in r["fix_config"].items()
-                          if k in ("read_parallelism", "private_threadpool_size", "cache", "map_parallelism"))
+                          if k in ("read_parallelism", "private_threadpool_size", "cache", "map_parallelism",
+                                   "gcs_reader"))
+        by_hand = f"{r['best_reads']:>3} in flight" + (" pooled" if r["best_reader"] == "pooled" else "")
         print(f"  {r['storage']:<12}{r['format']:<9}{r['seed']:>8,.0f}{r['fix']:>8,.0f}{r['best']:>8,.0f}  "
-              f"{r['fix_over_best']:>7.2f}x  {r['best_reads']:>3} in flight     {knobs} ({r['tried']} tried)")
+              f"{r['fix_over_best']:>7.2f}x  {by_hand:<20}  {knobs} ({r['tried']} tried)")
     print("each listed fix (beside the unpriced ones, as priced): predicted vs measured gain (target: measured >= "
           "half the predicted)")
     for g in gains:

@@ -585,7 +585,9 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
     """(fixes, checked): each advice that changes knobs the model sees gets the step the model predicts
     with it applied to the worst phase (beside the advice the model does not cover, such as the shuffle's
     place, which stays a fix unpriced: with a shuffle moved before decode, a prefetch can hide what a
-    refill at each epoch start could not). One that changes nothing (its knobs are set already) is
+    refill at each epoch start could not). Not beside a cache: the model prices what reaches the store and
+    the cores, so a fix is priced for the epochs that read the store, as a user applying it alone gets
+    (a cache beside it would leave it only the first epoch). One that changes nothing (its knobs are set already) is
     dropped, one predicted to gain under MIN_GAIN is checked, not a fix. Advice without knobs (a
     conversion, smaller images) keeps what its own model said."""
     from stallscope.analysis.fix_gain import MIN_GAIN
@@ -594,7 +596,8 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
     kept = [a for a in advice if a.knobs and a.key not in UNPREDICTED_FIXES and apply_advice(config, a) != config]
     unmodelled = {a.key: sorted(k for k, v in a.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
                   for a in kept}
-    base = apply_advice(config, [a for a in kept if unmodelled[a.key]]) if any(unmodelled.values()) else config
+    beside = [a for a in kept if unmodelled[a.key] and not changes_cache(a, config)]
+    base = apply_advice(config, beside) if beside else config
     fixes, checked = [], []
     for item in advice:
         if not item.knobs or item.key in UNPREDICTED_FIXES:  # a quota's pool evens steps out, it does not shorten them
@@ -615,6 +618,11 @@ def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], p
         priced = dataclasses.replace(item, predicted_step_ms=step, predicted_gain=gain, gain_basis=basis)
         (fixes if gain >= MIN_GAIN else checked).append(priced)
     return fixes, checked
+
+
+def changes_cache(advice: Advice, config: PipelineConfig) -> bool:
+    """Whether `advice` adds or moves a cache (its knobs change `cache` or `cache_at`)."""
+    return any(k in ("cache", "cache_at") and getattr(config, k) != v for k, v in advice.knobs.items())
 
 
 def checked_note(advice: Advice) -> str:
