@@ -71,7 +71,7 @@ class Request:
     """One request as far as it has arrived: its head parsed, its body still coming in."""
 
     __slots__ = ("command", "path", "version", "requestline", "headers", "chunked", "length", "expects_continue",
-                 "ready_at")
+                 "ready_at", "chunk_spans", "arrived_at")
 
     def __init__(self, head: bytes, ready_at: float) -> None:
         lines = head.decode("latin-1").split("\r\n")
@@ -96,6 +96,8 @@ class Request:
         self.expects_continue = (self.version != "HTTP/1.0"
                                  and self.headers.get("expect", "").lower() == "100-continue")
         self.ready_at = ready_at
+        self.arrived_at = ready_at  # set by the connection: when its head was in
+        self.chunk_spans: list[tuple[int, int]] = []  # a chunked body's data, once it has all arrived
 
     def keeps_alive(self) -> bool:
         connection = self.headers.get("connection", "").lower()
@@ -108,12 +110,25 @@ class Request:
         if not self.chunked:
             end = start + self.length
             return end if len(buffer) >= end else None
-        return chunked_end(buffer, start)
+        found = chunked_spans(buffer, start)
+        if found is None:
+            return None
+        self.chunk_spans, end = found
+        return end
+
+    def body(self, raw: bytes) -> bytes:
+        """The body as the handler reads it (`raw`: its bytes as they came, up to `body_end`): a chunked
+        body's data joined, its framing and trailers left out."""
+        if not self.chunked:
+            return raw
+        return b"".join(raw[start:end] for start, end in self.chunk_spans)
 
 
-def chunked_end(buffer: bytearray, at: int) -> int | None:
-    """The end of a chunked body starting at `at` (its last chunk and trailers included), or None if it
-    has not all arrived. Malformed framing is a RequestError."""
+def chunked_spans(buffer: bytearray, at: int) -> tuple[list[tuple[int, int]], int] | None:
+    """A chunked body starting at `at`: where each chunk's data lies in `buffer` (start, end), and where
+    the body ends (its last chunk and trailers included); None if it has not all arrived. Malformed
+    framing is a RequestError."""
+    spans = []
     while True:
         line_end = buffer.find(b"\r\n", at)
         if line_end < 0:
@@ -129,8 +144,9 @@ def chunked_end(buffer: bytearray, at: int) -> int | None:
                 if line_end < 0:
                     return None
                 if line_end == at:
-                    return at + 2
+                    return spans, at + 2
                 at = line_end + 2
+        spans.append((at, at + size))
         at += size + 2
         if len(buffer) < at:
             return None
@@ -159,6 +175,7 @@ class Connection(asyncio.Protocol):
         self.over_tls = server.tls is not None
         self.upgrading = False  # a TLS handshake after CONNECT is under way: no request is read
         self.handshake_wait = 0.0  # the handshake's round trip, charged to the first request after it
+        self.answering_since: float | None = None  # the answered request's arrival, until its last byte is handed over
 
     # ----- asyncio's callbacks
     def connection_made(self, transport) -> None:
@@ -229,6 +246,7 @@ class Connection(asyncio.Protocol):
                 return False
             ready_at = self.loop.time() + self.server.latency_s + self.handshake_wait
             self.request = Request(bytes(self.buffer[:head_end]), ready_at)
+            self.request.arrived_at = self.loop.time()
             self.handshake_wait = 0.0
             del self.buffer[:head_end + 4]
         request = self.request
@@ -247,7 +265,7 @@ class Connection(asyncio.Protocol):
         raw = bytes(self.buffer[:body_end])
         del self.buffer[:body_end]
         self.request = None
-        self._answer(request, raw)
+        self._answer(request, request.body(raw))
         return True
 
     def _wait_until(self, moment: float) -> bool:
@@ -271,6 +289,7 @@ class Connection(asyncio.Protocol):
 
     # ----- answering
     def _answer(self, request: Request, raw_body: bytes) -> None:
+        self.answering_since = request.arrived_at
         handler = self.server.handler_class.__new__(self.server.handler_class)
         handler.server = self.server
         handler.client_address = self.peer
@@ -325,6 +344,7 @@ class Connection(asyncio.Protocol):
     def _start_tls(self, head: bytes, context: ssl.SSLContext) -> None:
         """Sends `head` (a CONNECT's 200), then makes this connection a TLS server's: the client's
         hello is read by the TLS layer, not taken for a request (reading waits until it is in place)."""
+        self.answering_since = None  # a tunnel opened, not a request answered
         self.transport.pause_reading()
         self.transport.write(head)
         self.upgrading = True
@@ -391,6 +411,10 @@ class Connection(asyncio.Protocol):
         return False
 
     def _finish(self) -> None:
+        """The answer's last byte is handed over: its time at the store, from arrival, is counted."""
+        if self.answering_since is not None:
+            self.server.counters.observe(self.loop.time() - self.answering_since)
+            self.answering_since = None
         if self.close_after and self.transport is not None:
             self.transport.close()
 
