@@ -26,6 +26,22 @@ from stallscope.storage.emulator.latency_proxy import Throttle
 
 log = logging.getLogger(__name__)
 
+# Calls the mount serves at once: libfuse's threads (its default, 10, is what mfusepy's out-of-range
+# request falls back to) and the kernel's read-ahead requests in flight (max_background, default 12).
+# With 10 ms a call, 64 files read at once went from ~865 calls/s to ~3,100 on 2 cores.
+MOUNT_THREADS = 64
+# The mount's source name in /proc/self/mountinfo: this prefix and the counters file, so a reader of
+# the mount finds the store's counters (storage/served_counters.py).
+MOUNT_SOURCE_PREFIX = "stallscope-storage:"
+
+
+def mount_source(counters: SharedCounters) -> str:
+    """'stallscope-storage:COUNTERS_FILE', or the bare name where the path cannot be a mount option."""
+    path = str(counters.path) if getattr(counters, "path", None) else ""
+    if not path or any(char in path for char in ", \t\n\\"):
+        return MOUNT_SOURCE_PREFIX.rstrip(":")
+    return MOUNT_SOURCE_PREFIX + path
+
 
 def why_no_fuse() -> str:
     """'' when a FUSE mount can be made here; otherwise what is missing, in words."""
@@ -72,6 +88,9 @@ def _operations_class():
             its own requests in turn, which made the emulator far slower to write to than NFS."""
             if self.writable and conn is not None and conn.capable & _WRITEBACK_CACHE:
                 conn.want |= _WRITEBACK_CACHE
+            if conn is not None:  # the kernel's read-ahead in flight at once (its default, 12, queued the rest)
+                conn.max_background = MOUNT_THREADS
+                conn.congestion_threshold = MOUNT_THREADS * 3 // 4
 
         def _real(self, path: str) -> str:
             return os.path.join(self.root, path.lstrip("/"))
@@ -84,9 +103,16 @@ def _operations_class():
                 flags = (flags & ~os.O_WRONLY) | os.O_RDWR
             return flags & ~os.O_APPEND
 
-        def _wait(self) -> None:
+        def _wait(self) -> float:
+            """Holds the call for the latency; returns when it arrived, for `_served`."""
+            arrived = time.monotonic()
             if self.latency_s:
                 time.sleep(self.latency_s)
+            return arrived
+
+        def _served(self, arrived: float) -> None:
+            """Counts the call's time at the store, from its arrival to its answer, in the latency histogram."""
+            self.counters.observe(time.monotonic() - arrived)
 
         def getattr(self, path, fh=None):
             try:
@@ -102,12 +128,14 @@ def _operations_class():
             return attributes
 
         def readdir(self, path, fh):
-            self._wait()
+            arrived = self._wait()
             self.counters.add(requests=1, lists=1)
             try:
                 return [".", ".."] + sorted(os.listdir(self._real(path)))
             except OSError as exc:
                 raise mfusepy.FuseOSError(exc.errno) from None
+            finally:
+                self._served(arrived)
 
         def readlink(self, path):
             return os.readlink(self._real(path))
@@ -116,26 +144,29 @@ def _operations_class():
             writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT)
             if writes and not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
-            self._wait()
+            arrived = self._wait()
             try:
                 handle = os.open(self._real(path), self._write_flags(flags) if writes else os.O_RDONLY)
             except OSError as exc:
                 self.counters.add(requests=1, errors=1)
                 raise mfusepy.FuseOSError(exc.errno) from None
             self.counters.add(requests=1, connections=1)
+            self._served(arrived)
             return handle
 
         def _change(self, call, *args):
             """One write-side request: refused on a read-only mount, else waited for and passed on."""
             if not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
-            self._wait()
+            arrived = self._wait()
             self.counters.add(requests=1)
             try:
                 return call(*args)
             except OSError as exc:
                 self.counters.add(errors=1)
                 raise mfusepy.FuseOSError(exc.errno) from None
+            finally:
+                self._served(arrived)
 
         def create(self, path, mode, flags=os.O_WRONLY):
             self.counters.add(connections=1)
@@ -178,11 +209,12 @@ def _operations_class():
             return 0
 
         def read(self, path, size, offset, fh):
-            self._wait()
+            arrived = self._wait()
             data = os.pread(fh, size, offset)
             if self.throttle and data:
                 self.throttle.wait(len(data))
             self.counters.add(requests=1, bytes=len(data))
+            self._served(arrived)
             return data
 
         def release(self, path, fh):
@@ -218,6 +250,7 @@ class FuseMount:
         operations = _operations_class()(self.root, latency_s,
                                          Throttle(bandwidth_bps) if bandwidth_bps else None, counters, writable)
         self._error: BaseException | None = None
+        self._fsname = mount_source(counters)
         self._thread = threading.Thread(target=self._run, args=(operations,), daemon=True, name="fuse")
 
     def _run(self, operations) -> None:
@@ -225,7 +258,7 @@ class FuseMount:
 
         try:
             mfusepy.FUSE(operations, str(self.mount_point), foreground=True, ro=not self.writable,
-                         fsname="stallscope-storage", default_permissions=True)
+                         fsname=self._fsname, default_permissions=True, max_threads=MOUNT_THREADS)
         except BaseException as exc:  # noqa: BLE001 - reported by start()
             self._error = exc
 
