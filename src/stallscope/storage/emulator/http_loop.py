@@ -71,7 +71,7 @@ class Request:
     """One request as far as it has arrived: its head parsed, its body still coming in."""
 
     __slots__ = ("command", "path", "version", "requestline", "headers", "chunked", "length", "expects_continue",
-                 "ready_at", "arrived_at")
+                 "ready_at", "chunk_spans", "arrived_at")
 
     def __init__(self, head: bytes, ready_at: float) -> None:
         lines = head.decode("latin-1").split("\r\n")
@@ -97,6 +97,7 @@ class Request:
                                  and self.headers.get("expect", "").lower() == "100-continue")
         self.ready_at = ready_at
         self.arrived_at = ready_at  # set by the connection: when its head was in
+        self.chunk_spans: list[tuple[int, int]] = []  # a chunked body's data, once it has all arrived
 
     def keeps_alive(self) -> bool:
         connection = self.headers.get("connection", "").lower()
@@ -109,12 +110,25 @@ class Request:
         if not self.chunked:
             end = start + self.length
             return end if len(buffer) >= end else None
-        return chunked_end(buffer, start)
+        found = chunked_spans(buffer, start)
+        if found is None:
+            return None
+        self.chunk_spans, end = found
+        return end
+
+    def body(self, raw: bytes) -> bytes:
+        """The body as the handler reads it (`raw`: its bytes as they came, up to `body_end`): a chunked
+        body's data joined, its framing and trailers left out."""
+        if not self.chunked:
+            return raw
+        return b"".join(raw[start:end] for start, end in self.chunk_spans)
 
 
-def chunked_end(buffer: bytearray, at: int) -> int | None:
-    """The end of a chunked body starting at `at` (its last chunk and trailers included), or None if it
-    has not all arrived. Malformed framing is a RequestError."""
+def chunked_spans(buffer: bytearray, at: int) -> tuple[list[tuple[int, int]], int] | None:
+    """A chunked body starting at `at`: where each chunk's data lies in `buffer` (start, end), and where
+    the body ends (its last chunk and trailers included); None if it has not all arrived. Malformed
+    framing is a RequestError."""
+    spans = []
     while True:
         line_end = buffer.find(b"\r\n", at)
         if line_end < 0:
@@ -130,8 +144,9 @@ def chunked_end(buffer: bytearray, at: int) -> int | None:
                 if line_end < 0:
                     return None
                 if line_end == at:
-                    return at + 2
+                    return spans, at + 2
                 at = line_end + 2
+        spans.append((at, at + size))
         at += size + 2
         if len(buffer) < at:
             return None
@@ -250,7 +265,7 @@ class Connection(asyncio.Protocol):
         raw = bytes(self.buffer[:body_end])
         del self.buffer[:body_end]
         self.request = None
-        self._answer(request, raw)
+        self._answer(request, request.body(raw))
         return True
 
     def _wait_until(self, moment: float) -> bool:
