@@ -302,13 +302,22 @@ class LoopProbe:
     images_per_second: float
     input_share: float
     verdict: str
+    # How far apart the images/s of its measured steps' two halves are (0.05: 5%), the precision the
+    # probe reached (workload/precision.py); None with too few steps to halve. too_short: they are
+    # further apart than the tolerance a run is trusted at.
+    halves_spread: float | None = None
+    too_short: bool = False
 
     @classmethod
     def from_steps(cls, kind: str, phase: str, steps: Sequence[StepRecord]) -> "LoopProbe":
+        from stallscope.workload.precision import DEFAULT_TOLERANCE, halves, spread_of
+
         stats = summarize_steps(steps)
+        spread = spread_of(halves(steps))
         return cls(kind=kind, phase=phase, steps=stats.steps - stats.warmup_steps, step_ms=stats.step_time_ms,
                    input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms,
-                   images_per_second=stats.images_per_second, input_share=stats.input_share, verdict=stats.verdict)
+                   images_per_second=stats.images_per_second, input_share=stats.input_share, verdict=stats.verdict,
+                   halves_spread=spread, too_short=spread is not None and spread > DEFAULT_TOLERANCE)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

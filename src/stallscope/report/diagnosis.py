@@ -7,7 +7,7 @@ import math
 import shlex
 
 from stallscope.analysis.differential import Diagnosis as _Diagnosis
-from stallscope.report.text import fmt_knobs, render_text, service_lines
+from stallscope.report.text import fmt_knobs, render_profile_section, service_lines
 
 
 class Diagnosis(_Diagnosis):
@@ -27,7 +27,7 @@ def diagnosis_text(diagnosis: _Diagnosis) -> str:
     """The report `stallscope diagnose` prints, and the profiled steps' stage tree when there is one."""
     lines = report_lines(diagnosis)
     if diagnosis.analysis is not None:
-        lines += ["", "profile of end-to-end steps:", render_text(diagnosis.analysis)]
+        lines += ["", "profile of end-to-end steps:", render_profile_section(diagnosis.analysis)]
     return "\n".join(lines)
 
 
@@ -54,6 +54,13 @@ def _in_store(diagnosis) -> bool:
     from stallscope.storage.location import is_remote
 
     return _storage(diagnosis).get("kind", "local") != "local" or is_remote(str(diagnosis.source.get("path", "")))
+
+
+def _halves(probe) -> str:
+    """'; its halves 3% apart', and where they disagree by more than a run is trusted at, that it is too short."""
+    if probe.halves_spread is None:
+        return ""
+    return f"; its halves {probe.halves_spread:.0%} apart" + ("; too short to trust" if probe.too_short else "")
 
 
 def _warm_label(diagnosis) -> str:
@@ -120,7 +127,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
             + f"), cause: {phase.cause}",
             f"  step            {_ms(phase.step_ms)}  ({_rate(phase.end_to_end.images_per_second)}, "
             f"{'overlapped' if phase.overlapped else 'serial'} input and compute; mean of "
-            f"{phase.end_to_end.steps} steps)",
+            f"{phase.end_to_end.steps} steps{_halves(phase.end_to_end)})",
             f"  compute         {_ms(phase.compute_ms)}  (batches from memory)",
             f"  preprocessing   {_ms(phase.preprocessing_stall_ms)}  stall per step (CPU)",
             f"  fetch           {_ms(phase.fetch_stall_ms)}  stall per step (storage, latency"
