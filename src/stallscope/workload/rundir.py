@@ -42,8 +42,15 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   io {rchar, read_bytes, syscr, ..., files_opened, per_image {bytes_read, storage_bytes,
   read_calls, files_opened}} or null, profile {steps, captured_steps, files} or null,
   checkpoint {path, latest} or null, validation {examples, top1, top5, loss, k, ...} or null,
+  precision {halves_images_per_second, spread, measured_s, measured_steps, target, reached, stopped_by,
+  warning} (workload/precision.py), step_io {basis, meaning} (steps.csv's requests and bytes_read),
+  fetched {basis, requests, bytes, images_trained, requests_per_image, bytes_per_image, bytes_trained,
+  read_amplification, per_image} or null, store_latency {requests, p50_ms, p90_ms, p99_ms, histogram
+  [{up_to_ms, requests}]} or null (data not on the emulator), store_requests (stallscope's reader) or
+  null, cold {applied, files, bytes, how} or null,
   run_dir, started_at, wall_time_s, interrupted, stallscope_version, tensorflow_version,
-  python_version."""
+  python_version. "Per image" is per image trained: what was fetched, read-ahead abandoned at the
+  end included, over the images the steps took."""
 
 from __future__ import annotations
 
