@@ -13,6 +13,7 @@ as TF's gs:// makedirs writes) is kept as a hidden marker file in that folder.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import shutil
 import tempfile
@@ -29,10 +30,19 @@ FOLDER_MARKER = ".stallscope-folder"  # the file behind a folder object `a/b/` (
 
 
 @dataclasses.dataclass(frozen=True)
-class ObjectInfo:
+class StoredObject:
+    """An object the bucket holds: its key, size and modification time (the client side's
+    `storage.paths.ObjectInfo` is what a listing told a reader, without the key)."""
+
     key: str
     size: int
     mtime_ns: int
+
+    def modified(self) -> str:
+        """The modification time as both stores write it: RFC 3339 in UTC, to the millisecond (S3's
+        LastModified, GCS's timeCreated and updated)."""
+        moment = datetime.datetime.fromtimestamp(self.mtime_ns / 1e9, tz=datetime.timezone.utc)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +50,7 @@ class ListPage:
     """One page of a listing: objects, the common prefixes a delimiter folded, and the token that asks
     for the next page ('' on the last)."""
 
-    objects: tuple[ObjectInfo, ...]
+    objects: tuple[StoredObject, ...]
     prefixes: tuple[str, ...]
     next_token: str
 
@@ -124,7 +134,7 @@ class FolderBucket:
             return None
         return Path(path), resolved
 
-    def lookup(self, key: str) -> tuple[Path, ObjectInfo] | None:
+    def lookup(self, key: str) -> tuple[Path, StoredObject] | None:
         """The file behind `key` and its object's stat (one stat call), or None when no object has that key."""
         file_key = _file_key(key)
         if not file_key or file_key.startswith("/") or "\0" in file_key \
@@ -139,14 +149,14 @@ class FolderBucket:
             return None
         if not S_ISREG(status.st_mode):
             return None
-        return found[0], ObjectInfo(key, status.st_size, status.st_mtime_ns)
+        return found[0], StoredObject(key, status.st_size, status.st_mtime_ns)
 
     def path_of(self, key: str) -> Path | None:
         """The file behind `key`, or None when no object has that key."""
         found = self.lookup(key)
         return found[0] if found is not None else None
 
-    def stat(self, key: str) -> ObjectInfo | None:
+    def stat(self, key: str) -> StoredObject | None:
         found = self.lookup(key)
         return found[1] if found is not None else None
 
@@ -170,17 +180,17 @@ class FolderBucket:
         handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=PART_PREFIX, delete=False)
         return Path(handle.name), handle
 
-    def commit(self, key: str, part: Path) -> ObjectInfo:
+    def commit(self, key: str, part: Path) -> StoredObject:
         target = self._place_for(key)
         os.replace(part, target)
         status = target.stat()
-        return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+        return StoredObject(key, status.st_size, status.st_mtime_ns)
 
     @staticmethod
     def abandon(part: Path) -> None:
         part.unlink(missing_ok=True)
 
-    def put(self, key: str, data: bytes) -> ObjectInfo:
+    def put(self, key: str, data: bytes) -> StoredObject:
         part, handle = self.open_part(key)
         with handle:
             handle.write(data)
@@ -199,7 +209,7 @@ class FolderBucket:
             folder = folder.parent
         return True
 
-    def copy(self, source_key: str, key: str) -> ObjectInfo | None:
+    def copy(self, source_key: str, key: str) -> StoredObject | None:
         """`source_key`'s bytes as `key`; None when there is no such source."""
         source = self.path_of(source_key)
         if source is None:
@@ -231,7 +241,7 @@ class FolderBucket:
                 while len(self._snapshots) > 64:
                     self._snapshots.popitem(last=False)
         return ListPage(
-            objects=tuple(entry for entry in page if isinstance(entry, ObjectInfo)),
+            objects=tuple(entry for entry in page if isinstance(entry, StoredObject)),
             prefixes=tuple(entry for entry in page if isinstance(entry, str)),
             next_token=next_token,
         )
@@ -241,7 +251,7 @@ class FolderBucket:
             return self._snapshots.pop(token, None)
 
     def _entries(self, prefix: str, delimiter: str) -> list:
-        """Sorted objects (ObjectInfo) and common prefixes (str) for a listing."""
+        """Sorted objects (StoredObject) and common prefixes (str) for a listing."""
         if delimiter == "/":
             return self._one_level(prefix)
         entries: list = []
@@ -309,14 +319,14 @@ class FolderBucket:
             return None
         return found[0]
 
-    def _info(self, path: Path, key: str) -> ObjectInfo | None:
+    def _info(self, path: Path, key: str) -> StoredObject | None:
         try:
             if not self._resolve(str(path)).startswith(self._root_prefix):
                 return None
             status = path.stat()
         except OSError:
             return None
-        return ObjectInfo(key, status.st_size, status.st_mtime_ns)
+        return StoredObject(key, status.st_size, status.st_mtime_ns)
 
 
 def _file_key(key: str) -> str:
@@ -325,7 +335,7 @@ def _file_key(key: str) -> str:
 
 
 def _entry_key(entry) -> str:
-    return entry.key if isinstance(entry, ObjectInfo) else entry
+    return entry.key if isinstance(entry, StoredObject) else entry
 
 
 def _holds_a_file(folder: Path) -> bool:

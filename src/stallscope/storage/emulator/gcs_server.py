@@ -24,7 +24,6 @@ rewrites/copies (TF's rename) land in the folder, each object whole or not at al
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import email.utils
 import json
 import re
@@ -40,7 +39,7 @@ from stallscope.storage.emulator.s3_server import list_bucket_result
 from stallscope.storage.emulator.folder_bucket import (
     ByteRangeError,
     FolderBucket,
-    ObjectInfo,
+    StoredObject,
     WriteRefused,
     parse_range,
     read_range,
@@ -84,17 +83,12 @@ class GcsServer(EventLoopServer):
         self.uploads.clear()
 
 
-def _rfc3339(mtime_ns: int) -> str:
-    moment = datetime.datetime.fromtimestamp(mtime_ns / 1e9, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def object_resource(bucket: str, info: ObjectInfo) -> dict:
+def object_resource(bucket: str, info: StoredObject) -> dict:
     return {
         "kind": "storage#object", "id": f"{bucket}/{info.key}/{info.mtime_ns}", "name": info.key,
         "bucket": bucket, "size": str(info.size), "generation": str(info.mtime_ns), "metageneration": "1",
         "contentType": "application/octet-stream", "storageClass": "STANDARD",
-        "timeCreated": _rfc3339(info.mtime_ns), "updated": _rfc3339(info.mtime_ns),
+        "timeCreated": info.modified(), "updated": info.modified(),
     }
 
 
@@ -316,7 +310,7 @@ class GcsHandler(CountingHandler):
 
     def _write(self, make, abandon: Path | None = None) -> None:
         try:
-            info: ObjectInfo = make()
+            info: StoredObject = make()
         except WriteRefused as refused:
             if abandon is not None:
                 self.server.bucket.abandon(abandon)

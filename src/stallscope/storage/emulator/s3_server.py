@@ -10,7 +10,6 @@ the storage cost being measured.
 
 from __future__ import annotations
 
-import datetime
 import email.utils
 import ssl
 import urllib.parse
@@ -22,7 +21,7 @@ from stallscope.storage.emulator.http_handler import CountingHandler
 from stallscope.storage.emulator.folder_bucket import (
     ByteRangeError,
     FolderBucket,
-    ObjectInfo,
+    StoredObject,
     WriteRefused,
     parse_range,
     read_range,
@@ -40,13 +39,8 @@ class S3Server(EventLoopServer):
         super().__init__(port, S3Handler, counters, latency_s=latency_s, tls=tls)
 
 
-def _etag(info: ObjectInfo) -> str:
+def _etag(info: StoredObject) -> str:
     return f'"{info.size:x}{info.mtime_ns:x}"'
-
-
-def _iso(mtime_ns: int) -> str:
-    moment = datetime.datetime.fromtimestamp(mtime_ns / 1e9, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def list_bucket_result(bucket: FolderBucket, query: dict) -> str:
@@ -77,7 +71,7 @@ def list_bucket_result(bucket: FolderBucket, query: dict) -> str:
         if page.next_token:
             parts.append(f"<NextMarker>{escape(page.next_token)}</NextMarker>")
     for info in page.objects:
-        parts.append(f"<Contents><Key>{escape(info.key)}</Key><LastModified>{_iso(info.mtime_ns)}</LastModified>"
+        parts.append(f"<Contents><Key>{escape(info.key)}</Key><LastModified>{info.modified()}</LastModified>"
                      f"<ETag>{escape(_etag(info))}</ETag><Size>{info.size}</Size>"
                      f"<StorageClass>STANDARD</StorageClass></Contents>")
     for common in page.prefixes:
@@ -162,7 +156,7 @@ class S3Handler(CountingHandler):
                 if info is None:
                     return self._error(404, "NoSuchKey", "The specified key does not exist.", source_key, False)
                 return self._xml(f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult xmlns="{_XMLNS}">'
-                                 f"<LastModified>{_iso(info.mtime_ns)}</LastModified><ETag>{escape(_etag(info))}"
+                                 f"<LastModified>{info.modified()}</LastModified><ETag>{escape(_etag(info))}"
                                  "</ETag></CopyObjectResult>", False)
             info = self.server.bucket.put(key, self._decoded(body))
         except WriteRefused as refused:
