@@ -39,6 +39,10 @@ def test_verdict_differs_between_a_stalled_and_a_healthy_dataset():
     assert "prefetch" not in [a.key for a in healthy.advice]  # its stages end in one
     text = stalled.text()
     assert "highly input-bound" in text and "<- bottleneck" in text
+    # one verdict and one list of fixes: the profiled steps add their stage tree, not a second reading
+    # whose figures differ (it printed its own "Input share" verdict and "Fix, most helpful first")
+    assert text.count("Input share") == 0 and "Fix, most helpful first" not in text and "Checklist" not in text
+    assert "gives this profile's own reading" in text
 
 
 def _records(tmp_path, count=16):

@@ -216,51 +216,15 @@ def source_lines(analysis: Analysis) -> list[str]:
 
 
 def render_text(analysis: Analysis) -> str:
-    steps = analysis.steps
-    lines = [
-        f"stallscope analyze {analysis.source}",
-        f"profile: {analysis.profile_path}",
-        *source_lines(analysis),
-        "",
-        verdict_line(analysis),
-        xprof_line(analysis),
-        "",
-        f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}",
-    ]
-    for label, spread in spread_rows(steps):
-        lines.append(f"{label:<12}" + "".join(f"{cell:>11}" for cell in spread_cells(spread)))
+    lines = [*_heading(analysis), "", verdict_line(analysis), xprof_line(analysis), "", *_step_spread(analysis)]
     timing = run_timing_line(analysis)
     if timing is not None:
         lines += ["", timing]
-    lines += ["", "tf.data stages (outermost first, each followed by its inputs)",
-              f"  {'stage':<30}{'calls':>7}{'total':>11}{'busy':>11}{'work':>11}{'per call':>10}{'parallel':>10}"]
-    for stage in analysis.tree.stages:
-        mark = f" <- {analysis.stage_label}" if stage.long_name == analysis.tree.bottleneck else ""
-        parallel = "" if stage.parallelism is None else describe_knob(stage.parallelism)
-        if stage.asynchronous and stage.concurrency > 1.05:
-            parallel += f" ({stage.concurrency:.1f})"
-        name = ("  " * stage.depth + stage.label + (" *" if stage.asynchronous else "")
-                + (" ~" if stage.per_element else ""))
-        lines.append(f"  {name:<30}{stage.calls:>7}{fmt_ms(stage.total_ms):>11}{fmt_ms(stage.busy_ms):>11}"
-                     f"{fmt_ms(stage.own_ms):>11}{stage.per_element_us:>8.0f}us{parallel:>10}{mark}")
-    lines.append("  * asynchronous: its total is time spent waiting for it; its work is that of its function")
-    if any(stage.device_feed for stage in analysis.tree.stages):
-        lines.append(f"  {DEVICE_FEED_NOTE}")
-    if any(stage.per_element for stage in analysis.tree.stages):
-        lines.append("  ~ made by its parent's function for each element of the parent's input "
-                     "(an interleave's reader per file)")
-    lines.append(STAGE_COLUMNS_NOTE)
+    lines += _stage_tree(analysis)
     lines += ["", "Checklist (TF Profiler guide to tf.data)"]
     for item in analysis.checklist:
         lines.append(f"  {item.question:<36} {item.answer:<10} {item.evidence}")
-    lines += ["", "Pipeline as written vs as run"]
-    if analysis.written_chain:
-        lines.append(f"  written: {' -> '.join(analysis.written_chain)}")
-    lines.append(f"  ran:     {' -> '.join(analysis.ran_chain)}")
-    for change in analysis.rewrites:
-        lines.append(f"  TF rewrite: {change.describe()}")
-    if analysis.written_chain and not analysis.rewrites:
-        lines.append("  TF ran what was written")
+    lines += _as_written_and_run(analysis)
     lines += ["", "Fix, most helpful first" if analysis.advice else f"Fix: {no_fix_line(analysis)}"]
     for number, item in enumerate(analysis.advice, 1):
         flags = advice_flags(analysis, item)
@@ -278,6 +242,63 @@ def render_text(analysis: Analysis) -> str:
     for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+PROFILE_IN_DIAGNOSIS = ("the verdict and the advice above are the diagnosis' (its probes and one model); "
+                        "`stallscope analyze {source}` gives this profile's own reading")
+
+
+def render_profile_section(analysis: Analysis) -> str:
+    """The profiled steps inside a diagnosis: what the profile adds (per-step spread, the stage tree, the
+    pipeline as run), not a second verdict and fix list whose figures would differ from the diagnosis'."""
+    lines = [*_heading(analysis), "", *_step_spread(analysis), *_stage_tree(analysis),
+             *_as_written_and_run(analysis), "", PROFILE_IN_DIAGNOSIS.format(source=analysis.source)]
+    return "\n".join(lines) + "\n"
+
+
+def _heading(analysis: Analysis) -> list[str]:
+    return [f"stallscope analyze {analysis.source}", f"profile: {analysis.profile_path}", *source_lines(analysis)]
+
+
+def _step_spread(analysis: Analysis) -> list[str]:
+    lines = [f"{'per step':<12}{'mean':>11}{'p50':>11}{'p90':>11}{'std':>11}"]
+    for label, spread in spread_rows(analysis.steps):
+        lines.append(f"{label:<12}" + "".join(f"{cell:>11}" for cell in spread_cells(spread)))
+    return lines
+
+
+def _stage_tree(analysis: Analysis) -> list[str]:
+    lines = ["", "tf.data stages (outermost first, each followed by its inputs)",
+              f"  {'stage':<30}{'calls':>7}{'total':>11}{'busy':>11}{'work':>11}{'per call':>10}{'parallel':>10}"]
+    for stage in analysis.tree.stages:
+        mark = f" <- {analysis.stage_label}" if stage.long_name == analysis.tree.bottleneck else ""
+        parallel = "" if stage.parallelism is None else describe_knob(stage.parallelism)
+        if stage.asynchronous and stage.concurrency > 1.05:
+            parallel += f" ({stage.concurrency:.1f})"
+        name = ("  " * stage.depth + stage.label + (" *" if stage.asynchronous else "")
+                + (" ~" if stage.per_element else ""))
+        lines.append(f"  {name:<30}{stage.calls:>7}{fmt_ms(stage.total_ms):>11}{fmt_ms(stage.busy_ms):>11}"
+                     f"{fmt_ms(stage.own_ms):>11}{stage.per_element_us:>8.0f}us{parallel:>10}{mark}")
+    lines.append("  * asynchronous: its total is time spent waiting for it; its work is that of its function")
+    if any(stage.device_feed for stage in analysis.tree.stages):
+        lines.append(f"  {DEVICE_FEED_NOTE}")
+    if any(stage.per_element for stage in analysis.tree.stages):
+        lines.append("  ~ made by its parent's function for each element of the parent's input "
+                     "(an interleave's reader per file)")
+    lines.append(STAGE_COLUMNS_NOTE)
+    return lines
+
+
+def _as_written_and_run(analysis: Analysis) -> list[str]:
+    lines = ["", "Pipeline as written vs as run"]
+    if analysis.written_chain:
+        lines.append(f"  written: {' -> '.join(analysis.written_chain)}")
+    lines.append(f"  ran:     {' -> '.join(analysis.ran_chain)}")
+    for change in analysis.rewrites:
+        lines.append(f"  TF rewrite: {change.describe()}")
+    if analysis.written_chain and not analysis.rewrites:
+        lines.append("  TF ran what was written")
+    return lines
 
 
 def service_lines(plan) -> list[str]:
