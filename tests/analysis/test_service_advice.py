@@ -40,6 +40,9 @@ def test_a_cpu_bound_input_gets_the_service_sized_with_its_code_and_commands():
     assert "tf.data.experimental.service.distribute(" in item.code and "compression=None" in item.code
     assert "stallscope serve worker --dispatcher" in item.command and "train --data-service" in item.command
     assert "KiB per image" in item.reason and "the link must carry" in item.reason
+    # said of a sequential map too, where a core may still be free: what holds is that all of them would not do
+    assert "every core here is busy" not in item.reason
+    assert "all of them working in parallel, would still leave the step waiting" in item.reason
     assert item.predicted_gain == pytest.approx(48.0 / 10.0 - 1.0)  # the device's pace, reached
     assert "train --data-service" not in _advice(parts, phase, own_workload=False).command
     # 224 px float32 batches at the device's 100 batches/s are 1.9 GB/s: a 10 Gbit/s link caps it first

@@ -307,7 +307,8 @@ def data_service_advice(plan, evidence: str, *, own_workload: bool, basis: str) 
         reach = (f"the device takes {inputs.device_elements_per_second * images:,.0f} {unit}/s but the "
                  f"{'link' if ceiling.bound == 'link' else 'trainer receiving'} caps the service at "
                  f"{ceiling.images_per_second:,.0f}, which {workers} worker(s) reach")
-    parts = [f"every core here is busy with the input: one worker of {inputs.worker_cores:g} cores makes "
+    parts = [f"the cores here, all of them working in parallel, would still leave the step waiting for input: "
+             f"one worker of {inputs.worker_cores:g} cores makes "
              f"{one:,.0f} {unit}/s ({inputs.cpu_ms_per_element:.1f} ms of CPU per element, {basis}, plus "
              f"sending it); {reach}"]
     shipped = plan.shipped_bytes_per_element
