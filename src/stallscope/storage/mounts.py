@@ -106,14 +106,15 @@ def watched(work: Callable[[], T], progress: Callable[[], int] | None, what: str
             seen, since = now_seen, now
         elif now - since >= timeout_s:
             after = f" (after {seen:,} {unit})" if progress is not None else ""
-            raise StorageError(no_answer(what, timeout_s, after))
+            raise StorageError(silence_line(what, timeout_s, after))
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
 
 
-def no_answer(what: str, timeout_s: float, after: str = "", limit: str = "--storage-timeout") -> str:
-    """The one line for a network file system that stopped answering; `limit` names the setting."""
+def silence_line(what: str, timeout_s: float, after: str = "", limit: str = "--storage-timeout") -> str:
+    """The one line for a network file system that stopped answering, as text (`deadlines.no_answer` is a
+    store's, as a StorageError); `limit` names the setting."""
     return f"{what} did not answer for {timeout_s:g} s{after}; expected it within {limit}"
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stallscope.storage.mounts import is_within, network_file_system, no_answer, unescape
+from stallscope.storage.mounts import is_within, network_file_system, silence_line, unescape
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class StuckCall:
     def message(self, timeout_s: float, flag: str = "", limit: str = "--storage-timeout") -> str:
         """The one line: "--dataset_path: the file system (nfs4) reading '...' did not answer for 30 s; ..."."""
         what = f"the file system ({self.fstype}) {self.doing}"
-        return no_answer(f"{flag}: {what}" if flag else what, timeout_s, limit=limit)
+        return silence_line(f"{flag}: {what}" if flag else what, timeout_s, limit=limit)
 
 
 def end_process(message: str) -> None:
