@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.records import writeback, writer as writer_module
-from stallscope.storage import tfrecord_frames
+from stallscope.records import writeback
 from stallscope.records.schema import SEED, STANDARD, encode_example
 from stallscope.records.writer import (
     RecordFile, ShardWriter, crc32c_extend, encode_example_bytes, encode_example_parts, frame_record, masked_crc32c,
@@ -104,11 +103,7 @@ def test_examples_written_in_parts_are_the_single_buffer_bytes(tmp_path):
     assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == payloads
 
 
-@pytest.mark.parametrize("pure_python", [False, True], ids=["google_crc32c", "fallback"])
-def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_python):
-    if pure_python:
-        monkeypatch.setattr(tfrecord_frames, "_CRC32C_TABLE", tfrecord_frames._crc32c_table(), raising=False)
-        monkeypatch.setattr(writer_module, "crc32c_extend", writer_module._crc32c_extend_python)
+def test_a_record_written_in_any_parts_is_its_frame(tmp_path):
     payload = bytes(range(256)) * 40
     record = RecordFile(tmp_path / "parts")
     record.write_parts((b"", payload[:1], payload[1:5000], b"", payload[5000:]))
@@ -119,9 +114,9 @@ def test_a_record_written_in_any_parts_is_its_frame(tmp_path, monkeypatch, pure_
     assert (record.records, record.bytes) == (3, 2 * len(frame_record(payload)) + len(frame_record(b"")))
 
 
-@pytest.mark.parametrize("extend", [crc32c_extend, writer_module._crc32c_extend_python], ids=["google_crc32c", "fallback"])
-def test_crc32c_extends_part_by_part(extend, monkeypatch):
-    monkeypatch.setattr(tfrecord_frames, "_CRC32C_TABLE", tfrecord_frames._crc32c_table(), raising=False)
+def test_crc32c_extends_part_by_part():
+    """google-crc32c (a required dependency; no pure-Python fallback) extends part by part."""
+    extend = crc32c_extend
     assert extend(extend(extend(0, b"1234"), b""), b"56789") == extend(0, b"123456789") == 0xE3069283
 
 

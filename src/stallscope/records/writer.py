@@ -23,8 +23,7 @@ from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo
 from stallscope.records.schema import Schema
 from stallscope.records.writeback import WRITEBACK_BYTES, start_writeback
 from stallscope.storage.tfrecord_frames import (  # noqa: F401 (the frame: its home, imported from here too)
-    CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, _crc32c_extend_python, _crc32c_table, _mask, crc32c, crc32c_extend,
-    masked_crc32c,
+    CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, _mask, crc32c, crc32c_extend, masked_crc32c,
 )
 
 def frame_record(payload: bytes) -> bytes:
