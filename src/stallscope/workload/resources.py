@@ -41,18 +41,30 @@ def minor_faults() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def read_proc_io(path: Path = PROC_IO) -> dict[str, int] | None:
-    """This process's I/O counters, or None where the kernel does not offer them."""
+# /proc/self/io's names (the run record's) for psutil's fields, which it reads from that file on Linux.
+_PSUTIL_IO_FIELDS = {"rchar": "read_chars", "wchar": "write_chars", "syscr": "read_count", "syscw": "write_count",
+                     "read_bytes": "read_bytes", "write_bytes": "write_bytes"}
+
+
+def _this_process() -> psutil.Process:
+    """psutil's handle on this process, made once per process (a forked child makes its own)."""
+    if _PROCESS[0] is None or _PROCESS[0].pid != os.getpid():
+        _PROCESS[0] = psutil.Process()
+    return _PROCESS[0]
+
+
+_PROCESS: list[psutil.Process | None] = [None]
+
+
+def read_proc_io() -> dict[str, int] | None:
+    """This process's I/O counters (/proc/self/io, through psutil), or None where the kernel does not
+    offer them."""
     try:
-        text = path.read_text(encoding="ascii")
-    except OSError:
+        counters = _this_process().io_counters()
+    except (psutil.Error, AttributeError, NotImplementedError, OSError):  # no io_counters on this platform
         return None
-    counters = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in IO_FIELDS:
-            counters[name.strip()] = int(value.strip())
-    return counters
+    return {name: int(getattr(counters, field)) for name, field in _PSUTIL_IO_FIELDS.items()
+            if hasattr(counters, field)}
 
 
 def io_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
