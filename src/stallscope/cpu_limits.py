@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from stallscope.mountinfo import unescape
+from stallscope import mountinfo
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +114,12 @@ def _cgroup_mounts(mounts: list[str], version: int) -> list[tuple[str, str]]:
     """(the cgroup path at the mount's root, the mount point) of each cgroup2 mount, or each v1 mount
     of the cpu controller, from /proc/self/mountinfo."""
     found = []
-    for line in mounts:
-        before, _, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if len(fields) < 5 or len(tail) < 3:
+    for mount in mountinfo.mounts("\n".join(mounts)):
+        if mount.super_options is None:
             continue
-        fstype, options = tail[0], tail[2].split(",")
-        if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "cpu" in options):
-            found.append((unescape(fields[3]), unescape(fields[4])))
+        if ((version == 2 and mount.fstype == "cgroup2")
+                or (version == 1 and mount.fstype == "cgroup" and "cpu" in mount.super_options)):
+            found.append((mount.root, mount.point))
     return found
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallscope.mountinfo import mounts as parse_mountinfo
 from stallscope.mountinfo import unescape  # noqa: F401 (stuck_calls imports it from here)
 from stallscope.storage.location import StorageError, is_remote, storage_timeout
 
@@ -37,13 +38,7 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 
 def mount_points(text: str) -> list[tuple[str, str]]:
     """(mount point, file system type) of each line of a mountinfo text."""
-    found = []
-    for line in text.splitlines():
-        before, _, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if len(fields) >= 5 and tail:
-            found.append((unescape(fields[4]), tail[0]))
-    return found
+    return [(mount.point, mount.fstype) for mount in parse_mountinfo(text)]
 
 
 def is_within(path: str, folder: str) -> bool:
