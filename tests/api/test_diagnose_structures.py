@@ -87,3 +87,19 @@ def test_when_the_probe_and_the_profiled_steps_disagree_a_note_says_which_is_the
     assert note.startswith("the profiled steps say 1.1% (not input-bound), the end-to-end probe 5.7% (moderately)")
     assert "steps of 4.4 ms" in note
     assert "steps of" not in _verdicts_differ_note(SimpleNamespace(**{**vars(probe), "step_ms": 40.0}), profiled)
+
+
+def test_a_model_built_under_a_mirrored_strategy_is_probed_on_its_distributed_dataset():
+    """A MirroredStrategy program's model: the compute probe ran its train_step outside the strategy
+    (RuntimeError: Need to be inside "with strategy.scope()"); it runs on every replica, as fit would."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((16, 16, 3)), tf.keras.layers.Conv2D(4, 3),
+                                     tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(3)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    dataset = tf.data.Dataset.from_tensor_slices((_features()["image"], np.arange(EXAMPLES) % 3)).repeat().batch(8)
+    diagnosis = stallscope.diagnose(dataset, model=model, steps=6)
+    assert diagnosis.verdict in ("not", "moderately", "highly") and 0.0 <= diagnosis.input_share <= 1.0
+    end_to_end = diagnosis.phases[0].end_to_end
+    # every step took one whole batch of 8, counted across the replicas' shares
+    assert end_to_end.images_per_second == pytest.approx(8000.0 / end_to_end.step_ms, rel=0.01)

@@ -41,7 +41,7 @@ from stallscope.storage.s3_request_plan import READ_STAGE
 from stallscope.verdict import fmt_share
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload import rundir
-from stallscope.workload.fit_loop import eager_steps, model_steps, steps_per_execution
+from stallscope.workload.fit_loop import eager_steps, fed_to, model_steps, steps_per_execution
 from stallscope.workload.profiling import ProfileWindow, StepProfiler
 from stallscope.workload.resources import ResourceMonitor
 
@@ -122,6 +122,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ".batch(BATCH_SIZE) before diagnosing")
     files = list(options.files) if options.files is not None else _files_in(graph)
     take_step, device_name, per_step = _device(model, options.accelerator)
+    feed = fed_to(model) if model is not None else (lambda ds: ds)  # a strategy's model: its distributed dataset
 
     cold = None
     in_store = [f for f in files if is_remote(f)]
@@ -154,17 +155,17 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
 
     say("probe: compute alone")
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
-    compute = probe_loop("compute", "train", cached, take_step, steps=options.steps, warmup=WARMUP_STEPS,
+    compute = probe_loop("compute", "train", feed(cached), take_step, steps=options.steps, warmup=WARMUP_STEPS,
                          batches_per_step=per_step)
     say("probe: end to end")
     # a step of the loops is one call of fit's train function: `per_step` batches (steps_per_execution)
     stepped = _in_steps(dataset_passes, per_step)
     window = _window(stepped, options.steps, notes,
                      step_ms=compute.step_ms + warm.ms_per_batch * per_step, ms_per_element=warm.ms_per_image)
-    end_to_end = probe_loop("end_to_end", "train", dataset, take_step, steps=window, warmup=WARMUP_STEPS,
+    end_to_end = probe_loop("end_to_end", "train", feed(dataset), take_step, steps=window, warmup=WARMUP_STEPS,
                             batches_per_step=per_step)
     record = pipeline_record(graph, ran) if graph is not None and ran is not None else None
-    analysis = (_profiled_stage_tree(dataset, take_step, notes, say, steps=_profiled_steps(window, stepped),
+    analysis = (_profiled_stage_tree(feed(dataset), take_step, notes, say, steps=_profiled_steps(window, stepped),
                                      record=record, work_dir=options.work_dir, per_step=per_step)
                 if options.profile else None)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,

@@ -366,5 +366,6 @@ def probe_loop(kind: str, phase: str, dataset, take_step: StepFn, *, steps: int,
 
 def _batches_per_epoch(dataset) -> int | None:
     """The dataset's batches in one epoch where TF knows them (None: unknown or endless)."""
-    count = int(dataset.cardinality())
+    cardinality = dataset.cardinality  # a method of a Dataset, a value of a distributed dataset
+    count = int(cardinality() if callable(cardinality) else cardinality)
     return count if count > 0 else None

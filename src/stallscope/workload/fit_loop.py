@@ -68,17 +68,45 @@ def eager_steps(run_step: Callable[[Any], Any]) -> StepFn:
     return step
 
 
+def model_strategy(model):
+    """The tf.distribute strategy the model was built under (a MirroredStrategy's scope, ...); None for
+    TF's default, where no strategy was asked for."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or type(strategy).__name__ == "_DefaultDistributionStrategy":
+        return None
+    return strategy
+
+
+def fed_to(model) -> Callable[[Any], Any]:
+    """What the loop iterates for `model`: the dataset as given, or under a strategy its distributed
+    dataset (each replica its share of each batch), as `fit` and a custom loop under the strategy do."""
+    strategy = model_strategy(model)
+    if strategy is None:
+        return lambda dataset: dataset
+    return strategy.experimental_distribute_dataset
+
+
 def model_steps(model) -> StepFn:
     """The model's own `train_step` on up to `steps_per_execution` batches fetched inside one graph, as
     `fit`'s train function runs them; each fetch is timed by `tf.timestamp` in the graph, ordered
-    against the steps around it by control dependencies."""
+    against the steps around it by control dependencies. Under a strategy the step runs on every replica
+    (`strategy.run`, in its scope), on an iterator of the distributed dataset (`fed_to`)."""
     import tensorflow as tf
 
     per_step = steps_per_execution(model)
-    train_step = model.train_step
+    strategy = model_strategy(model)
+    if strategy is None:
+        train_step = model.train_step
+    else:
+        def train_step(batch):
+            return strategy.run(model.train_step, args=(batch,))
 
     def examples(batch):
-        for part in tf.nest.flatten(batch):
+        parts = tf.nest.flatten(batch, expand_composites=False)
+        if strategy is not None:  # a replica's share each: the batch is their sum
+            parts = [tf.add_n([tf.shape(v)[0] for v in strategy.experimental_local_results(parts[0])])]
+            return tf.cast(parts[0], tf.int64)
+        for part in parts:
             if part.shape.rank:
                 return tf.cast(tf.shape(part)[0], tf.int64)
         return tf.constant(1, tf.int64)
@@ -106,7 +134,11 @@ def model_steps(model) -> StepFn:
         return batches, images, wait
 
     def step(iterator) -> Taken:
-        batches, images, wait = execute(iterator)
+        if strategy is None:
+            batches, images, wait = execute(iterator)
+        else:
+            with strategy.scope():
+                batches, images, wait = execute(iterator)
         return Taken(int(batches), int(images), float(wait))  # .numpy(): waits for the steps to finish
 
     return step
