@@ -30,10 +30,12 @@ from stallscope.records.completeness import STATE_DIR, unfinished_conversion
 from stallscope.errors import DataError, UsageError
 from stallscope.records.manifest import MANIFEST_NAME, Manifest, load_manifest
 from stallscope.records.schema import SCHEMAS, Schema, detect_schema
-from stallscope.records.writer import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, masked_crc32c
+from stallscope.records.writer import FOOTER_BYTES, HEADER_BYTES
 from stallscope.storage.location import RemotePath, StorageError, as_path
 from stallscope.storage.mounts import NetworkGuard, Ticks
-from stallscope.storage.tfrecord_frames import MAX_RECORD_BYTES
+from stallscope.storage.tfrecord_frames import Frame
+from stallscope.storage.tfrecord_frames import FrameError as BrokenFrame
+from stallscope.storage.tfrecord_frames import read_frames as frames_of
 from stallscope.tfprotos import EXAMPLE, tf_proto
 
 log = logging.getLogger(__name__)
@@ -105,43 +107,39 @@ class FrameError(Exception):
         self.kind, self.message, self.record, self.offset = kind, message, record, offset
 
 
-@dataclasses.dataclass(frozen=True)
-class Frame:
-    index: int
-    offset: int  # of the frame's first byte
-    payload: bytes
-    data_crc_ok: bool
+def _reading(data) -> Callable[[int], bytes]:
+    """`read(n)` over bytes or an mmap: the next n bytes, sliced out (no copy of the whole)."""
+    at = [0]
+
+    def read(size: int) -> bytes:
+        piece = data[at[0]:at[0] + size]
+        at[0] += len(piece)
+        return piece
+
+    return read
 
 
 def read_frames(data: bytes) -> Iterator[Frame]:
-    """Parses TFRecord framing. A bad data checksum is reported per frame and reading goes on (the
-    length was sound); a bad length checksum or a short read raises FrameError: nothing after it can
-    be trusted."""
-    offset = 0
-    index = 0
+    """Parses TFRecord framing (`tfrecord_frames.read_frames`). A bad data checksum is reported per frame
+    and reading goes on (the length was sound); a bad length checksum or a short read raises FrameError:
+    nothing after it can be trusted."""
     end = len(data)
-    while offset < end:
-        if end - offset < HEADER_BYTES:
-            raise FrameError("truncated", f"shard ends inside a record header ({end - offset} of {HEADER_BYTES} bytes)", index, offset)
-        length_bytes = data[offset:offset + 8]
-        (length,) = LENGTH.unpack(length_bytes)
-        (length_crc,) = CRC.unpack_from(data, offset + 8)
-        if masked_crc32c(length_bytes) != length_crc:
-            raise FrameError("length checksum", f"length field checksum mismatch; the remaining {end - offset} bytes cannot be read", index, offset)
-        if length > MAX_RECORD_BYTES:
-            raise FrameError("length checksum", f"implausible record length {length}", index, offset)
-        start = offset + HEADER_BYTES
-        stop = start + length
-        if stop + FOOTER_BYTES > end:
-            raise FrameError(
-                "truncated", f"shard ends inside this record: it needs {length + HEADER_BYTES + FOOTER_BYTES} bytes, "
-                f"{end - offset} remain", index, offset,
-            )
-        payload = data[start:stop]
-        (data_crc,) = CRC.unpack_from(data, stop)
-        yield Frame(index, offset, payload, masked_crc32c(payload) == data_crc)
-        offset = stop + FOOTER_BYTES
-        index += 1
+    try:
+        yield from frames_of(_reading(data))
+    except BrokenFrame as exc:
+        left = end - exc.offset
+        if exc.kind == "truncated header":
+            raise FrameError("truncated", f"shard ends inside a record header ({left} of {HEADER_BYTES} bytes)",
+                             exc.record, exc.offset) from None
+        if exc.kind == "length checksum":
+            raise FrameError("length checksum", f"length field checksum mismatch; the remaining {left} bytes cannot be read",
+                             exc.record, exc.offset) from None
+        if exc.kind == "implausible length":
+            raise FrameError("length checksum", f"implausible record length {exc.length}", exc.record, exc.offset) from None
+        raise FrameError(
+            "truncated", f"shard ends inside this record: it needs {exc.length + HEADER_BYTES + FOOTER_BYTES} bytes, "
+            f"{left} remain", exc.record, exc.offset,
+        ) from None
 
 
 def _shard_files(records_dir: Path) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from stallscope.errors import UsageError
-from stallscope.storage.tfrecord_frames import CRC, FOOTER_BYTES, HEADER_BYTES, LENGTH, MAX_RECORD_BYTES, masked_crc32c
+from stallscope.storage.tfrecord_frames import FrameError, read_frames
 from stallscope.storage import gcs_obstore, shard_heads
 from stallscope.storage.gcs_store import gcs_block_note
 from stallscope.storage.heap_padding import pad_heaps
@@ -220,29 +220,25 @@ class _ByteStream:
         return b"".join(parts)
 
 
+# The reader's line for each break in a shard's framing (`tfrecord_frames.FrameError`).
+_BROKEN_FRAME = {
+    "truncated header": "{path}: truncated record header at byte {offset}",
+    "length checksum": "{path}: corrupted record length at byte {offset}",
+    "implausible length": "{path}: implausible record length {length} at byte {offset}",
+    "truncated record": "{path}: truncated record at byte {offset}",
+}
+
+
 def _frames(path: RemotePath, store, following: RemotePath | None = None):
+    """The records of a shard streamed from its store; a damaged one is a ValueError naming the byte."""
     stream = _ByteStream(_blocks(path, store, following))
-    offset = 0
-    while True:
-        header = stream.read(HEADER_BYTES)
-        if not header:
-            return
-        if len(header) < HEADER_BYTES:
-            raise ValueError(f"{path}: truncated record header at byte {offset}")
-        length_bytes = header[: LENGTH.size]
-        if CRC.unpack(header[LENGTH.size:])[0] != masked_crc32c(length_bytes):
-            raise ValueError(f"{path}: corrupted record length at byte {offset}")
-        (length,) = LENGTH.unpack(length_bytes)
-        if length > MAX_RECORD_BYTES:
-            raise ValueError(f"{path}: implausible record length {length} at byte {offset}")
-        payload = stream.read(length)
-        footer = stream.read(FOOTER_BYTES)
-        if len(footer) < FOOTER_BYTES:
-            raise ValueError(f"{path}: truncated record at byte {offset}")
-        if CRC.unpack(footer)[0] != masked_crc32c(payload):
-            raise ValueError(f"{path}: corrupted record at byte {offset}")
-        offset += HEADER_BYTES + length + FOOTER_BYTES
-        yield payload
+    try:
+        for frame in read_frames(stream.read):
+            if not frame.data_crc_ok:
+                raise ValueError(f"{path}: corrupted record at byte {frame.offset}")
+            yield frame.payload
+    except FrameError as exc:
+        raise ValueError(_BROKEN_FRAME[exc.kind].format(path=path, offset=exc.offset, length=exc.length)) from None
 
 
 def shard_records(shard, following="") -> tf.data.Dataset:
