@@ -65,174 +65,197 @@ _PASSED_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_EXCL |
 _WRITEBACK_CACHE = 1 << 16  # libfuse 3's FUSE_CAP_WRITEBACK_CACHE
 
 
-def _operations_class():
+def _fuse_error(code: int) -> Exception:
+    """The error a FUSE call answers with (mfusepy is loaded by then: the mount runs on it)."""
     import mfusepy
 
-    class SlowPassthrough(mfusepy.Operations):
+    return mfusepy.FuseOSError(code)
+
+
+class _Passthrough:
+    """The folder below and what every call pays: its path for a mount path, the latency, the counts."""
+
+    use_ns = True
+
+    def __init__(self, root: Path, latency_s: float, throttle: Throttle | None, counters: SharedCounters,
+                 writable: bool = False):
+        self.root = str(root)
+        self.latency_s = latency_s
+        self.throttle = throttle
+        self.counters = counters
+        self.writable = writable
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def _wait(self) -> float:
+        """Holds the call for the latency; returns when it arrived, for `_served`."""
+        arrived = time.monotonic()
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        return arrived
+
+    def _served(self, arrived: float) -> None:
+        """Counts the call's time at the store, from its arrival to its answer, in the latency histogram."""
+        self.counters.observe(time.monotonic() - arrived)
+
+
+class _ReadCalls(_Passthrough):
+    """The calls a reader makes: stat, list, open, read, close; an open for writing refused unless writable."""
+
+    def getattr(self, path, fh=None):
+        try:
+            status = os.lstat(self._real(path))
+        except OSError as exc:
+            raise _fuse_error(exc.errno) from None
+        attributes = {key: getattr(status, key) for key in (
+            "st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
+        for key in ("st_atime", "st_mtime", "st_ctime"):
+            attributes[key] = attributes.pop(key + "_ns")
+        if not self.writable:
+            attributes["st_mode"] &= ~0o222
+        return attributes
+
+    def readdir(self, path, fh):
+        arrived = self._wait()
+        self.counters.add(requests=1, lists=1)
+        try:
+            return [".", ".."] + sorted(os.listdir(self._real(path)))
+        except OSError as exc:
+            raise _fuse_error(exc.errno) from None
+        finally:
+            self._served(arrived)
+
+    def readlink(self, path):
+        return os.readlink(self._real(path))
+
+    def open(self, path, flags):
+        writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT)
+        if writes and not self.writable:
+            raise _fuse_error(errno.EROFS)
+        arrived = self._wait()
+        try:
+            handle = os.open(self._real(path), _write_flags(flags) if writes else os.O_RDONLY)
+        except OSError as exc:
+            self.counters.add(requests=1, errors=1)
+            raise _fuse_error(exc.errno) from None
+        self.counters.add(requests=1, connections=1)
+        self._served(arrived)
+        return handle
+
+    def read(self, path, size, offset, fh):
+        arrived = self._wait()
+        data = os.pread(fh, size, offset)
+        if self.throttle and data:
+            self.throttle.wait(len(data))
+        self.counters.add(requests=1, bytes=len(data))
+        self._served(arrived)
+        return data
+
+    def release(self, path, fh):
+        os.close(fh)
+        return 0
+
+    def statfs(self, path):
+        status = os.statvfs(self._real(path))
+        return {key: getattr(status, key) for key in (
+            "f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag",
+            "f_frsize", "f_namemax")}
+
+    def access(self, path, amode):
+        if amode & os.W_OK and not self.writable:
+            raise _fuse_error(errno.EROFS)
+        if not os.access(self._real(path), amode):
+            raise _fuse_error(errno.EACCES)
+        return 0
+
+
+class _WriteCalls(_Passthrough):
+    """The calls that change the tree (create, write, truncate, fsync, rename, unlink, mkdir, rmdir,
+    chmod, utimens): each refused on a read-only mount, else a request that pays the latency."""
+
+    def init_with_config(self, conn, config) -> None:
+        """A writable mount caches writes in the kernel and sends them to the daemon in the
+        background, several in flight, as an NFS client does: without it every write() waits for
+        its own requests in turn, which made the emulator far slower to write to than NFS."""
+        if self.writable and conn is not None and conn.capable & _WRITEBACK_CACHE:
+            conn.want |= _WRITEBACK_CACHE
+        if conn is not None:  # the kernel's read-ahead in flight at once (its default, 12, queued the rest)
+            conn.max_background = MOUNT_THREADS
+            conn.congestion_threshold = MOUNT_THREADS * 3 // 4
+
+    def _change(self, call, *args):
+        """One write-side request: refused on a read-only mount, else waited for and passed on."""
+        if not self.writable:
+            raise _fuse_error(errno.EROFS)
+        arrived = self._wait()
+        self.counters.add(requests=1)
+        try:
+            return call(*args)
+        except OSError as exc:
+            self.counters.add(errors=1)
+            raise _fuse_error(exc.errno) from None
+        finally:
+            self._served(arrived)
+
+    def create(self, path, mode, flags=os.O_WRONLY):
+        self.counters.add(connections=1)
+        return self._change(os.open, self._real(path), _write_flags(flags) | os.O_CREAT, mode)
+
+    def write(self, path, data, offset, fh):
+        return self._change(os.pwrite, fh, data, offset)
+
+    def truncate(self, path, length, fh=None):
+        self._change(os.truncate, fh if fh is not None else self._real(path), length)
+        return 0
+
+    def fsync(self, path, datasync, fh):
+        self._change(os.fdatasync if datasync else os.fsync, fh)
+        return 0
+
+    def rename(self, old, new):
+        self._change(os.rename, self._real(old), self._real(new))
+        return 0
+
+    def unlink(self, path):
+        self._change(os.unlink, self._real(path))
+        return 0
+
+    def mkdir(self, path, mode):
+        self._change(os.mkdir, self._real(path), mode)
+        return 0
+
+    def rmdir(self, path):
+        self._change(os.rmdir, self._real(path))
+        return 0
+
+    def chmod(self, path, mode):
+        self._change(os.chmod, self._real(path), mode)
+        return 0
+
+    def utimens(self, path, times=None):
+        real = self._real(path)
+        self._change(lambda: os.utime(real) if times is None else os.utime(real, ns=tuple(times)))
+        return 0
+
+
+def _write_flags(flags: int) -> int:
+    """With the kernel's write cache it may read pages of a file opened write-only, and it places
+    appends itself: the daemon's own handle is opened read-write, without O_APPEND."""
+    flags &= _PASSED_FLAGS
+    if flags & os.O_WRONLY:
+        flags = (flags & ~os.O_WRONLY) | os.O_RDWR
+    return flags & ~os.O_APPEND
+
+
+def _operations_class():
+    """The mount's operations: the read and write calls on mfusepy's base (imported only here, where a
+    mount is made), which answers every call they do not define."""
+    import mfusepy
+
+    class SlowPassthrough(_ReadCalls, _WriteCalls, mfusepy.Operations):
         """Passthrough of `root` with `latency_s` per open, read and listing (and, `writable`, per write,
         fsync and change of the tree); read-only otherwise."""
-
-        use_ns = True
-
-        def __init__(self, root: Path, latency_s: float, throttle: Throttle | None, counters: SharedCounters,
-                     writable: bool = False):
-            self.root = str(root)
-            self.latency_s = latency_s
-            self.throttle = throttle
-            self.counters = counters
-            self.writable = writable
-
-        def init_with_config(self, conn, config) -> None:
-            """A writable mount caches writes in the kernel and sends them to the daemon in the
-            background, several in flight, as an NFS client does: without it every write() waits for
-            its own requests in turn, which made the emulator far slower to write to than NFS."""
-            if self.writable and conn is not None and conn.capable & _WRITEBACK_CACHE:
-                conn.want |= _WRITEBACK_CACHE
-            if conn is not None:  # the kernel's read-ahead in flight at once (its default, 12, queued the rest)
-                conn.max_background = MOUNT_THREADS
-                conn.congestion_threshold = MOUNT_THREADS * 3 // 4
-
-        def _real(self, path: str) -> str:
-            return os.path.join(self.root, path.lstrip("/"))
-
-        def _write_flags(self, flags: int) -> int:
-            """With the kernel's write cache it may read pages of a file opened write-only, and it
-            places appends itself: the daemon's own handle is opened read-write, without O_APPEND."""
-            flags &= _PASSED_FLAGS
-            if flags & os.O_WRONLY:
-                flags = (flags & ~os.O_WRONLY) | os.O_RDWR
-            return flags & ~os.O_APPEND
-
-        def _wait(self) -> float:
-            """Holds the call for the latency; returns when it arrived, for `_served`."""
-            arrived = time.monotonic()
-            if self.latency_s:
-                time.sleep(self.latency_s)
-            return arrived
-
-        def _served(self, arrived: float) -> None:
-            """Counts the call's time at the store, from its arrival to its answer, in the latency histogram."""
-            self.counters.observe(time.monotonic() - arrived)
-
-        def getattr(self, path, fh=None):
-            try:
-                status = os.lstat(self._real(path))
-            except OSError as exc:
-                raise mfusepy.FuseOSError(exc.errno) from None
-            attributes = {key: getattr(status, key) for key in (
-                "st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
-            for key in ("st_atime", "st_mtime", "st_ctime"):
-                attributes[key] = attributes.pop(key + "_ns")
-            if not self.writable:
-                attributes["st_mode"] &= ~0o222
-            return attributes
-
-        def readdir(self, path, fh):
-            arrived = self._wait()
-            self.counters.add(requests=1, lists=1)
-            try:
-                return [".", ".."] + sorted(os.listdir(self._real(path)))
-            except OSError as exc:
-                raise mfusepy.FuseOSError(exc.errno) from None
-            finally:
-                self._served(arrived)
-
-        def readlink(self, path):
-            return os.readlink(self._real(path))
-
-        def open(self, path, flags):
-            writes = flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT)
-            if writes and not self.writable:
-                raise mfusepy.FuseOSError(errno.EROFS)
-            arrived = self._wait()
-            try:
-                handle = os.open(self._real(path), self._write_flags(flags) if writes else os.O_RDONLY)
-            except OSError as exc:
-                self.counters.add(requests=1, errors=1)
-                raise mfusepy.FuseOSError(exc.errno) from None
-            self.counters.add(requests=1, connections=1)
-            self._served(arrived)
-            return handle
-
-        def _change(self, call, *args):
-            """One write-side request: refused on a read-only mount, else waited for and passed on."""
-            if not self.writable:
-                raise mfusepy.FuseOSError(errno.EROFS)
-            arrived = self._wait()
-            self.counters.add(requests=1)
-            try:
-                return call(*args)
-            except OSError as exc:
-                self.counters.add(errors=1)
-                raise mfusepy.FuseOSError(exc.errno) from None
-            finally:
-                self._served(arrived)
-
-        def create(self, path, mode, flags=os.O_WRONLY):
-            self.counters.add(connections=1)
-            return self._change(os.open, self._real(path), self._write_flags(flags) | os.O_CREAT, mode)
-
-        def write(self, path, data, offset, fh):
-            return self._change(os.pwrite, fh, data, offset)
-
-        def truncate(self, path, length, fh=None):
-            self._change(os.truncate, fh if fh is not None else self._real(path), length)
-            return 0
-
-        def fsync(self, path, datasync, fh):
-            self._change(os.fdatasync if datasync else os.fsync, fh)
-            return 0
-
-        def rename(self, old, new):
-            self._change(os.rename, self._real(old), self._real(new))
-            return 0
-
-        def unlink(self, path):
-            self._change(os.unlink, self._real(path))
-            return 0
-
-        def mkdir(self, path, mode):
-            self._change(os.mkdir, self._real(path), mode)
-            return 0
-
-        def rmdir(self, path):
-            self._change(os.rmdir, self._real(path))
-            return 0
-
-        def chmod(self, path, mode):
-            self._change(os.chmod, self._real(path), mode)
-            return 0
-
-        def utimens(self, path, times=None):
-            real = self._real(path)
-            self._change(lambda: os.utime(real) if times is None else os.utime(real, ns=tuple(times)))
-            return 0
-
-        def read(self, path, size, offset, fh):
-            arrived = self._wait()
-            data = os.pread(fh, size, offset)
-            if self.throttle and data:
-                self.throttle.wait(len(data))
-            self.counters.add(requests=1, bytes=len(data))
-            self._served(arrived)
-            return data
-
-        def release(self, path, fh):
-            os.close(fh)
-            return 0
-
-        def statfs(self, path):
-            status = os.statvfs(self._real(path))
-            return {key: getattr(status, key) for key in (
-                "f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag",
-                "f_frsize", "f_namemax")}
-
-        def access(self, path, amode):
-            if amode & os.W_OK and not self.writable:
-                raise mfusepy.FuseOSError(errno.EROFS)
-            if not os.access(self._real(path), amode):
-                raise mfusepy.FuseOSError(errno.EACCES)
-            return 0
 
     return SlowPassthrough
 
