@@ -10,11 +10,11 @@ cannot be stopped (as `storage.stuck_calls` does for a network file system that 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 from stallscope.storage.stuck_calls import end_process
+from stallscope.watchdog import Watchdog
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -25,19 +25,18 @@ def silence_message(target: str, timeout_s: float, flag: str = "--data-service",
             f"or the dispatcher or its workers stopped?); expected batches within {timeout_flag}")
 
 
-class ServiceWatch:
+class ServiceWatch(Watchdog):
     """Watches the waits for batches from the service at `target` on a daemon thread; a wait longer
     than `timeout_s` goes to `on_silent` once (by default: the line, then exit code 2)."""
 
+    thread_name = "stallscope-data-service-watch"
+
     def __init__(self, target: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_silent: Callable[[str], None] = end_process, *, interval_s: float | None = None) -> None:
+        super().__init__(timeout_s, interval_s)
         self.target = target
-        self.timeout_s = timeout_s
         self.on_silent = on_silent
-        self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 4)
         self._since: float | None = None  # when the current wait began; None between waits
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -48,25 +47,9 @@ class ServiceWatch:
         finally:
             self._since = None
 
-    def start(self) -> ServiceWatch:
-        self._thread = threading.Thread(target=self._run, name="stallscope-data-service-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
-
-    def __enter__(self) -> ServiceWatch:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            since = self._since
-            if since is not None and time.monotonic() - since >= self.timeout_s:
-                self.on_silent(silence_message(self.target, self.timeout_s))
-                return
+    def check(self) -> bool:
+        since = self._since
+        if since is not None and time.monotonic() - since >= self.timeout_s:
+            self.on_silent(silence_message(self.target, self.timeout_s))
+            return True
+        return False

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stallscope.storage.mounts import is_within, network_file_system, silence_line, unescape
+from stallscope.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -120,53 +121,37 @@ def nfs_replies(mountstats: Path = MOUNTSTATS) -> dict[str, int]:
     return replies
 
 
-class StuckCallWatch:
+class StuckCallWatch(Watchdog):
     """Samples this process's threads every `interval_s` on a daemon thread; a file call on a network
     file system unchanged for `timeout_s` goes to `on_stuck` (once). `fallback` (a real path) names where
     a call that names its file by a path relative to the working folder is looked up (a network folder
     the command reads from), for the message."""
 
+    thread_name = "stallscope-file-call-watch"
+
     def __init__(self, timeout_s: float, on_stuck: Callable[[StuckCall], None], *, fallback: str = "",
                  interval_s: float | None = None, replies: Callable[[], dict[str, int]] = nfs_replies) -> None:
-        self.timeout_s = timeout_s
+        super().__init__(timeout_s, interval_s)
         self.replies = replies  # answers so far by mount point, where the file system counts them (NFS)
         self._answered: dict[str, tuple[int, float]] = {}  # mount point -> (answers, when they last moved)
         self.on_stuck = on_stuck
         self.fallback = fallback
-        self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 4)
         self._fd_calls, self._path_calls = _numbers(_FD_CALLS), _numbers(_PATH_CALLS)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._seen: dict[str, tuple[str, float, bool]] = {}  # thread id -> (its call line, since when, judged local)
 
     @staticmethod
     def available() -> bool:
         return bool(_numbers(_FD_CALLS)) and TASKS.is_dir()
 
-    def start(self) -> StuckCallWatch:
-        if self.available():
-            self._thread = threading.Thread(target=self._run, name="stallscope-file-call-watch", daemon=True)
-            self._thread.start()
-        return self
+    def can_watch(self) -> bool:
+        return self.available()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-
-    def __enter__(self) -> StuckCallWatch:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        own = str(threading.get_native_id())
-        while not self._stop.wait(self.interval_s):
-            stuck = self.sample(exclude=own)
-            if stuck is not None:
-                self.on_stuck(stuck)
-                return
+    def check(self) -> bool:
+        stuck = self.sample(exclude=str(threading.get_native_id()))  # not the watch's own thread
+        if stuck is not None:
+            self.on_stuck(stuck)
+            return True
+        return False
 
     def sample(self, exclude: str = "") -> StuckCall | None:
         """One look at every thread; the first call found stuck, if any."""
