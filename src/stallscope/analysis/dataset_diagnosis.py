@@ -28,6 +28,7 @@ from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.analysis.service_advice import service_advice
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
+from stallscope.analysis.tfdata import ASYNC_PREFIXES
 from stallscope.config import AUTOTUNE, require_folder_to_write
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
@@ -402,7 +403,7 @@ _FROM_STAGES = object()  # config_from_chain's map parallelism: guessed from the
 def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: int = 0,
                       shuffle: Passes | None = None, map_parallelism: Any = _FROM_STAGES) -> PipelineConfig:
     """The pipeline's knobs as far as its stages show them, so `recommend` advises only what is missing:
-    a sequential map, no parallel read, no prefetch at the end, a cache; as its options show them
+    a sequential map, no parallel read, no asynchronous stage at the end, a cache; as its options show them
     (`private_pool`: the threads of its private pool, 0 for TF's shared one); and its shuffle where it
     takes elements in again at each pass start (`shuffle`; after a map: of decoded elements), the one
     the advice acts on: a shuffle that keeps its buffer across passes costs nothing per pass. The maps'
@@ -419,7 +420,9 @@ def config_from_chain(chain: Sequence[str], *, batch_size: int, private_pool: in
         shuffle_and_repeat_fusion=False if shuffle.refill else None,
         map_parallelism=map_parallelism,
         read_parallelism=AUTOTUNE if "ParallelInterleave" in stages else None,
-        prefetch=AUTOTUNE if chain and chain[0] == "Prefetch" else None,
+        # any asynchronous last stage (a MapAndBatch, even of one call) makes the next batch while the step
+        # runs, as a prefetch would
+        prefetch=AUTOTUNE if chain and chain[0].startswith(ASYNC_PREFIXES) else None,
         cache="memory" if stages & {"Cache", "MemoryCache"} else "none", private_threadpool_size=private_pool,
     )
 
