@@ -115,14 +115,21 @@ class FixResult:
         }))
 
 
-def next_candidates(best: PipelineConfig, *, remote: bool, cores: float,
-                    kind: str = "files") -> list[tuple[str, PipelineConfig]]:
-    """What the fix loop tries after a candidate that fell short: shards read one at a time, read in
-    parallel (a parallel interleave, elements free to overtake); on remote storage, reads on tf.data's
-    shared pool given a private one, and reads in flight doubled and halved (the storage may serve fewer at once than the model assumes, or the reads may
-    crowd out the decode), each on a private pool of the reads plus the cores."""
+def next_candidates(best: PipelineConfig, *, remote: bool, cores: float, kind: str = "files",
+                    gs: bool = False) -> list[tuple[str, PipelineConfig]]:
+    """What the fix loop tries after a candidate that fell short: on gs:// read by TF's own client,
+    stallscope's pooled reader (kept-alive connections: TF's pays a handshake per request, which the
+    model prices only for files); shards read one at a time, read in parallel (a parallel interleave,
+    elements free to overtake); on remote storage, reads on tf.data's shared pool given a private one,
+    and reads in flight doubled and halved (the storage may serve fewer at once than the model assumes,
+    or the reads may crowd out the decode), each on a private pool of the reads plus the cores."""
     reads = best.read_parallelism
     whole = max(1, math.ceil(cores))
+    if gs and best.gcs_reader == "tf":
+        count = reads if isinstance(reads, int) and reads > 0 else whole
+        return [(f"stallscope's pooled gs:// reader, {count} reads in flight",
+                 best.replace(gcs_reader="pooled", read_parallelism=count, private_threadpool_size=count + whole,
+                              deterministic=False))]
     if reads is None and kind == "records":
         return [("shards read in parallel", best.replace(read_parallelism=AUTOTUNE, deterministic=False))]
     if remote and reads == AUTOTUNE:  # tf.data's shared pool holds about a read per core: give them their own
@@ -177,7 +184,8 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
             return FixTrial(config=config, why=why, phases=tuple(phases))
 
         trials.append(measure(new, "the advice"))
-        queue = next_candidates(new, remote=remote, cores=cores, kind=source.kind)
+        gs = str(source.path).startswith("gs://")
+        queue = next_candidates(new, remote=remote, cores=cores, kind=source.kind, gs=gs)
         while queue and len(trials) <= SEARCH_MOST_TRIES:
             best = max(trials, key=lambda t: t.images_per_second)
             still_bound = any(p.after.verdict != "not" for p in best.phases)
@@ -188,7 +196,7 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
                 continue
             trials.append(measure(candidate, why))
             if trials[-1] is max(trials, key=lambda t: t.images_per_second):
-                queue = next_candidates(candidate, remote=remote, cores=cores, kind=source.kind) + queue
+                queue = next_candidates(candidate, remote=remote, cores=cores, kind=source.kind, gs=gs) + queue
     best = max(trials, key=lambda t: t.images_per_second)
     result = FixResult(diagnosis=diagnosis, applied=applicable, config=best.config, phases=best.phases,
                        config_path=Path(save_to) if save_to is not None else None,
