@@ -127,7 +127,7 @@ def next_candidates(best: PipelineConfig, *, remote: bool, cores: float, kind: s
     whole = max(1, math.ceil(cores))
     if gs and best.gcs_reader == "tf":
         count = reads if isinstance(reads, int) and reads > 0 else whole
-        return [(f"stallscope's pooled gs:// reader, {count} reads in flight",
+        return [(f"stallscope's pooled gs:// reader, {count} read{'s' if count != 1 else ''} in flight",
                  best.replace(gcs_reader="pooled", read_parallelism=count, private_threadpool_size=count + whole,
                               deterministic=False))]
     if reads is None and kind == "records":
