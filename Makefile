@@ -40,9 +40,12 @@ constraints: venv
 demo: venv
 	$(BIN)/python -m stallscope.demo --out demo-output
 
-# The suite runs where loopback is the only network, where the machine allows a namespace.
+# The suite runs where loopback is the only network, where the machine allows a namespace; two tests at
+# a time (pytest-xdist), a file's tests in one worker so its module fixtures are made once. Most tests
+# wait on subprocesses, servers and sleeps, so two share 2 cores well; those that need the CPUs to
+# themselves are marked whole_machine (tests/conftest.py).
 test: venv chromium docs
-	$(BIN)/python tools/loopback_only.py $(BIN)/python -m pytest -q
+	$(BIN)/python tools/loopback_only.py $(BIN)/python -m pytest -q -n 2 --dist loadscope
 
 # The sweep report's test renders it in headless Chromium: installed from Debian where we are root
 # with apt; otherwise that test skips and says why.

@@ -169,3 +169,79 @@ def silent_port():
     for conn in held:
         conn.close()
     server.close()
+
+
+# --- Side by side (pytest-xdist's -n): `make test` runs two workers. A test whose figures depend on
+# having the CPUs to itself (CPU shares, quotas, input-bound verdicts of live jobs, how soon a deadline
+# fires) is marked `whole_machine`: it waits for the other worker's current test to end and holds it
+# off while it runs. Every test takes the gate shared; a whole_machine test takes it exclusively first, so
+# the others cannot keep it waiting for ever. Without -n there is one worker and the locks cost nothing.
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "whole_machine: runs while no other test does (pytest -n): it times or "
+                                       "measures CPU use that another test beside it would skew")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test under a CPU quota of its own (the cpu_cgroup fixture) measures its throttling: whole_machine."""
+    for item in items:
+        if "cpu_cgroup" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.whole_machine)
+
+
+def _machine_lock_folder(config) -> Path | None:
+    """The folder every worker of this run shares (the parent of each worker's base temp), or None
+    when the run has no workers."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return Path(config._tmp_path_factory.getbasetemp()).parent  # noqa: SLF001 - pytest's own factory
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of each test inside the machine lock (see above)."""
+    import fcntl
+
+    folder = _machine_lock_folder(item.config)
+    if folder is None:
+        return (yield)
+    exclusive = item.get_closest_marker("whole_machine") is not None
+    with open(folder / "machine.gate", "a+") as gate, open(folder / "machine.lock", "a+") as lock:
+        if exclusive:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)   # waits while a whole_machine test is waiting or running
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+# --- The fault-injection table (tests/faults): each scenario's row comes in its test's report, from
+# this process or from a worker of pytest -n, and the table is the last thing the session prints.
+FAULT_ROWS: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        FAULT_ROWS.extend(value for name, value in report.user_properties if name == "fault_outcome")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not FAULT_ROWS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("fault injection")
+    width = max(len(row["scenario"]) for row in FAULT_ROWS)
+    write(f"{'scenario':<{width}}  {'rc':>5}  {'stderr':>6}  {'stdout':>6}  {'traceback':>9}  {'seconds':>7}  orphans")
+    for row in FAULT_ROWS:
+        rc = "hang" if row["rc"] is None else str(row["rc"])
+        write(f"{row['scenario']:<{width}}  {rc:>5}  {row['stderr_lines']:>6}  {row['stdout_lines']:>6}  "
+              f"{'yes' if row['traceback'] else 'no':>9}  {row['seconds']:>7.1f}  {row['orphans']}")
+    hangs = sum(row["rc"] is None for row in FAULT_ROWS)
+    write(f"{len(FAULT_ROWS)} runs: {sum(row['traceback'] for row in FAULT_ROWS)} tracebacks, {hangs} hangs, "
+          f"{sum(row['orphans'] for row in FAULT_ROWS)} orphans")

@@ -13,6 +13,9 @@ from stallscope.config import usable_cores
 from stallscope.cpu_limits import CpuLimits, Throttling, quota_throttled, throttling
 from stallscope.workload.resources import share_busy
 
+# CPU shares and quota throttling, measured: another test beside it would take the CPU they count.
+pytestmark = pytest.mark.whole_machine
+
 
 def _quota(root: Path) -> float | None:
     return cpu_limits.current(root).quota_cores

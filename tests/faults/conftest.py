@@ -1,8 +1,9 @@
-"""The fault-injection suite's fixture (`faults`) and its table at the end of the session.
+"""The fault-injection suite's fixture (`faults`).
 
-Every scenario runs the real CLI through `harness.Launched`; its Outcome is kept for the session, and
-when any faults test ran, the table (scenario, exit code, lines, traceback, seconds, orphans) is the
-last thing pytest prints: "0 tracebacks, 0 hangs, 0 orphans" is one run of tests/faults.
+Every scenario runs the real CLI through `harness.Launched`; its Outcome's row (scenario, exit code,
+lines, traceback, seconds, orphans) goes into the test's report, and tests/conftest.py prints the table
+of every row at the end of the session: "0 tracebacks, 0 hangs, 0 orphans" is one run of tests/faults.
+The rows travel in the reports so the table is whole when pytest -n runs the tests in workers.
 """
 
 from __future__ import annotations
@@ -13,23 +14,26 @@ import pytest
 
 from .harness import Launched, Outcome
 
-OUTCOMES = pytest.StashKey[list]()
+OUTCOME_PROPERTY = "fault_outcome"  # the name tests/conftest.py looks for in each report's user_properties
 
 
-def _outcomes(config) -> list[Outcome]:
-    if OUTCOMES not in config.stash:
-        config.stash[OUTCOMES] = []
-    return config.stash[OUTCOMES]
+def table_row(outcome: Outcome) -> dict:
+    return {"scenario": outcome.scenario, "rc": outcome.rc, "stderr_lines": len(outcome.stderr_lines),
+            "stdout_lines": len(outcome.stdout_lines), "traceback": outcome.traceback,
+            "seconds": outcome.seconds, "orphans": len(outcome.orphans)}
 
 
 class Faults:
     """`faults.launch(name, argv, ...)` starts `stallscope *argv` under watch, in the test's folder."""
 
-    def __init__(self, folder: Path, outcomes: list[Outcome]) -> None:
-        self.folder, self._outcomes = folder, outcomes
+    def __init__(self, folder: Path, node: pytest.Item) -> None:
+        self.folder, self._node = folder, node
+
+    def _record(self, outcome: Outcome) -> None:
+        self._node.user_properties.append((OUTCOME_PROPERTY, table_row(outcome)))
 
     def launch(self, scenario: str, argv: list, **kwargs) -> Launched:
-        return Launched(scenario, argv, self.folder, self._outcomes.append, **kwargs)
+        return Launched(scenario, argv, self.folder, self._record, **kwargs)
 
     def run(self, scenario: str, argv: list, limit_s: float, **kwargs) -> Outcome:
         """Launches and waits for the end: a scenario that fails by itself."""
@@ -38,21 +42,4 @@ class Faults:
 
 @pytest.fixture
 def faults(tmp_path, request) -> Faults:
-    return Faults(tmp_path, _outcomes(request.config))
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    outcomes = config.stash.get(OUTCOMES, [])
-    if not outcomes:
-        return
-    write = terminalreporter.write_line
-    terminalreporter.section("fault injection")
-    width = max(len(o.scenario) for o in outcomes)
-    write(f"{'scenario':<{width}}  {'rc':>5}  {'stderr':>6}  {'stdout':>6}  {'traceback':>9}  {'seconds':>7}  orphans")
-    for o in outcomes:
-        rc = "hang" if o.rc is None else str(o.rc)
-        write(f"{o.scenario:<{width}}  {rc:>5}  {len(o.stderr_lines):>6}  {len(o.stdout_lines):>6}  "
-              f"{'yes' if o.traceback else 'no':>9}  {o.seconds:>7.1f}  {len(o.orphans)}")
-    hangs = sum(o.rc is None for o in outcomes)
-    write(f"{len(outcomes)} runs: {sum(o.traceback for o in outcomes)} tracebacks, {hangs} hangs, "
-          f"{sum(len(o.orphans) for o in outcomes)} orphans")
+    return Faults(tmp_path, request.node)

@@ -22,7 +22,7 @@ import pytest
 from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.storage import location
 
-SERVER_LIFETIME_S = 900
+SERVER_LIFETIME_S = 3600  # a safety net past the whole suite (a session-long server), not a test's limit
 BUCKET = "data"
 ALLOW_S3 = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
 

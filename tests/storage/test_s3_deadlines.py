@@ -15,6 +15,9 @@ from stallscope.storage.s3_store import S3Store
 
 from .conftest import BUCKET, s3_environment
 
+# How soon each deadline fires: a test beside it on 2 cores would delay the clients' threads.
+pytestmark = pytest.mark.whole_machine
+
 TIMEOUT_S = 1.0
 # The operation's own deadline plus room for a loaded machine; every retry waiting the whole timeout
 # (two botocore attempts, each retried by s3fs) takes at least 4x the timeout.

@@ -18,6 +18,9 @@ from stallscope.cli.main import main
 from stallscope.errors import UsageError
 from stallscope.workload.capture import STAGING_PREFIX, CaptureOptions
 
+# Live jobs' verdicts (a healthy job must read as not input-bound): a test beside it would stall them.
+pytestmark = pytest.mark.whole_machine
+
 LIVE_JOB = Path(__file__).with_name("live_job.py")
 FIT_JOB = Path(__file__).with_name("fit_job.py")
 JOB_SECONDS = 240      # the job's own bound; the module's tests end it much earlier by its stop file

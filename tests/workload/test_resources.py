@@ -11,6 +11,9 @@ import pytest
 
 from stallscope.workload.resources import ResourceMonitor, files_opened, io_delta, read_proc_io
 
+# CPU shares of short busy runs, measured: another test beside it would take the CPU they count.
+pytestmark = pytest.mark.whole_machine
+
 needs_proc_io = pytest.mark.skipif(read_proc_io() is None, reason="the kernel offers no /proc/self/io")
 
 
