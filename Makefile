@@ -83,6 +83,7 @@ bench: venv
 	$(BIN)/python benchmarks/own_profiles.py
 	$(BIN)/python benchmarks/diagnose.py
 	$(BIN)/python benchmarks/advice.py
+	$(BIN)/python benchmarks/advice_programs.py
 	$(BIN)/python benchmarks/own_dataset_window.py
 	$(BIN)/python benchmarks/api_overhead.py
 	$(BIN)/python benchmarks/storage.py
