@@ -18,6 +18,8 @@ examples:
 
 from __future__ import annotations
 
+import contextlib
+
 import argparse
 
 from stallscope.cli.flags import (
@@ -121,10 +123,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args
-        from stallscope.records.beam_workers import beam_stops_on_interrupt
+        from stallscope.records.beam_workers import beam_stops_on_interrupt, worker_output_aside
 
         beam_args = pipeline_args(args.beam_option, args.beam_options_file)
-        with sigterm_as_interrupt(), ProgressBar("convert (beam)", enabled=not args.no_progress) as bar:
+        # Beam's workers and runner log to a file, not over the progress bar and the one line (--debug: here)
+        aside = contextlib.nullcontext() if args.debug or args.verbose else worker_output_aside()
+        with sigterm_as_interrupt(), aside, ProgressBar("convert (beam)", enabled=not args.no_progress) as bar:
             with beam_stops_on_interrupt():  # SIGTERM, as Ctrl-C: Beam's workers stopped, one line
                 report = convert_with_beam(options, beam_args, progress=bar.to if bar.enabled else None)
     else:

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
@@ -88,3 +92,50 @@ def beam_stops_on_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt from None
     finally:
         logging.getLogger(BEAM_RUNNER_LOGGER).removeFilter(quiet)
+
+
+BEAM_LOGGER = "apache_beam"
+
+
+@contextlib.contextmanager
+def worker_output_aside() -> Iterator[Path]:
+    """For the block, Beam's chatter goes to a log file instead of convert's stderr: its SDK worker
+    processes print their start-up and log lines (about 45 a run of two workers) to the stderr they
+    inherit, and the runner forwards each worker's log records to this process's log. This process's
+    own output (the progress bar, warnings, the one-line error) still reaches the terminal. The file
+    is removed when the block ends well, and kept, its path logged, when it does not."""
+    sys.stderr.flush()
+    handle, name = tempfile.mkstemp(prefix="stallscope-beam-workers-", suffix=".log")
+    terminal = os.dup(2)
+    beam_log = logging.getLogger(BEAM_LOGGER)
+    to_file = logging.FileHandler(name)
+    to_file.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved_stderr, saved_propagate = sys.stderr, beam_log.propagate
+    ours = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+            and getattr(h, "stream", None) is saved_stderr]
+    os.dup2(handle, 2)  # what a child inherits
+    os.close(handle)
+    sys.stderr = os.fdopen(terminal, "w", buffering=1, closefd=False)  # what this process writes
+    for handler in ours:
+        handler.setStream(sys.stderr)
+    beam_log.addHandler(to_file)
+    beam_log.propagate = False
+    ended_well = False
+    try:
+        yield Path(name)
+        ended_well = True
+    finally:
+        beam_log.removeHandler(to_file)
+        beam_log.propagate = saved_propagate
+        to_file.close()
+        sys.stderr.flush()
+        os.dup2(terminal, 2)
+        os.close(terminal)
+        sys.stderr = saved_stderr
+        for handler in ours:
+            handler.setStream(saved_stderr)
+        if ended_well:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        else:
+            log.info("Beam's worker output: %s", name)
