@@ -103,7 +103,8 @@ def worker_output_aside() -> Iterator[Path]:
     processes print their start-up and log lines (about 45 a run of two workers) to the stderr they
     inherit, and the runner forwards each worker's log records to this process's log. This process's
     own output (the progress bar, warnings, the one-line error) still reaches the terminal. The file
-    is removed when the block ends well, and kept, its path logged, when it does not."""
+    goes when the block ends, whatever the outcome: a run that failed is rerun with --debug or -v to see
+    the workers' lines (the CLI then keeps them on the terminal)."""
     sys.stderr.flush()
     handle, name = tempfile.mkstemp(prefix="stallscope-beam-workers-", suffix=".log")
     terminal = os.dup(2)
@@ -120,10 +121,8 @@ def worker_output_aside() -> Iterator[Path]:
         handler.setStream(sys.stderr)
     beam_log.addHandler(to_file)
     beam_log.propagate = False
-    ended_well = False
     try:
         yield Path(name)
-        ended_well = True
     finally:
         beam_log.removeHandler(to_file)
         beam_log.propagate = saved_propagate
@@ -134,8 +133,5 @@ def worker_output_aside() -> Iterator[Path]:
         sys.stderr = saved_stderr
         for handler in ours:
             handler.setStream(saved_stderr)
-        if ended_well:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-        else:
-            log.info("Beam's worker output: %s", name)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
