@@ -28,6 +28,7 @@ def _tree(root):
     return root
 
 
+@pytest.mark.whole_machine  # the fix's re-run must show a lower input share: a test beside it would take its cores
 def test_fix_lowers_the_input_share_and_saves_a_config_train_reads(tmp_path, capsys, monkeypatch):
     from stallscope.pipeline import sources
 
