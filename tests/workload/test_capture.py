@@ -23,7 +23,8 @@ pytestmark = pytest.mark.whole_machine
 
 LIVE_JOB = Path(__file__).with_name("live_job.py")
 FIT_JOB = Path(__file__).with_name("fit_job.py")
-JOB_SECONDS = 240      # the job's own bound; the module's tests end it much earlier by its stop file
+JOB_SECONDS = 900      # the job's own bound past the module's run (under pytest -n its whole_machine tests may
+                       # wait minutes for the lock); the module's tests end it earlier by its stop file
 READY_SECONDS = 120    # how long a job may take to import TF and run its first steps
 
 
