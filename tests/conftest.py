@@ -221,6 +221,45 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+# --- The fault-injection suite's fixture (`faults`): every scenario runs the real CLI through
+# `faults/harness.Launched`; its Outcome's row (scenario, exit code, lines, traceback, seconds, orphans)
+# goes into the test's report, and the table of every row is printed at the end of the session: "0
+# tracebacks, 0 hangs, 0 orphans" is one run. The rows travel in the reports, so the table is whole when
+# pytest -n runs the tests in workers. Most scenarios are in tests/faults; a few use another folder's
+# set-up (checkpoints, a finished sweep).
+from .faults.harness import Launched, Outcome  # noqa: E402
+
+OUTCOME_PROPERTY = "fault_outcome"  # the name tests/conftest.py looks for in each report's user_properties
+
+
+def table_row(outcome: Outcome) -> dict:
+    return {"scenario": outcome.scenario, "rc": outcome.rc, "stderr_lines": len(outcome.stderr_lines),
+            "stdout_lines": len(outcome.stdout_lines), "traceback": outcome.traceback,
+            "seconds": outcome.seconds, "orphans": len(outcome.orphans)}
+
+
+class Faults:
+    """`faults.launch(name, argv, ...)` starts `stallscope *argv` under watch, in the test's folder."""
+
+    def __init__(self, folder: Path, node: pytest.Item) -> None:
+        self.folder, self._node = folder, node
+
+    def _record(self, outcome: Outcome) -> None:
+        self._node.user_properties.append((OUTCOME_PROPERTY, table_row(outcome)))
+
+    def launch(self, scenario: str, argv: list, **kwargs) -> Launched:
+        return Launched(scenario, argv, self.folder, self._record, **kwargs)
+
+    def run(self, scenario: str, argv: list, limit_s: float, **kwargs) -> Outcome:
+        """Launches and waits for the end: a scenario that fails by itself."""
+        return self.launch(scenario, argv, **kwargs).finish(limit_s)
+
+
+@pytest.fixture
+def faults(tmp_path, request) -> Faults:
+    return Faults(tmp_path, request.node)
+
+
 # --- The fault-injection table (tests/faults): each scenario's row comes in its test's report, from
 # this process or from a worker of pytest -n, and the table is the last thing the session prints.
 FAULT_ROWS: list[dict] = []
@@ -228,7 +267,7 @@ FAULT_ROWS: list[dict] = []
 
 def pytest_runtest_logreport(report):
     if report.when == "teardown":
-        FAULT_ROWS.extend(value for name, value in report.user_properties if name == "fault_outcome")
+        FAULT_ROWS.extend(value for name, value in report.user_properties if name == OUTCOME_PROPERTY)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -94,6 +94,20 @@ def test_a_capture_still_being_written_is_named_with_the_newest_complete_one(sta
     assert analyze_run(tmp_path / "run", with_xprof=False, capture="2020_01_01_00_00_00").steps.counted_steps > 0
 
 
+def test_analyze_of_a_capture_still_being_written_is_one_line_naming_the_newest_complete_one(stalled_profile, tmp_path,
+                                                                                            faults):
+    """The same from the command line, on the fault suite's harness: one line, exit 2, nothing left."""
+    older, newest_file = _two_captures(stalled_profile, tmp_path / "run")
+    data = newest_file.read_bytes()
+    newest_file.write_bytes(data[: len(data) // 2])
+    outcome = faults.run("analyze of a capture still being written", ["analyze", tmp_path / "run"], 60)
+    outcome.check(rc=2, within_s=30)
+    line = outcome.stderr_lines[0]
+    assert line.startswith(f"stallscope analyze: error: {newest_file}: this capture is still being written"), line
+    assert f"the newest complete capture is {older}" in line
+    assert newest_file.read_bytes() == data[: len(data) // 2]  # the user's file, untouched
+
+
 def test_a_capture_cut_short_long_ago_is_named_as_damaged(stalled_profile, tmp_path):
     import os
 

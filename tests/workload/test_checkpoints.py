@@ -122,18 +122,13 @@ def test_evaluate_on_a_truncated_checkpoint_names_the_file(checkpoint_dirs, tiny
 
 
 def test_another_models_checkpoints_without_model_json_are_one_line_and_nothing_after(checkpoint_dirs, tiny_tree,
-                                                                                       tmp_path):
+                                                                                       tmp_path, faults):
     """Without model.json the mismatch is found when restoring: the one line, and none of TF's
     'Value in checkpoint could not be found' warnings (105 of them) when the restore is freed."""
-    import os
-    import subprocess
-    import sys
-
     directory = _copy(checkpoint_dirs["real"], tmp_path)
     (directory / "model.json").unlink()
     argv = [*_train_argv(tiny_tree, directory, tmp_path), "--alpha", "0.5"]  # saved with alpha 0.25
-    done = subprocess.run([sys.executable, "-m", "stallscope", *argv], capture_output=True, text=True, timeout=180,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
-    assert lines[0].startswith("stallscope train: error: ") and "does not match this run's model" in lines[0]
+    outcome = faults.run("train on another model's checkpoints (no model.json)", argv, 180)
+    outcome.check(rc=2, within_s=180)
+    line = outcome.stderr_lines[0]
+    assert line.startswith("stallscope train: error: ") and "does not match this run's model" in line
