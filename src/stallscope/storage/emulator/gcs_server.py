@@ -42,7 +42,6 @@ from stallscope.storage.emulator.folder_bucket import (
     StoredObject,
     WriteRefused,
     parse_range,
-    read_range,
 )
 
 JSON_API = "/storage/v1/b/"
@@ -164,14 +163,7 @@ class GcsHandler(CountingHandler):
                    "x-goog-stored-content-length": str(info.size), "Accept-Ranges": "bytes",
                    "ETag": f'"{info.mtime_ns:x}"',
                    "Last-Modified": email.utils.formatdate(info.mtime_ns / 1e9, usegmt=True)}
-        self.count_request()
-        if info.size == 0:
-            return self.send_body(200, headers, b"", 0, head_only=head_only)
-        first, last = wanted or (0, info.size - 1)
-        if wanted:
-            headers["Content-Range"] = f"bytes {first}-{last}/{info.size}"
-        self.send_body(206 if wanted else 200, headers, read_range(path, first, last),
-                       last - first + 1, head_only=head_only)
+        self.send_object(path, info.size, headers, wanted, head_only=head_only)
 
     def _list(self, query: dict, head_only: bool) -> None:
         def one(name: str) -> str:

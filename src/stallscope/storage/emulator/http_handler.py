@@ -12,6 +12,8 @@ import ssl
 import sys
 from typing import Iterable
 
+from stallscope.storage.emulator.folder_bucket import read_range
+
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
@@ -63,6 +65,17 @@ class CountingHandler(http.server.BaseHTTPRequestHandler, metaclass=abc.ABCMeta)
     @abc.abstractmethod
     def _answer(self, *, head_only: bool) -> None:
         """Answers a GET (or a HEAD, without the body): each store's own."""
+
+    def send_object(self, path, size: int, headers: dict, wanted: tuple[int, int] | None, *, head_only: bool) -> None:
+        """An object's bytes as both stores answer a GET: whole (200), or the range asked for (206)."""
+        self.count_request()
+        if size == 0:
+            return self.send_body(200, headers, b"", 0, head_only=head_only)
+        first, last = wanted or (0, size - 1)
+        if wanted:
+            headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        self.send_body(206 if wanted else 200, headers, read_range(path, first, last), last - first + 1,
+                       head_only=head_only)
 
     def count_request(self, *, lists: int = 0, errors: int = 0) -> None:
         self.server.counters.add(requests=1, lists=lists, errors=errors)

@@ -24,7 +24,6 @@ from stallscope.storage.emulator.folder_bucket import (
     StoredObject,
     WriteRefused,
     parse_range,
-    read_range,
 )
 
 _XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -113,14 +112,7 @@ class S3Handler(CountingHandler):
             return self._error(416, "InvalidRange", "The requested range is not satisfiable", key, head_only)
         headers = {"Content-Type": "application/octet-stream", "ETag": _etag(info), "Accept-Ranges": "bytes",
                    "Last-Modified": email.utils.formatdate(info.mtime_ns / 1e9, usegmt=True)}
-        self.count_request()
-        if info.size == 0:
-            return self.send_body(200, headers, b"", 0, head_only=head_only)
-        first, last = wanted or (0, info.size - 1)
-        if wanted:
-            headers["Content-Range"] = f"bytes {first}-{last}/{info.size}"
-        self.send_body(206 if wanted else 200, headers, read_range(path, first, last), last - first + 1,
-                       head_only=head_only)
+        self.send_object(path, info.size, headers, wanted, head_only=head_only)
 
     def _list(self, query: dict) -> None:
         try:
