@@ -121,12 +121,10 @@ def measure_cell(spec: dict) -> dict:
     """One storage x format cell, in a process of its own: prepared as `stallscope train` prepares one
     (TF's gs:// settings and the records' heap padding before TensorFlow loads), so each cell reads its
     store as the CLI would."""
-    import argparse as _argparse
-
     from stallscope.cli.flags import apply_storage_flags
 
     fmt, path = spec["format"], spec["path"]
-    apply_storage_flags(_argparse.Namespace(command="train", source=fmt, dataset_path=path, storage_timeout=None))
+    apply_storage_flags(argparse.Namespace(command="train", source=fmt, dataset_path=path, storage_timeout=None))
 
     from stallscope.analysis.advice import apply_advice
     from stallscope.analysis.differential import changes_cache

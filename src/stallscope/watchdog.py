@@ -5,10 +5,11 @@ what the check finds goes to a handler that ends the process."""
 
 from __future__ import annotations
 
+import abc
 import threading
 
 
-class Watchdog:
+class Watchdog(abc.ABC):
     """Runs `check()` every `interval_s` (by default a quarter of `timeout_s`, at most 1 s) from
     `start()` until it returns True (it found something and handed it on) or `stop()`."""
 
@@ -24,8 +25,9 @@ class Watchdog:
         """Whether this machine lets the check see what it looks for (else start() starts nothing)."""
         return True
 
+    @abc.abstractmethod
     def check(self) -> bool:
-        raise NotImplementedError
+        """Each watch's own look: True once it found something and handed it on (the watch then ends)."""
 
     def start(self):
         if self.can_watch():

@@ -123,7 +123,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      ".batch(BATCH_SIZE) before diagnosing")
     files = list(options.files) if options.files is not None else _files_in(graph)
     take_step, device_name, per_step = _device(model, options.accelerator)
-    feed = fed_to(model) if model is not None else (lambda ds: ds)  # a strategy's model: its distributed dataset
+    feed = fed_to(model)  # a strategy's model: its distributed dataset; else the dataset as given
 
     cold = None
     in_store = [f for f in files if is_remote(f)]

@@ -102,10 +102,10 @@ def model_steps(model) -> StepFn:
             return strategy.run(model.train_step, args=(batch,))
 
     def examples(batch):
-        parts = tf.nest.flatten(batch, expand_composites=False)
+        parts = tf.nest.flatten(batch)
         if strategy is not None:  # a replica's share each: the batch is their sum
-            parts = [tf.add_n([tf.shape(v)[0] for v in strategy.experimental_local_results(parts[0])])]
-            return tf.cast(parts[0], tf.int64)
+            shares = strategy.experimental_local_results(parts[0])
+            return tf.cast(tf.add_n([tf.shape(share)[0] for share in shares]), tf.int64)
         for part in parts:
             if part.shape.rank:
                 return tf.cast(tf.shape(part)[0], tf.int64)
