@@ -38,9 +38,11 @@ from typing import Any
 
 from stallscope.cli import flags
 from stallscope.cli.signals import sigterm_as_interrupt
-from stallscope.cli.train import add_knob_flags, knob_overrides, resolve_model_flags
+from stallscope.cli.train import _precision, add_knob_flags, knob_overrides, resolve_model_flags
 from stallscope.errors import DataError, UsageError
 from stallscope.workload.models import MODELS
+from stallscope.workload.precision import (DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS, DEFAULT_TOLERANCE, SHORT_RUN_S,
+                                          PrecisionTarget)
 
 DEFAULT_STEPS = 20
 DEFAULT_REPEATS = 3
@@ -76,8 +78,22 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(axes, "learning_rate", "--lr", default="0.0001", metavar="1e-4,1e-3",
                    help="Adam learning rates, as seed-003 sweeps them (default: 1e-4)")
     runs = parser.add_argument_group("runs")
-    flags.add_flag(runs, "steps", type=flags.positive_int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"steps per run (default: {DEFAULT_STEPS})")
+    flags.add_flag(runs, "steps", type=flags.positive_int, default=None, metavar="N",
+                   help=f"steps per run (default: {DEFAULT_STEPS}; not with --precision)")
+    flags.add_flag(runs, "precision", type=_precision, default=None, metavar="PCT",
+                   help="run each run as `train --precision` does: until the images/s of its measured steps' two "
+                        "halves agree within PCT, e.g. 5%%, after at least --min-seconds of measured steps; at most "
+                        "--max-seconds (not with --steps; every run's row carries the precision it reached)")
+    flags.add_flag(runs, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
+                   help=f"with --precision: measure each run at least this long (default: {DEFAULT_MIN_SECONDS:g}s)")
+    flags.add_flag(runs, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
+                   help=f"with --precision: stop a run after this long measured even if not that precise; the "
+                        f"report warns of it (default: {DEFAULT_MAX_SECONDS:g}s)")
+    flags.add_flag(runs, "cold", action="store_true",
+                   help="start every run cold, as `train --cold` does: the data's files evicted from the page cache "
+                        "(local disk; a FUSE mount's kernel cache, the emulated store being fresh per run anyway); "
+                        "not applicable to gs:// and s3://, which the tables say. Cold cells are named apart from "
+                        "warm ones, so a resumed sweep never mixes them")
     flags.add_flag(runs, "repeats", type=flags.positive_int, default=DEFAULT_REPEATS, metavar="N",
                    help=f"runs per cell; the table shows their medians (default: {DEFAULT_REPEATS})")
     flags.add_flag(runs, "warmup_steps", type=flags.non_negative_int, default=2, metavar="N",
@@ -105,17 +121,36 @@ def build_grid(args: argparse.Namespace):
     knobs = knob_overrides(args)
     for preset in axes.pipelines:
         apply_overrides(get_preset(preset), knobs)  # a knob a preset cannot take fails now, not in a cell
+    precision = _precision_target(args)
+    steps = args.steps if args.steps is not None or precision is not None else DEFAULT_STEPS
     least = args.warmup_steps + args.profile_last + 2
-    if args.steps < least:
+    if steps is not None and steps < least:
         raise UsageError(f"--steps: expected at least {least} (--warmup-steps {args.warmup_steps} + --profile-last "
-                         f"{args.profile_last} + 2 measured), got {args.steps}")
+                         f"{args.profile_last} + 2 measured), got {steps}")
     model, weights = resolve_model_flags(args.model, None, args.weights)
     shared: dict[str, Any] = {
-        "dataset_path": str(Path(args.dataset_path).resolve()), "split": args.split, "steps": args.steps,
+        "dataset_path": str(Path(args.dataset_path).resolve()), "split": args.split, "steps": steps,
         "warmup_steps": args.warmup_steps, "profile_last": args.profile_last, "knobs": knobs, "model": model,
         "alpha": args.alpha, "weights": weights, "fine_tune": args.fine_tune, "shards": args.shards,
     }
+    if precision is not None:  # only where asked: a grid saved before these flags still matches
+        shared["precision"] = precision.to_dict()
+    if args.cold:
+        shared["cold"] = True
     return Grid(axes=axes, repeats=args.repeats, shared=json.loads(json.dumps(shared)))
+
+
+def _precision_target(args: argparse.Namespace) -> PrecisionTarget | None:
+    """The workload's own PrecisionTarget every run measures to; refused beside --steps as train refuses it."""
+    if args.precision is None:
+        return None
+    if args.steps is not None:
+        raise UsageError("--precision: runs until its figure is that precise; --steps fixes the length "
+                         "instead: give one of them")
+    if args.max_seconds < args.min_seconds:
+        raise UsageError(f"--max-seconds: expected at least --min-seconds ({args.min_seconds:g}s), "
+                         f"got {args.max_seconds:g}s")
+    return PrecisionTarget(args.precision, args.min_seconds, args.max_seconds)
 
 
 def _check_folder(out: Path, grid, replace: bool) -> None:
@@ -158,8 +193,16 @@ def resume_command(grid, out: Path) -> str:
              "--format", ",".join(axes.formats), "--store", ",".join(axes.stores),
              "--latency", ",".join(axes.latencies) or "local",
              "--pipeline", ",".join(axes.pipelines), "--accelerator", ",".join(axes.accelerators),
-             "--learning-rate", ",".join(f"{v:g}" for v in axes.learning_rates),
-             "--steps", str(shared["steps"]), "--repeats", str(grid.repeats)]
+             "--learning-rate", ",".join(f"{v:g}" for v in axes.learning_rates)]
+    precision = shared.get("precision")
+    if precision:
+        words += ["--precision", f"{precision['tolerance'] * 100:g}%", "--min-seconds",
+                  f"{precision['min_seconds']:g}s", "--max-seconds", f"{precision['max_seconds']:g}s"]
+    else:
+        words += ["--steps", str(shared["steps"])]
+    words += ["--repeats", str(grid.repeats)]
+    if shared.get("cold"):
+        words.append("--cold")
     for flag, key, default in (("--warmup-steps", "warmup_steps", 2), ("--profile-last", "profile_last",
                                 DEFAULT_PROFILE_LAST), ("--split", "split", "train"), ("--shards", "shards", None)):
         if shared[key] != default:
@@ -175,6 +218,43 @@ def resume_command(grid, out: Path) -> str:
     for knob, value in shared["knobs"].items():
         words += [f"--{knob.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
     return shlex.join(words)
+
+
+def run_notes(grid) -> list[str]:
+    """What each run was: its length, the steps its figures leave out, and whether it started cold."""
+    shared = grid.shared
+    precision = shared.get("precision")
+    if precision:
+        length = (f"until its halves' images/s agree within {precision['tolerance']:.0%} (`train --precision`), "
+                  f"after {precision['min_seconds']:g} s measured, at most {precision['max_seconds']:g} s; the first "
+                  f"{shared['warmup_steps']} (warm-up) and the {shared['profile_last']} after them (profiled) steps "
+                  "left out of its figures and its precision")
+    else:
+        length = (f"{shared['steps']} steps, the first {shared['warmup_steps']} (warm-up) and the last "
+                  f"{shared['profile_last']} (profiled) left out of its figures")
+    notes = [f"each run: {length}",
+             "bottleneck: the tf.data stage a profile of each run's profiled steps names, where the run's measured "
+             "steps are input-bound",
+             "precision: how far apart the images/s of each run's two halves of measured time are (the worst run "
+             "of a cell shown)"]
+    if shared.get("cold"):
+        notes.append("cold: every run started with the data's files evicted from the page cache (`train --cold`); "
+                     "not applicable to gs:// and s3:// cells, whose readers keep what they read in the run's process "
+                     "only, so they start cold anyway")
+    return notes
+
+
+def precision_notes(results, precision: dict | None) -> list[str]:
+    """A warning per run that did not reach the --precision asked for; without one, a count of the runs
+    too short to trust."""
+    runs = [(result.cell, run) for result in results for run in result.runs]
+    if precision:
+        return [f"warning: {cell.name} repeat {run.repeat}: {run.precision_warning}"
+                for cell, run in runs if run.precision_warning]
+    short = sum(1 for _, run in runs if run.precision_warning)
+    return [f"warning: {short} of {len(runs)} run(s) too short to trust (under {SHORT_RUN_S:g} s measured, or "
+            f"halves more than {DEFAULT_TOLERANCE:.0%} apart); --precision 5% runs each until its halves agree "
+            "within 5%"] if short else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,10 +296,7 @@ def run(args: argparse.Namespace) -> int:
         # quietly (a plain import printed its absl and oneDNN start-up lines under the sweep's output).
         import_tensorflow()
         results = sweep_results(out, grid)
-        notes = [f"each run: {grid.shared['steps']} steps, the first {grid.shared['warmup_steps']} (warm-up) and the "
-                 f"last {grid.shared['profile_last']} (profiled) left out of its figures",
-                 "bottleneck: the tf.data stage a profile of each run's last steps names, where the run's measured "
-                 "steps are input-bound"]
+        notes = run_notes(grid) + precision_notes(results, grid.shared.get("precision"))
         if len(grid.axes.accelerators) > 1:
             notes.append("accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
                          "batch / median compute time per step")

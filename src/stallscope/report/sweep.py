@@ -17,7 +17,7 @@ from stallscope.sweep.table import MARKDOWN_HEADER, TABLE_NOTE, markdown_cells
 
 REPORT_NAME = "report.html"
 FIGURES_DIR = "figures"
-# The sweep's table is wide (15 columns): the page takes the window's width, and the table scrolls
+# The sweep's table is wide (16 columns): the page takes the window's width, and the table scrolls
 # inside its own box on a narrower one instead of being cut off at the page's edge.
 _WIDE = ("body{max-width:none;margin:1.5em}.scroll{overflow-x:auto;max-width:100%}#cells{font-size:90%}"
          "#cells td,#cells th{white-space:nowrap}figure{margin:1em 0}figcaption{font-size:90%;color:#444}")
@@ -32,7 +32,8 @@ def _axes_rows(results: list[CellResult]) -> list[list[str]]:
                                                                     if c.store != "local" else "local disk")],
             ["latency per request", values(lambda c: "-" if c.store == "local" else c.latency)],
             ["pipeline", values(lambda c: c.pipeline)], ["accelerator", values(lambda c: c.accelerator)],
-            ["learning rate", values(lambda c: f"{c.learning_rate:g}")]]
+            ["learning rate", values(lambda c: f"{c.learning_rate:g}")],
+            ["start", values(lambda c: "cold (--cold)" if c.cold else "page cache as found")]]
 
 
 def _figure_html(figure: SweepFigure) -> str:
@@ -46,8 +47,9 @@ def _figure_html(figure: SweepFigure) -> str:
     return "\n".join(parts)
 
 
-def render_sweep_html(results: list[CellResult], figures: list[SweepFigure], *, repeats: int, steps: int,
+def render_sweep_html(results: list[CellResult], figures: list[SweepFigure], *, repeats: int, steps: int | None,
                       command: str, notes: list[str]) -> str:
+    """The page; `steps` None: each run ran to a --precision (the notes say which)."""
     e = html.escape
     rows = "".join(
         f"<tr class='cell' data-cell='{e(r.cell.name)}'>" + "".join(f"<td>{e(v)}</td>" for v in markdown_cells(r))
@@ -59,7 +61,7 @@ def render_sweep_html(results: list[CellResult], figures: list[SweepFigure], *, 
         "<h1>Sweep</h1>",
         f"<pre>$ {e(command)}</pre>",
         table_html(["axis", "values"], _axes_rows(results)),
-        f"<p>{len(results)} cells x {repeats} repeat(s), {steps} steps each. {e(TABLE_NOTE)}</p>",
+        f"<p>{len(results)} cells x {repeat_text(repeats, steps)}. {e(TABLE_NOTE)}</p>",
         f"<div class='scroll'><table id='cells'><tr>{head}</tr>{rows}</table></div>",
     ]
     parts += [_figure_html(figure) for figure in figures]
@@ -70,13 +72,18 @@ def render_sweep_html(results: list[CellResult], figures: list[SweepFigure], *, 
     return "\n".join(parts)
 
 
+def repeat_text(repeats: int, steps: int | None) -> str:
+    length = f"{steps} steps each" if steps is not None else "each run to its precision (--precision)"
+    return f"{repeats} repeat(s), {length}"
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)
 
 
-def write_sweep_report(out: Path, results: list[CellResult], *, repeats: int, steps: int, command: str,
+def write_sweep_report(out: Path, results: list[CellResult], *, repeats: int, steps: int | None, command: str,
                        notes: list[str]) -> Path:
     """Writes SWEEP_DIR/report.html and SWEEP_DIR/figures/NAME.png and .pdf; returns the report's path."""
     figures = sweep_figures(results)

@@ -26,7 +26,9 @@ def bandwidth_name(bandwidth_bps: float | None) -> str:
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One combination of the axes: one `stallscope train` configuration, run `repeats` times. A cell on
-    local disk has latency 'local' and no bandwidth cap; an emulated store's has its per-request latency."""
+    local disk has latency 'local' and no bandwidth cap; an emulated store's has its per-request latency.
+    `cold`: each run starts with the data evicted from the page cache (`train --cold`); a cell of its own,
+    so a resumed sweep never mixes cold runs with warm ones."""
 
     format: str
     store: str
@@ -35,15 +37,18 @@ class Cell:
     accelerator: str
     learning_rate: float
     bandwidth_bps: float | None = None
+    cold: bool = False
 
     @property
     def name(self) -> str:
         """A folder name that reads as the cell: files-local-seed-emulated_500-lr0.0001,
-        records-gcs-10ms-200Mbit-tuned-real-lr0.0001."""
+        records-gcs-10ms-200Mbit-tuned-real-lr0.0001, files-local-seed-real-lr0.0001-cold."""
         where = LOCAL if self.store == LOCAL else f"{self.store}-{self.latency}"
         if self.bandwidth_bps is not None:
             where += f"-{bandwidth_name(self.bandwidth_bps)}"
         text = f"{self.format}-{where}-{self.pipeline}-{self.accelerator}-lr{self.learning_rate:g}"
+        if self.cold:
+            text += "-cold"
         return re.sub(r"[^A-Za-z0-9.+-]", "_", text)
 
     @property
@@ -60,7 +65,12 @@ class Cell:
         return f"{STORE_LABELS[self.store]} {self.latency}{cap}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Without `cold` when warm: a warm cell's settings read as before cold cells existed, so the
+        sweeps written then resume."""
+        data = dataclasses.asdict(self)
+        if not self.cold:
+            del data["cold"]
+        return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +95,14 @@ class RunFigures:
     bytes_per_image: float | None        # the same for the bytes it served (listings and read-ahead included)
     request_ms_median: float | None = None  # a request's time from asking to its last byte, as stallscope's
     request_ms_p90: float | None = None     # reader saw it (None where TF's own clients read)
+    precision_spread: float | None = None   # its measured steps' two halves' images/s apart, 0..1
+                                            # (workload/precision.py); None: too few steps to compare
+    precision_target: float | None = None   # the --precision asked for; None: a fixed --steps
+    precision_reached: bool = False         # within the target (10% without one)
+    measured_s: float | None = None         # time of the steps its figures are over
+    stopped_by: str | None = None           # 'precision', 'max_seconds', 'steps', ...
+    precision_warning: str | None = None    # why its figure is not to be trusted; None where it is
+    cold_start: str | None = None           # with --cold: 'evicted' or 'not applicable' (gs://, s3://)
 
 
 @dataclasses.dataclass(frozen=True)

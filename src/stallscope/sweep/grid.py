@@ -177,7 +177,8 @@ class Grid:
 
     axes: Axes
     repeats: int
-    shared: dict[str, Any]  # JSON-ready settings every cell runs with (data path, steps, knob overrides, ...)
+    shared: dict[str, Any]  # JSON-ready settings every cell runs with (data path, steps, knob overrides, ...);
+                            # `cold` and `precision` only where asked (so earlier sweeps' grids still match)
 
     def __post_init__(self) -> None:
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
@@ -185,13 +186,13 @@ class Grid:
 
     def cells(self) -> list[Cell]:
         """Every cell, store-major then latency and bandwidth: local disk's cells first, then each emulated
-        store's (a fresh store per run either way)."""
-        a = self.axes
+        store's (a fresh store per run either way). A cold grid's cells are cold cells, named apart."""
+        a, cold = self.axes, bool(self.shared.get("cold"))
         cells = []
         for store in a.stores:
             where = [(LOCAL, None)] if store == LOCAL else list(itertools.product(a.latencies, a.bandwidths))
             cells += [Cell(format=fmt, store=store, latency=latency, pipeline=pipeline, accelerator=accelerator,
-                           learning_rate=lr, bandwidth_bps=bandwidth)
+                           learning_rate=lr, bandwidth_bps=bandwidth, cold=cold)
                       for (latency, bandwidth), fmt, pipeline, accelerator, lr
                       in itertools.product(where, a.formats, a.pipelines, a.accelerators, a.learning_rates)]
         return cells

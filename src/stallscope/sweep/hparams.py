@@ -64,6 +64,8 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
         "accelerator": hp.HParam("accelerator", hp.Discrete(list(axes.accelerators))),
         "learning_rate": hp.HParam("learning_rate", hp.Discrete([float(v) for v in axes.learning_rates])),
     }
+    if grid.shared.get("cold"):  # only then: a warm sweep's HParams read as before
+        params["start"] = hp.HParam("start", hp.Discrete(["cold"]))
     metrics = [hp.Metric(name, display_name=shown) for name, shown, _ in METRICS]
     target = Path(out) / HPARAMS_DIR
     staging = target.with_name(HPARAMS_DIR + ".tmp")
@@ -82,6 +84,8 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
                   params["latency"]: cell.latency, params["bandwidth"]: bandwidth_name(cell.bandwidth_bps),
                   params["pipeline"]: cell.pipeline,
                   params["accelerator"]: cell.accelerator, params["learning_rate"]: float(cell.learning_rate)}
+        if "start" in params:
+            values[params["start"]] = "cold"
         writer.add_event(_summary_event(summary_v2.hparams_pb(values, trial_id=cell.name, start_time_secs=now), now))
         for name, _, measure in METRICS:
             value = measure(result)

@@ -28,6 +28,7 @@ from stallscope.sweep.runner import CELLS_DIR, STORAGE_NAME, profile_window, rep
 from stallscope.verdict import VERDICTS, verdict_for
 from stallscope.workload import rundir
 from stallscope.workload.accelerator import parse_accelerator
+from stallscope.workload.precision import PrecisionTarget, measure_precision
 from stallscope.workload.timing import summarize_steps
 
 __all__ = ["CellResult", "RunFigures", "cell_result", "load_grid_dict", "run_figures", "sweep_results"]
@@ -48,6 +49,7 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
     slowest = _slowest_stage(run_dir) if window else None
     verdict = verdict_for(stats.input_share)
     reader = (summary.get("source") or {}).get("reader")
+    precision = _precision(kept, shared, summary)
     return RunFigures(
         repeat=_repeat_number(run_dir), run_dir=str(run_dir.relative_to(out) if out else run_dir),
         images_per_second=stats.images_per_second, step_time_ms=stats.step_time_ms,
@@ -56,7 +58,28 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
         slowest_stage=slowest, bottleneck=slowest if verdict in _INPUT_BOUND else None,
         final_loss=summary.get("final_loss"), client=reader.split(" (", 1)[0] if reader else None,
         requests_per_image=requests, bytes_per_image=served_bytes,
-        request_ms_median=made.get("median_ms"), request_ms_p90=made.get("p90_ms"))
+        request_ms_median=made.get("median_ms"), request_ms_p90=made.get("p90_ms"),
+        precision_spread=precision.spread, precision_target=precision.target, precision_reached=precision.reached,
+        measured_s=precision.measured_s, stopped_by=precision.stopped_by, precision_warning=precision.warning,
+        cold_start=_cold_start(summary.get("cold")))
+
+
+def _precision(kept: list[rundir.StepRecord], shared: dict[str, Any], summary: dict[str, Any]):
+    """The precision of the steps the figures are over, by the workload's own measure. With --precision
+    they are the steps the run measured its precision over (profiled ones count as its warm-up), so
+    this is the figure the run stopped on; with --steps the profiled last ones are left out here."""
+    target = PrecisionTarget(**shared["precision"]) if shared.get("precision") else None
+    stopped_by = (summary.get("precision") or {}).get("stopped_by") or "steps"
+    return measure_precision(kept, target=target, stopped_by=stopped_by)
+
+
+def _cold_start(cold: dict[str, Any] | None) -> str | None:
+    """'evicted', 'not applicable' (gs://, s3://: cold anyway), 'nothing evicted'; None: not asked."""
+    if not cold:
+        return None
+    if cold.get("applied"):
+        return "evicted"
+    return "not applicable" if str(cold.get("how", "")).startswith("not applicable") else "nothing evicted"
 
 
 def _repeat_number(run_dir: Path) -> int:

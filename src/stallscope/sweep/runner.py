@@ -14,8 +14,9 @@ Layout of a sweep folder (everything in it is the sweep's own):
     SWEEP_DIR/cells/NAME/repeat-N/storage.json  where it read from (the cell's store); an emulated store's
                                         counters
 
-A repeat is complete only when its run directory's summary.json says it reached the last step
-and was not interrupted; anything else is partial, removed and run again.
+A repeat is complete only when its run directory's summary.json says it reached the last step (with
+--precision: its precision or --max-seconds) and was not interrupted; anything else is partial, removed
+and run again.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ PIPELINE_NAME = "pipeline.json"
 _STOP_GRACE_S = 30.0
 _STORE_LIFE_S = 7 * 24 * 3600.0  # an emulated store's bound without --run-timeout (it also ends with us)
 STORAGE_NAME = "storage.json"
+_PRECISION_LOG_EVERY = 100  # a run to a precision has no last step to log at: a line every 100 steps
 
 
 class RunFailed(StallscopeError):
@@ -62,19 +64,36 @@ def repeat_dir(cell_dir: Path, repeat: int) -> Path:
 
 
 def profile_window(shared: dict[str, Any]) -> tuple[int, int] | None:
-    """The last `profile_last` steps of each run, profiled for the bottleneck (None: not profiled)."""
+    """The `profile_last` steps of each run profiled for the bottleneck (None: not profiled): its last
+    ones with a fixed --steps; with --precision, whose last step is not known ahead, the ones right
+    after the warm-up, which the run counts as warm-up too (train_command), so the precision it
+    measures itself is over the same steps as the sweep's figures."""
     last = shared["profile_last"]
-    return None if not last else (shared["steps"] - last + 1, shared["steps"])
+    if not last:
+        return None
+    if shared.get("steps") is None:
+        first = shared["warmup_steps"] + 1
+        return first, first + last - 1
+    return shared["steps"] - last + 1, shared["steps"]
 
 
-def repeat_complete(run_dir: Path, steps: int) -> bool:
-    """True only when the run's own record says it ran to `steps` without being interrupted."""
+# How a run to a precision may end and count as complete (not "interrupted").
+_PRECISION_ENDS = ("precision", "max_seconds", "data_end")
+
+
+def repeat_complete(run_dir: Path, steps: int | None) -> bool:
+    """True only when the run's own record says it ran to `steps` (None: until its precision or
+    --max-seconds) without being interrupted."""
     try:
         summary = json.loads((run_dir / rundir.SUMMARY_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (isinstance(summary, dict) and summary.get("interrupted") is False
-            and summary.get("last_step") == steps and (run_dir / rundir.STEPS_NAME).exists())
+    if not (isinstance(summary, dict) and summary.get("interrupted") is False
+            and (run_dir / rundir.STEPS_NAME).exists()):
+        return False
+    if steps is None:
+        return (summary.get("precision") or {}).get("stopped_by") in _PRECISION_ENDS
+    return summary.get("last_step") == steps
 
 
 def cell_settings(grid: Grid, cell: Cell) -> dict[str, Any]:
@@ -88,13 +107,23 @@ def train_command(grid: Grid, cell: Cell, data_path: str, pipeline_file: Path, r
     command = [sys.executable, "-m", "stallscope", "train", "--source", cell.format, "--dataset-path", data_path,
                "--split", shared["split"], "--pipeline-config", str(pipeline_file),
                "--accelerator", cell.accelerator, "--learning-rate", repr(cell.learning_rate),
-               "--steps", str(shared["steps"]), "--warmup-steps", str(shared["warmup_steps"]),
-               "--log-every", str(shared["steps"]), "--log-path", str(run_dir),
+               "--log-path", str(run_dir),
                "--model", shared["model"], "--alpha", repr(shared["alpha"]), "--weights", shared["weights"],
                "--fine-tune", shared["fine_tune"]]
     window = profile_window(shared)
+    precision = shared.get("precision")
+    if precision:  # train's own --precision: it runs until the halves agree (workload/precision.py)
+        warmup = shared["warmup_steps"] + (shared["profile_last"] if window else 0)
+        command += ["--precision", repr(precision["tolerance"]), "--min-seconds", repr(precision["min_seconds"]),
+                    "--max-seconds", repr(precision["max_seconds"]), "--warmup-steps", str(warmup),
+                    "--log-every", str(_PRECISION_LOG_EVERY)]
+    else:
+        command += ["--steps", str(shared["steps"]), "--warmup-steps", str(shared["warmup_steps"]),
+                    "--log-every", str(shared["steps"])]
     if window:
         command += ["--profile-steps", f"{window[0]}:{window[1]}"]
+    if shared.get("cold"):
+        command.append("--cold")
     return command
 
 

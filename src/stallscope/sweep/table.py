@@ -4,6 +4,11 @@ a 95% t-interval over its repeats) and results.md (the summary, rendered).
 Column names carry their units (`images_per_second`, `input_share_pct`, `latency_ms`); input share is
 a percentage in every table. Numbers stay numbers in the CSVs; an empty field is a figure not measured
 (a local cell's latency, TF's clients' request times).
+
+Each run's precision is the workload's own (workload/precision.py): how far apart the images/s of its
+measured time's two halves are (`precision_spread_pct`), whether that is within the --precision asked
+for (`precision_reached`; 10% without one) and over how long (`measured_s`). A cold cell's runs say what
+--cold did (`cold_start`): evicted, or not applicable on gs:// and s3://.
 """
 
 from __future__ import annotations
@@ -21,20 +26,23 @@ SUMMARY_NAME = "summary.csv"
 MARKDOWN_NAME = "results.md"
 
 CELL_FIELDS = ("cell", "format", "store", "client", "latency_ms", "bandwidth_mbit_per_s", "pipeline", "accelerator",
-               "learning_rate")
+               "learning_rate", "cold")
 RUN_FIELDS = CELL_FIELDS + (
     "repeat", "images_per_second", "step_time_ms", "input_wait_ms", "compute_ms", "input_share_pct", "verdict",
     "bottleneck", "slowest_stage", "measured_steps", "batch_size", "final_loss", "requests_per_image",
-    "bytes_per_image", "request_ms_median", "request_ms_p90", "run_dir")
+    "bytes_per_image", "request_ms_median", "request_ms_p90", "precision_spread_pct", "precision_target_pct",
+    "precision_reached", "measured_s", "stopped_by", "cold_start", "run_dir")
 SUMMARY_FIELDS = CELL_FIELDS + (
     "repeats", "repeats_asked", "complete", "images_per_second_median", "images_per_second_mean",
     "images_per_second_ci95_low", "images_per_second_ci95_high", "input_share_pct_median", "input_share_pct_ci95_low",
     "input_share_pct_ci95_high", "interval_method", "step_time_ms_median", "input_wait_ms_median",
     "compute_ms_median", "verdict", "bottleneck", "device_images_per_second", "final_loss_median",
-    "requests_per_image_median", "bytes_per_image_median", "request_ms_median", "request_ms_p90", "run_dirs")
+    "requests_per_image_median", "bytes_per_image_median", "request_ms_median", "request_ms_p90",
+    "precision_spread_pct_max", "precision_reached_runs", "cold_start", "run_dirs")
 
 MARKDOWN_HEADER = ("format", "store", "latency", "pipeline", "accelerator", "lr", "images/s", "95% interval",
-                   "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "repeats")
+                   "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "precision",
+                   "repeats")
 
 
 def _pct(share: float | None) -> float | None:
@@ -45,15 +53,42 @@ def cell_columns(cell: Cell, client: str | None) -> dict[str, Any]:
     return {"cell": cell.name, "format": cell.format, "store": cell.store, "client": client,
             "latency_ms": cell.latency_ms,
             "bandwidth_mbit_per_s": None if cell.bandwidth_bps is None else cell.bandwidth_bps / 1e6,
-            "pipeline": cell.pipeline, "accelerator": cell.accelerator, "learning_rate": cell.learning_rate}
+            "pipeline": cell.pipeline, "accelerator": cell.accelerator, "learning_rate": cell.learning_rate,
+            "cold": cell.cold}
 
 
 def run_row(cell: Cell, run: RunFigures) -> dict[str, Any]:
     """One run as a tidy row (numbers as numbers; input share in %)."""
     row = cell_columns(cell, run.client)
-    row.update({name: getattr(run, name) for name in RUN_FIELDS if name not in row and name != "input_share_pct"})
-    row["input_share_pct"] = _pct(run.input_share)
+    row.update({name: getattr(run, name) for name in RUN_FIELDS if name not in row and not name.endswith("_pct")})
+    row.update(input_share_pct=_pct(run.input_share), precision_spread_pct=_pct(run.precision_spread),
+               precision_target_pct=_pct(run.precision_target))
     return row
+
+
+def worst_spread(result: CellResult) -> float | None:
+    """The widest precision spread among a cell's runs (None where none could be measured)."""
+    spreads = [run.precision_spread for run in result.runs if run.precision_spread is not None]
+    return max(spreads) if spreads else None
+
+
+def cold_start(result: CellResult) -> str | None:
+    """What --cold did to a cell's runs ('evicted', 'not applicable', ...); None for a warm cell."""
+    done = sorted({run.cold_start for run in result.runs if run.cold_start})
+    return ", ".join(done) if done else ("cold" if result.cell.cold else None)
+
+
+def precision_text(result: CellResult) -> str:
+    """'3.1%' (the worst run's spread), with how many runs missed their target: '12.0% (1/3 not within 5%)'."""
+    worst = worst_spread(result)
+    if worst is None:
+        return "-"
+    missed = [run for run in result.runs if not run.precision_reached]
+    if not missed:
+        return f"{worst:.1%}"
+    target = result.runs[0].precision_target
+    within = f"{target:.0%}" if target is not None else "10%"
+    return f"{worst:.1%} ({len(missed)}/{len(result.runs)} not within {within})"
 
 
 def interval_method(result: CellResult) -> str:
@@ -77,7 +112,9 @@ def summary_row(result: CellResult) -> dict[str, Any]:
         "device_images_per_second": result.device_images_per_second, "final_loss_median": result.final_loss,
         "requests_per_image_median": result.requests_per_image, "bytes_per_image_median": result.bytes_per_image,
         "request_ms_median": result.request_ms_median, "request_ms_p90": result.request_ms_p90,
-        "run_dirs": " ".join(result.run_dirs)})
+        "precision_spread_pct_max": _pct(worst_spread(result)),
+        "precision_reached_runs": sum(1 for run in result.runs if run.precision_reached),
+        "cold_start": cold_start(result), "run_dirs": " ".join(result.run_dirs)})
     return row
 
 
@@ -97,11 +134,14 @@ def markdown_cells(result: CellResult) -> list[str]:
     cell = result.cell
     latency = "-" if cell.store == LOCAL else cell.latency
     share = "-" if result.input_share is None else f"{result.input_share * 100:.1f}%"
-    return [cell.format, cell.where.split(" ")[0] if cell.store != LOCAL else "local disk", latency, cell.pipeline,
+    store = cell.where.split(" ")[0] if cell.store != LOCAL else "local disk"
+    if cell.cold:
+        store += f" (cold: {cold_start(result)})" if cold_start(result) != "cold" else " (cold)"
+    return [cell.format, store, latency, cell.pipeline,
             cell.accelerator, f"{cell.learning_rate:g}", _num(result.images_per_second),
             interval_text(result.images_per_second_interval, result.repeats), _num(result.step_time_ms), share,
             result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2),
-            _num(result.request_ms_median), f"{result.repeats}/{result.repeats_asked}"]
+            _num(result.request_ms_median), precision_text(result), f"{result.repeats}/{result.repeats_asked}"]
 
 
 def _write_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
@@ -131,7 +171,8 @@ def markdown_table(results: list[CellResult]) -> list[str]:
 
 
 TABLE_NOTE = (f"images/s: the median over each cell's repeats; 95% interval: a {METHOD} (none with one repeat); "
-              "input share: input wait as a percentage of step time.")
+              "input share: input wait as a percentage of step time; precision: the widest apart any run's two "
+              "halves' images/s are.")
 
 
 def write_markdown(path: Path, results: list[CellResult], *, title: str, notes: list[str]) -> None:
