@@ -48,22 +48,27 @@ def watch_storage(timeout_s: float = 30.0, on_stuck=None):
 
 
 def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None,
-             what_if_storage: str | None = None, storage_client: str | None = None, work_dir=None):
+             what_if_storage: str | None = None, storage_client: str | None = None, work_dir=None,
+             service_link: str | None = None, service_worker_cores: float | None = None):
     """The probes of `stallscope diagnose` on your own tf.data.Dataset: compute alone (your compiled
     model, or an emulated device of `accelerator` speed), the pipeline alone warm and cold (where its
     files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text()).
     `what_if_storage` ("10ms,200Mbit", preset names; as `diagnose --what-if-storage`) adds the storage
     what-if, which files in a store get with the presets anyway; `storage_client` picks its client.
     `work_dir`: where the profile of the end-to-end steps is kept (a new folder in it each call; None: a
-    new temporary folder), for `stallscope analyze` and TensorBoard."""
+    new temporary folder), for `stallscope analyze` and TensorBoard. Where the input is CPU-bound the
+    tf.data service is sized: `service_link` ("10Gbit/s", as `--service-link`) and `service_worker_cores`
+    say its link and each worker's cores (None: a 10 Gbit/s link, workers with this host's free cores)."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset
+    from stallscope.analysis.service_sizing import ServiceAssumptions
     from stallscope.analysis.storage_whatif import parse_scenarios
     from stallscope.report.diagnosis import with_text
 
     options = DatasetDiagnoseOptions(steps=steps, accelerator=accelerator,
                                      files=tuple(files) if files is not None else None,
                                      storage_scenarios=parse_scenarios(what_if_storage) if what_if_storage else (),
-                                     storage_client=storage_client, work_dir=work_dir)
+                                     storage_client=storage_client, work_dir=work_dir,
+                                     service=ServiceAssumptions.given(service_link, service_worker_cores))
     return with_text(diagnose_dataset(dataset, model=model, options=options))
 
 

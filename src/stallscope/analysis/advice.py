@@ -265,12 +265,12 @@ def _data_service(analysis: "Analysis", base, evidence: str) -> Advice:
     config = analysis.config
     image_size = analysis.image_size or (config.image_size if config is not None else None)
     batch = config.batch_size if config is not None else None
-    inputs = sizing.ServiceInputs(
+    inputs = analysis.service.apply(sizing.ServiceInputs(  # the link and workers' cores where the user said them
         cpu_ms_per_element=max(base.pipeline_ms * busy / per_step, 1e-6),
         bytes_per_element=float(batch * sizing.decoded_image_bytes(image_size)) if batch and image_size else None,
         device_elements_per_second=per_step * 1000.0 / max(base.compute_ms, 1e-6),
         worker_cores=host_cores, trainer_cores=host_cores, images_per_element=batch or 1,
-        local_elements_per_second=per_step * 1000.0 / base.step_ms)
+        local_elements_per_second=per_step * 1000.0 / base.step_ms))
     item = data_service_advice(sizing.size_service(inputs), evidence, own_workload=config is not None,
                                basis="this host's pipeline as profiled")
 

@@ -19,7 +19,8 @@ from stallscope.analysis.cpu_window import CpuWindow, cpu_over_steps
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.stored_images import StoredImages, stored_images
-from stallscope.analysis.tfdata import StageTree, stage_tree
+from stallscope.analysis.service_sizing import ServiceAssumptions
+from stallscope.analysis.tfdata import SERVED_NOTE, StageTree, served, stage_tree
 from stallscope.analysis.xplane import XPLANE_SUFFIX, capture_files, find_captures, load_profile
 from stallscope.config import json_ready
 from stallscope.errors import StallscopeError
@@ -69,6 +70,7 @@ class Analysis:
     stored: StoredImages | None = None   # the stored images' size (stallscope's own runs: summary.json's source)
     image_size: int | None = None        # the model's input side (the run's summary.json)
     examples: int | None = None          # images in the data set (the run's summary.json)
+    service: ServiceAssumptions = ServiceAssumptions()  # the service's link and workers' cores, where given
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -173,11 +175,13 @@ class Analysis:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | None = None) -> Analysis:
+def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | None = None,
+                service: ServiceAssumptions = ServiceAssumptions()) -> Analysis:
     """Reads the profile (and the run's own files when there is a run) and diagnoses it.
 
     A directory is searched for captures at any depth (a Keras log's train/ and validation/);
-    the newest is read unless `capture` names another.
+    the newest is read unless `capture` names another. `service`: the tf.data service's link and
+    workers' cores where the user said them, for the service advice's sizing (else assumed).
     """
     files = capture_files(path, capture=capture)
     captures = find_captures(path) if Path(path).is_dir() else [files[0].parent]
@@ -210,6 +214,9 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
     else:
         changes = ()
         notes.append("no pipeline.json with the written chain or requested config: TF's rewrites are not shown")
+    on_service = served([s.name for s in tree.stages]) or served(ran) or served(written)
+    if on_service:
+        notes.append(SERVED_NOTE)
     figure = xprof_figure(profile_file) if with_xprof else None
     partial = Analysis(
         source=str(path), profile_path=str(profile_file), run_dir=str(run_dir) if run_dir else None,
@@ -218,10 +225,13 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         captures=tuple(str(c) for c in captures), hosts=tuple(hosts),
         decodes_images=decodes if isinstance(decodes, bool) else None,
         cpu_window=window, stored=stored_images(summary), image_size=_summary_int(summary, "image_size", config),
-        examples=_summary_int(summary, "dataset_size", None),
+        examples=_summary_int(summary, "dataset_size", None), service=service,
     )
-    fixes, checked = advice_module.split_by_gain(advice_module.recommend(
-        partial, config, cpu=resources.get("cpu") if isinstance(resources, dict) else None))
+    cpu = resources.get("cpu") if isinstance(resources, dict) else None
+    advised = advice_module.recommend(partial, config, cpu=cpu)
+    if on_service:  # already served: more CPU is the workers' (more of them), not a service to start
+        advised = [a for a in advised if a.key != "data_service"]
+    fixes, checked = advice_module.split_by_gain(advised)
     return dataclasses.replace(partial, advice=tuple(fixes), checked=tuple(checked))
 
 

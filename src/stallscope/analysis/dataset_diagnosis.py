@@ -27,6 +27,7 @@ from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
 from stallscope.analysis.probes import probe_dataset, probe_loop
 from stallscope.analysis.service_advice import service_advice
+from stallscope.analysis.service_sizing import ServiceAssumptions
 from stallscope.analysis.storage_whatif import CLIENTS, StorageScenario
 from stallscope.analysis.tfdata import ASYNC_PREFIXES
 from stallscope.config import AUTOTUNE, require_folder_to_write
@@ -74,7 +75,8 @@ class DatasetDiagnoseOptions:
     profile: profile a few end-to-end steps for the stage tree.
     work_dir: where that profile is kept (a new folder inside it each call); None: a new temporary folder.
     storage_scenarios: the storage what-if's scenarios (none: the presets, and only where the files are
-    in a store). storage_client: the object-store client it models (None: the one the graph reads with)."""
+    in a store). storage_client: the object-store client it models (None: the one the graph reads with).
+    service: the tf.data service's link and workers' cores where given, for its sizing (else assumed)."""
 
     steps: int = 30
     accelerator: str = "emulated:2000"
@@ -84,6 +86,7 @@ class DatasetDiagnoseOptions:
     storage_scenarios: tuple[StorageScenario, ...] = ()
     storage_client: str | None = None
     work_dir: Path | None = None
+    service: ServiceAssumptions = ServiceAssumptions()
 
     def __post_init__(self) -> None:
         if self.work_dir is not None:
@@ -201,7 +204,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
         notes.append(SERVED_NOTE)
     elif (service := service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
                                     bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
-                                    batches_per_step=per_step)) is not None:
+                                    batches_per_step=per_step, assumptions=options.service)) is not None:
         advice = [*advice, service]
     figures = what = None
     if options.storage_scenarios or options.storage_client or in_store or requests.requests:

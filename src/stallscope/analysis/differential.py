@@ -38,6 +38,7 @@ from stallscope.analysis.advice import (
 )
 from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
 from stallscope.analysis.service_advice import service_advice
+from stallscope.analysis.service_sizing import ServiceAssumptions
 from stallscope.analysis.service_sizing import decoded_image_bytes
 from stallscope.analysis.storage_counters import (
     StorageCounters,
@@ -117,6 +118,7 @@ class DiagnoseOptions:
     storage_counters: a store's counters file (`StorageCounters`), read around the pipeline probe:
         requests, connections and bytes per image are then measured, not modelled.
     extra_stages: builder hooks added to every probe's pipeline (library use: tests, experiments).
+    service: the tf.data service's link and workers' cores where given (`--service-link`, ...), for its sizing.
     """
 
     train: TrainOptions
@@ -130,6 +132,7 @@ class DiagnoseOptions:
     storage_client: str | None = None
     storage_counters: Path | None = None
     extra_stages: Mapping[str, Callable] | None = dataclasses.field(default=None, compare=False)
+    service: ServiceAssumptions = ServiceAssumptions()
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, TrainOptions):
@@ -834,7 +837,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                    what=what if under.remote else None, examples=source.num_examples)
     notes = (*notes, *map(checked_note, checked))
     service = service_advice(max(phases, key=lambda p: p.input_share), parts, batch_size=config.batch_size,
-                             cores=free_cores(warm), own_workload=True,
+                             cores=free_cores(warm), own_workload=True, assumptions=options.service,
                              bytes_per_element=float(config.batch_size * decoded_image_bytes(config.image_size)))
     if service is not None and not config.data_service:
         advice = [*advice, service]

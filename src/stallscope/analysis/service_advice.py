@@ -24,26 +24,28 @@ def cpu_bound(phase) -> bool:
 
 
 def service_inputs(phase, parts, *, batch_size: int, cores: float, bytes_per_element: float | None,
-                   batches_per_step: int = 1, link_gbps: float = sizing.DEFAULT_LINK_GBPS,
-                   worker_cores: float | None = None) -> sizing.ServiceInputs:
+                   batches_per_step: int = 1,
+                   assumptions: sizing.ServiceAssumptions = sizing.ServiceAssumptions()) -> sizing.ServiceInputs:
     """The sizing's inputs from a diagnosis: the pipeline's CPU per batch measured alone (all threads),
-    the compute alone as the device's pace, this host's free cores for workers like it and for receiving."""
-    return sizing.ServiceInputs(
+    the compute alone as the device's pace, this host's free cores for receiving and, unless the
+    assumptions say the workers' cores, for workers like it; the link as given, else the default."""
+    return assumptions.apply(sizing.ServiceInputs(
         cpu_ms_per_element=max(parts.cpu_ms_per_image * batch_size, 1e-6),
         bytes_per_element=bytes_per_element,
         device_elements_per_second=batches_per_step * 1000.0 / max(phase.compute_ms, 1e-6),
-        worker_cores=worker_cores or cores, trainer_cores=cores, link_gbps=link_gbps,
-        images_per_element=batch_size,
-        local_elements_per_second=batches_per_step * 1000.0 / phase.step_ms if phase.step_ms > 0 else None)
+        worker_cores=cores, trainer_cores=cores, images_per_element=batch_size,
+        local_elements_per_second=batches_per_step * 1000.0 / phase.step_ms if phase.step_ms > 0 else None))
 
 
 def service_advice(phase, parts, *, batch_size: int, cores: float, bytes_per_element: float | None,
-                   own_workload: bool, batches_per_step: int = 1) -> Advice | None:
-    """The sized service advice, priced by the sizing's ceiling; None where the input is not CPU-bound."""
+                   own_workload: bool, batches_per_step: int = 1,
+                   assumptions: sizing.ServiceAssumptions = sizing.ServiceAssumptions()) -> Advice | None:
+    """The sized service advice, priced by the sizing's ceiling; None where the input is not CPU-bound.
+    `assumptions`: the link and the workers' cores where the user said them."""
     if not cpu_bound(phase):
         return None
     inputs = service_inputs(phase, parts, batch_size=batch_size, cores=cores, bytes_per_element=bytes_per_element,
-                            batches_per_step=batches_per_step)
+                            batches_per_step=batches_per_step, assumptions=assumptions)
     plan = sizing.size_service(inputs)
     evidence = (f"{phase.preprocessing_stall_ms:.1f} ms of each {phase.step_ms:.1f} ms step waits on CPU work; with "
                 f"all {cores:.1f} free core(s) parallel the input share would still be "

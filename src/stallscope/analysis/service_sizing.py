@@ -44,7 +44,8 @@ class ServiceInputs:
     worker_cores: the cores of each worker; trainer_cores: the trainer's cores free to receive;
     link_gbps: the network between workers and trainer; compression: "none" or "auto" (TF's snappy);
     compression_ratio: raw over compressed bytes under snappy; images_per_element: the batch size;
-    local_elements_per_second: the trainer alone now (the pipeline on its own cores), for the crossover."""
+    local_elements_per_second: the trainer alone now (the pipeline on its own cores), for the crossover;
+    link_given, worker_cores_given: the user said the link and the workers' cores (else they are assumed)."""
 
     cpu_ms_per_element: float
     bytes_per_element: float | None
@@ -56,6 +57,8 @@ class ServiceInputs:
     compression_ratio: float = DECODED_FLOAT_RATIO
     images_per_element: int = 1
     local_elements_per_second: float | None = None
+    link_given: bool = False
+    worker_cores_given: bool = False
 
     def __post_init__(self) -> None:
         for name in ("cpu_ms_per_element", "device_elements_per_second", "worker_cores", "trainer_cores",
@@ -70,6 +73,65 @@ class ServiceInputs:
         if isinstance(self.images_per_element, bool) or not isinstance(self.images_per_element, int) \
                 or self.images_per_element < 1:
             raise UsageError(f"images_per_element: expected an integer >= 1, got {self.images_per_element!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceAssumptions:
+    """The service's hardware, which no probe here can measure: the link to the trainer (Gbit/s) and each
+    worker's cores. None: assumed (a 10 Gbit/s link; workers with this host's free cores)."""
+
+    link_gbps: float | None = None
+    worker_cores: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("link_gbps", "worker_cores"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise UsageError(f"{name}: expected a number above 0 or None, got {value!r}")
+
+    @classmethod
+    def given(cls, link: str | None = None, worker_cores: float | None = None) -> "ServiceAssumptions":
+        """From the API's words: `link` as a bandwidth ("10Gbit/s"), `worker_cores` a number of cores."""
+        if link is not None and not isinstance(link, str):
+            raise UsageError(f"service_link: expected a bandwidth such as '10Gbit/s', got {link!r}")
+        try:
+            gbps = None if link is None else parse_link_gbps(link)
+        except ValueError as exc:
+            raise UsageError(f"service_link: expected {exc}") from None
+        if worker_cores is not None and (isinstance(worker_cores, bool) or not isinstance(worker_cores, (int, float))
+                                         or not 0 < worker_cores < math.inf):
+            raise UsageError(f"service_worker_cores: expected a number of cores above 0, got {worker_cores!r}")
+        return cls(link_gbps=gbps, worker_cores=None if worker_cores is None else float(worker_cores))
+
+    def apply(self, inputs: "ServiceInputs") -> "ServiceInputs":
+        """The inputs with what was given in place of what was assumed, marked as given."""
+        changes: dict = {}
+        if self.link_gbps is not None:
+            changes.update(link_gbps=self.link_gbps, link_given=True)
+        if self.worker_cores is not None:
+            changes.update(worker_cores=self.worker_cores, worker_cores_given=True)
+        return dataclasses.replace(inputs, **changes) if changes else inputs
+
+
+def parse_link_gbps(text: str) -> float:
+    """Gbit/s from a bandwidth as the storage what-if takes it (10Gbit, 25Gbit/s, 1250MB/s, 800Mbit).
+    ValueError says what was expected: a link has a finite bandwidth."""
+    from stallscope.analysis.storage_whatif import parse_bandwidth
+
+    spelled = text.strip()
+    if spelled.lower().endswith("bit/s"):  # 10Gbit/s: the storage what-if spells bits without /s
+        spelled = spelled[:-2]
+    elif spelled.endswith("bps"):  # 10Gbps is bits, as NICs are sold (10GBps, bytes, is left as it is)
+        spelled = spelled[:-3] + "bit"
+    expected = f"a bandwidth above 0 such as 10Gbit/s, 25Gbit or 1250MB/s, got {text.strip()!r}"
+    try:
+        bytes_per_second = parse_bandwidth(spelled)
+    except ValueError:
+        raise ValueError(expected) from None
+    if not bytes_per_second < math.inf:
+        raise ValueError(expected)
+    return bytes_per_second * 8 / 1e9
 
 
 @dataclasses.dataclass(frozen=True)

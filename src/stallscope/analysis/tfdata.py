@@ -104,6 +104,18 @@ def work_text(stage: Stage) -> str:
 
 DEVICE_FEED_NOTE = ("device feed: tf.distribute's per-device iterator (a `Generator` that only waits for the host "
                     "pipeline beside it), not a Python generator of yours; the walk passes it by")
+SERVICE_STAGE = "DataService"  # tf.data.experimental.service.distribute(): the stage that receives from the workers
+SERVED_NOTE = ("the input is served by the tf.data service (a DataService stage): the stages up to distribute() run "
+               "on the service's workers, so this profile, the trainer's, cannot see them: it shows the DataService "
+               "stage, the wait for its elements and the stages after it, not the workers' stage tree, CPU or "
+               "files; a wait on DataService is the workers' pace or the link (more workers, fewer bytes per "
+               "element); diagnose the dataset before distribute() (as a worker runs it) for its stages, and "
+               "`stallscope serve` prints each worker's CPU")
+
+
+def served(names) -> bool:
+    """A pipeline with a DataService stage (stage or chain names): its stages up to it run on the workers."""
+    return any(name.startswith(SERVICE_STAGE) for name in names)
 
 
 def stage_key(event_name: str) -> str:

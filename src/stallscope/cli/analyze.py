@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from stallscope.cli.flags import add_flag
+from stallscope.cli.flags import add_flag, add_service_flags, service_from_args
 from stallscope.errors import UsageError
 from stallscope.extras import require
 
@@ -23,6 +23,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "capture", metavar="NAME", default=None,
              help="which capture to read when there are several (default: the newest)")
     add_report_flags(parser)
+    add_service_flags(parser)
 
 
 def add_report_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.analyze import analyze_run
 
     check_report_flags(args)
-    print_report(analyze_run(args.path, with_xprof=not args.no_xprof, capture=args.capture), args)
+    print_report(analyze_run(args.path, with_xprof=not args.no_xprof, capture=args.capture,
+                             service=service_from_args(args)), args)
     return 0
 
 

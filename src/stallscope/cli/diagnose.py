@@ -108,6 +108,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                    help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
                         "`stallscope storage serve`): requests and connections per image are then measured by "
                         "the store (data read by stallscope's own reader has its requests counted without one)")
+    flags.add_service_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
     out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
@@ -164,7 +165,8 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     options = DatasetDiagnoseOptions(steps=args.probe_steps, accelerator=args.accelerator,
                                      pipeline_budget_s=args.pipeline_budget,
                                      storage_scenarios=tuple(s for group in args.what_if_storage or () for s in group),
-                                     storage_client=args.storage_client, work_dir=args.work_dir)
+                                     storage_client=args.storage_client, work_dir=args.work_dir,
+                                     service=flags.service_from_args(args))
     return diagnose_dataset(dataset, model=model, options=options, progress=progress)
 
 
@@ -179,6 +181,7 @@ def options_from_args(args: argparse.Namespace):
         pipeline_budget_s=args.pipeline_budget, cold_cache=not args.no_cold_cache, work_dir=args.work_dir,
         storage_scenarios=tuple(s for group in args.what_if_storage or () for s in group),
         storage_client=args.storage_client, storage_counters=args.storage_counters,
+        service=flags.service_from_args(args),
     )
 
 

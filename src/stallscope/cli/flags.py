@@ -166,6 +166,47 @@ def positive_float(text: str) -> float:
     return value
 
 
+def link_bandwidth(text: str) -> float:
+    """A network link's bandwidth in Gbit/s: 10Gbit/s, 25Gbit, 1250MB/s."""
+    from stallscope.analysis.service_sizing import parse_link_gbps
+
+    try:
+        return parse_link_gbps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
+
+
+def core_count(text: str) -> float:
+    """A number of cores above 0 (fractions for a CPU quota): 8, 0.5."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _type_error("a number of cores above 0 such as 8", text) from None
+    if not 0 < value < float("inf"):
+        raise _type_error("a number of cores above 0 such as 8", text)
+    return value
+
+
+def add_service_flags(parser: argparse.ArgumentParser) -> None:
+    """--service-link and --service-worker-cores: what the tf.data service's sizing cannot measure."""
+    from stallscope.analysis.service_sizing import DEFAULT_LINK_GBPS
+
+    group = parser.add_argument_group("tf.data service sizing (where the input is CPU-bound)")
+    add_flag(group, "service_link", type=link_bandwidth, default=None, metavar="BANDWIDTH",
+             help=f"the network between the service's workers and this trainer, e.g. 10Gbit/s, 25Gbit or 1250MB/s "
+                  f"(default: assumed {DEFAULT_LINK_GBPS:g} Gbit/s)")
+    add_flag(group, "service_worker_cores", type=core_count, default=None, metavar="N",
+             help="the cores of each service worker (default: assumed as this host's free cores)")
+
+
+def service_from_args(args: argparse.Namespace):
+    """The ServiceAssumptions the service flags gave (None each where assumed)."""
+    from stallscope.analysis.service_sizing import ServiceAssumptions
+
+    return ServiceAssumptions(link_gbps=getattr(args, "service_link", None),
+                              worker_cores=getattr(args, "service_worker_cores", None))
+
+
 def int_or_autotune(text: str) -> int:
     """A tf.data parallelism or buffer knob: a positive integer or 'autotune'."""
     if text.strip().lower() in {"autotune", "auto", "-1"}:

@@ -231,6 +231,10 @@ def _md_advice(diagnosis) -> list[str]:
         lines.append(f"{number}. **{advice.title}**{_md_knobs(advice, own_dataset)}{_gain(advice)}: {advice.reason}")
         if own_dataset and advice.code:
             lines += ["", "   ```python", *[f"   {code}" for code in advice.code.splitlines()], "   ```"]
+        if advice.sizing is not None:
+            from stallscope.report.markdown import service_markdown
+
+            lines += ["", *service_markdown(advice.sizing, indent="   ")]
     return lines
 
 

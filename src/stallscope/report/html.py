@@ -59,14 +59,26 @@ def render_html(analysis: Analysis) -> str:
         knobs = f" <code>{e(flags)}</code>" if flags else ""
         command = f"<pre>$ {e(item.command)}</pre>" if item.command else ""
         basis = f"<br><small>model: {e(item.gain_basis)}</small>" if item.gain_basis else ""
+        sized = service_html(item.sizing) if item.sizing is not None else ""
         parts.append(f"<li><b>{e(item.title)}</b>{knobs}: {e(gain_text(item))}; {e(item.reason)}{basis}{command}"
-                     f"<pre>{e(item.code)}</pre></li>")
+                     f"<pre>{e(item.code)}</pre>{sized}</li>")
     parts.append("</ol>")
     if analysis.checked:
         parts.append("<ul>" + "".join(f"<li>{e(checked_line(item))}</li>" for item in analysis.checked) + "</ul>")
     parts += [f"<p><i>note: {e(n)}</i></p>" for n in analysis.notes]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def service_html(plan) -> str:
+    """The tf.data service what-if (`service_sizing.ServiceSizing`) as a table: a row per worker count."""
+    from stallscope.report.text import service_alone, service_heading, service_table
+
+    e = html.escape
+    header, rows = service_table(plan)
+    alone = service_alone(plan)
+    return (f"<p>{e(service_heading(plan))}:</p>" + _table(header, [[e(cell) for cell in row] for row in rows])
+            + (f"<p>{e(alone)}</p>" if alone else ""))
 
 
 def storage_html(figures, what) -> str:

@@ -56,9 +56,25 @@ def render_markdown(analysis: Analysis) -> str:
         if item.command:
             out.append(f"   `{item.command}`")
         out += ["", "   ```python", *[f"   {line}" for line in item.code.splitlines()], "   ```", ""]
+        if item.sizing is not None:
+            out += [*service_markdown(item.sizing, indent="   "), ""]
     out += [f"- {checked_line(item)}" for item in analysis.checked]
     out += [f"> note: {n}" for n in analysis.notes]
     return "\n".join(out) + "\n"
+
+
+def service_markdown(plan, indent: str = "") -> list[str]:
+    """The tf.data service what-if (`service_sizing.ServiceSizing`) as a table: a row per worker count."""
+    from stallscope.report.text import service_alone, service_heading, service_table
+
+    header, rows = service_table(plan)
+    heading = service_heading(plan)
+    out = [f"{indent}{heading[0].upper()}{heading[1:]}:", "",
+           f"{indent}| " + " | ".join(header) + " |", f"{indent}|---:|---:|---|---:|"]
+    out += [f"{indent}| " + " | ".join(row) + " |" for row in rows]
+    if (alone := service_alone(plan)) is not None:
+        out += ["", f"{indent}{alone[0].upper()}{alone[1:]}."]
+    return out
 
 
 def storage_markdown(figures, what) -> list[str]:

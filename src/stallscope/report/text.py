@@ -301,19 +301,44 @@ def _as_written_and_run(analysis: Analysis) -> list[str]:
     return lines
 
 
+def service_heading(plan) -> str:
+    """What the service what-if assumed: the workers' cores and the link, each given or assumed."""
+    inputs = plan.inputs
+    cores = "given" if inputs.worker_cores_given else "assumed: this host's free cores"
+    link = "given" if inputs.link_given else "assumed"
+    return (f"service what-if (workers of {inputs.worker_cores:g} cores, {cores}; link {inputs.link_gbps:g} Gbit/s, "
+            f"{link}; compression {inputs.compression})")
+
+
+def service_table(plan) -> tuple[list[str], list[list[str]]]:
+    """The what-if's header and a row per worker count: workers, images/s, what limits it, link MB/s."""
+    unit = "images/s" if plan.inputs.images_per_element > 1 else "elements/s"
+    rows = [[str(row.workers), f"{row.images_per_second:,.0f}", row.bound,
+             "" if row.link_mb_per_second is None else f"{row.link_mb_per_second:,.0f}"] for row in plan.rows]
+    return ["workers", unit, "limited by", "link MB/s"], rows
+
+
+def service_alone(plan) -> str | None:
+    """The trainer alone now, for the crossover (None: not known)."""
+    inputs = plan.inputs
+    if inputs.local_elements_per_second is None:
+        return None
+    unit = "images/s" if inputs.images_per_element > 1 else "elements/s"
+    return f"trainer alone now: {inputs.local_elements_per_second * inputs.images_per_element:,.0f} {unit}"
+
+
 def service_lines(plan) -> list[str]:
     """The tf.data service what-if of a `service_sizing.ServiceSizing`: a row per worker count, then
-    the ceiling and what the link carries there."""
-    inputs = plan.inputs
-    unit = "images/s" if inputs.images_per_element > 1 else "elements/s"
-    lines = [f"service what-if (workers of {inputs.worker_cores:g} cores, link {inputs.link_gbps:g} Gbit/s, "
-             f"compression {inputs.compression}):",
-             f"  {'workers':>7}  {unit:>12}  {'limited by':<10}  {'link MB/s':>9}"]
-    for row in plan.rows:
-        link = "" if row.link_mb_per_second is None else f"{row.link_mb_per_second:,.0f}"
-        lines.append(f"  {row.workers:>7}  {row.images_per_second:>12,.0f}  {row.bound:<10}  {link:>9}")
-    if inputs.local_elements_per_second is not None:
-        lines.append(f"  trainer alone now: {inputs.local_elements_per_second * inputs.images_per_element:,.0f} {unit}")
+    the trainer alone now."""
+    header, rows = service_table(plan)
+
+    def line(cells) -> str:  # the bound left-aligned, the figures right-aligned
+        widths = (7, 12, 10, 9)
+        return "  " + "  ".join(f"{c:<{w}}" if i == 2 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines = [f"{service_heading(plan)}:", line(header), *map(line, rows)]
+    if (alone := service_alone(plan)) is not None:
+        lines.append(f"  {alone}")
     return lines
 
 
