@@ -468,6 +468,28 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
     decoding): records
     instead of files, enough reads in flight on a private pool (latency x throughput), TF's GCS
     block size, caching the first epoch, and connection reuse where the client has a pool."""
+    dominated = _most_storage_dominated(what, config)
+    if dominated is None:
+        return []
+    row, current, cell = dominated
+    scenario = row.scenario
+    evidence = _storage_evidence(scenario.label, current, cell)
+    records = _convert_records(row, current, cell, config, evidence, dataset_path)
+    reading, cell, block_size = _smaller_gcs_block(current, cell, scenario, config, what, evidence)
+    enough = reading.enough_in_flight
+    pooled = _pooled_gcs_reads(current, config, what, scenario, cell, enough)
+    reads = (_gcs_reader(current, config, pooled, cell, enough, evidence) if pooled is not None
+             else _reads_in_flight(config, reading, cell, enough, evidence))
+    cache = _first_epoch_cache(config, data_bytes, memory_bytes, local_images_per_second, evidence)
+    reuse = _connection_reuse(current, enough, pooled, evidence)
+    advice = [a for a in (records, block_size, reads, cache, reuse) if a is not None]
+    advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
+    return sorted(advice, key=lambda a: STORAGE_ORDER.index(a.key))
+
+
+def _most_storage_dominated(what: "StorageWhatIf", config: PipelineConfig):
+    """(row, its current format, its cell as configured) of the named scenario whose input share is the
+    largest among those where storage limits an input-bound pipeline; None where none does."""
     from stallscope.analysis import storage_whatif as sw
 
     dominated = []
@@ -479,107 +501,149 @@ def storage_advice(what: "StorageWhatIf", config: PipelineConfig, *, data_bytes:
         if cell.prediction.verdict != "not" and cell.bound in sw.STORAGE_BOUNDS:
             dominated.append((cell.prediction.input_share, row, current, cell))
     if not dominated:
-        return []
+        return None
     _, row, current, cell = max(dominated, key=lambda item: item[0])
-    scenario = row.scenario
-    evidence = (f"at {scenario.label}, {current.format} through {current.client} ({current.basis}: "
-                f"{current.requests_per_image:.3g} requests per image): {cell.reads} give "
-                f"{cell.images_per_second:,.0f} images/s, {fmt_share(cell.prediction.input_share, 0)} of the step "
-                f"waits for input, limited by {cell.bound}")
-    advice: list[Advice] = []
-    if current.format == "files":
-        records = sw.as_configured(row.format("records"), config)
-        if records.images_per_second >= RECORDS_GAIN * cell.images_per_second:
-            advice.append(Advice(
-                "convert_records", "Convert the images to TFRecord shards", {},
-                "# one ranged GET per block of a 50 MiB shard instead of one request per image",
-                f"records need {row.format('records').requests_per_image:.3g} requests per image instead of "
-                f"{current.requests_per_image:.3g}: {records.images_per_second:,.0f} images/s "
-                f"({fmt_share(records.prediction.input_share, 0)} input) instead of {cell.images_per_second:,.0f}",
-                evidence,
-                command=f"stallscope convert --dataset_path {dataset_path} --output_path RECORDS, then "
-                        f"--source records --dataset_path RECORDS"))
-    reading = current
-    if current.client == "tf-gcs":
-        block_mb = sw.tf_gcs_client().block_bytes / sw.MIB
-        if block_mb > 1:  # pays where a shard is read in pieces and is smaller than the block
-            small = sw.predict_format(
-                sw.IoPattern(current.format, current.bytes_per_image, current.objects_per_image), scenario,
-                sw.tf_gcs_client(1), config, what.workload)
-            better = sw.as_configured(small, config)
-            best_now = max(cell.images_per_second, current.enough_in_flight.images_per_second)
-            best_small = max(better.images_per_second, small.enough_in_flight.images_per_second)
-            if best_small >= STORAGE_GAIN * best_now:  # as configured, or with the reads in flight advised below
-                reading, cell = small, better  # the reads in flight below are sized for 1 MB blocks
-                advice.append(Advice(
-                    "gcs_block_size", "Shrink TF's GCS read block to 1 MB", {},
-                    f"os.environ['{sw.GCS_BLOCK_ENV}'] = '1'  # before TensorFlow opens the first gs:// file",
-                    f"TF's gs:// gives every ranged GET of a shard a {block_mb:g} MB buffer (~{0.711 * block_mb:.0f} ms "
-                    f"of CPU, tensorflow/tensorflow#30327), whatever the shard holds; at 1 MB: up to "
-                    f"{best_small:,.0f} images/s instead of {best_now:,.0f}", evidence,
-                    command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ..."))
-    enough = reading.enough_in_flight
-    pooled = _pooled_gcs_reads(current, config, what, scenario, cell, enough)
-    if pooled is not None:
-        advice.append(Advice(
-            "gcs_reader", "Read gs:// over kept-alive connections (stallscope's pooled reader)",
-            {"gcs_reader": "pooled", "read_parallelism": pooled.read_parallelism,
-             "private_threadpool_size": pooled.private_threadpool_size, "deterministic": False,
-             **({"map_parallelism": AUTOTUNE} if config.map_parallelism is None else {}),
-             **({"prefetch": AUTOTUNE} if config.prefetch is None else {})},
-            "# obstore (Rust object_store) keeps its TLS connections; TF's gs:// opens one per request\n"
-            "store = obstore.store.GCSStore(BUCKET)\n"
-            "data = [bytes(obstore.get(store, key).bytes()) for key in group]  # on a pool of request threads",
-            f"TF's gs:// pays a TCP+TLS handshake with every request ({current.connections_per_image:.3g} "
-            f"connections per image); {pooled.reads}, over kept-alive connections: "
-            f"{pooled.images_per_second:,.0f} images/s ({fmt_share(pooled.prediction.input_share, 0)} input) "
-            "instead of "
-            f"{max(cell.images_per_second, enough.images_per_second):,.0f}", evidence))
-    elif cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second:
-        knobs: dict[str, Any] = {"read_parallelism": enough.read_parallelism,
-                                 "private_threadpool_size": enough.private_threadpool_size, "deterministic": False}
-        if config.map_parallelism is None:
-            knobs["map_parallelism"] = AUTOTUNE
-        if config.prefetch is None:
-            knobs["prefetch"] = AUTOTUNE
-        wait = reading.costs.wait_ms / max(reading.requests_per_image, 1e-12)
-        advice.append(Advice(
-            "reads_in_flight", f"Keep {enough.read_parallelism} reads in flight on a private thread pool", knobs,
-            "options = tf.data.Options()\n"
-            f"options.threading.private_threadpool_size = {enough.private_threadpool_size}\n"
-            f"dataset = files.interleave(read_one, cycle_length={enough.read_parallelism},\n"
-            f"                           num_parallel_calls={enough.read_parallelism}, deterministic=False)\n"
-            "dataset = dataset.with_options(options)",
-            f"{cell.in_flight:.1f} requests in flight ({cell.reads}) wait {wait:.1f} ms each; latency x throughput = "
-            f"{wait:.1f} ms x {enough.images_per_second * reading.requests_per_image:,.0f} requests/s needs "
-            f"{enough.read_parallelism} in flight, and a pool of {enough.private_threadpool_size} threads (reads + "
-            f"decode; the shared pool has one per core): {enough.images_per_second:,.0f} images/s "
-            f"({fmt_share(enough.prediction.input_share, 0)} input)", evidence))
-    if config.cache == "none":
-        fits = data_bytes < memory_bytes * CACHE_MEMORY_FRACTION
-        advice.append(Advice(
-            "cache", "Cache the first epoch's bytes" + (" in memory" if fits else " on local disk"),
-            {"cache": "memory", "cache_at": "encoded"} if fits else {},
-            "dataset = dataset.cache(" + ("" if fits else "'/local/ssd/stallscope-cache'")
-            + ")  # after reading, before decoding",
-            f"only the first epoch pays the store; later epochs read locally at about "
-            f"{local_images_per_second:,.0f} images/s (the data: {data_bytes / 1e6:,.0f} MB)", evidence,
-            command="" if fits else "--cache file --cache-path /local/ssd/stallscope-cache"))
+    return row, current, cell
+
+
+def _storage_evidence(label: str, current, cell) -> str:
+    """What every storage fix rests on: the store, the format and client, and what they give as configured."""
+    return (f"at {label}, {current.format} through {current.client} ({current.basis}: "
+            f"{current.requests_per_image:.3g} requests per image): {cell.reads} give "
+            f"{cell.images_per_second:,.0f} images/s, {fmt_share(cell.prediction.input_share, 0)} of the step "
+            f"waits for input, limited by {cell.bound}")
+
+
+def _convert_records(row, current, cell, config: PipelineConfig, evidence: str, dataset_path: str) -> Advice | None:
+    """Image files converted to records, where the records' fewer requests gain RECORDS_GAIN (a
+    conversion costs a pass over the data); else None."""
+    from stallscope.analysis import storage_whatif as sw
+
+    if current.format != "files":
+        return None
+    records = sw.as_configured(row.format("records"), config)
+    if not records.images_per_second >= RECORDS_GAIN * cell.images_per_second:
+        return None
+    return Advice(
+        "convert_records", "Convert the images to TFRecord shards", {},
+        "# one ranged GET per block of a 50 MiB shard instead of one request per image",
+        f"records need {row.format('records').requests_per_image:.3g} requests per image instead of "
+        f"{current.requests_per_image:.3g}: {records.images_per_second:,.0f} images/s "
+        f"({fmt_share(records.prediction.input_share, 0)} input) instead of {cell.images_per_second:,.0f}",
+        evidence,
+        command=f"stallscope convert --dataset_path {dataset_path} --output_path RECORDS, then "
+                f"--source records --dataset_path RECORDS")
+
+
+def _smaller_gcs_block(current, cell, scenario, config: PipelineConfig, what: "StorageWhatIf", evidence: str):
+    """(reading, cell, advice): TF's gs:// with a 1 MB read block where that gains STORAGE_GAIN, as
+    configured or with the reads in flight advised after it, which are then sized for 1 MB blocks;
+    else the current reading and cell, and no advice."""
+    from stallscope.analysis import storage_whatif as sw
+
+    if current.client != "tf-gcs":
+        return current, cell, None
+    block_mb = sw.tf_gcs_client().block_bytes / sw.MIB
+    if block_mb <= 1:  # pays where a shard is read in pieces and is smaller than the block
+        return current, cell, None
+    small = sw.predict_format(
+        sw.IoPattern(current.format, current.bytes_per_image, current.objects_per_image), scenario,
+        sw.tf_gcs_client(1), config, what.workload)
+    better = sw.as_configured(small, config)
+    best_now = max(cell.images_per_second, current.enough_in_flight.images_per_second)
+    best_small = max(better.images_per_second, small.enough_in_flight.images_per_second)
+    if not best_small >= STORAGE_GAIN * best_now:  # as configured, or with the reads in flight advised below
+        return current, cell, None
+    return small, better, Advice(
+        "gcs_block_size", "Shrink TF's GCS read block to 1 MB", {},
+        f"os.environ['{sw.GCS_BLOCK_ENV}'] = '1'  # before TensorFlow opens the first gs:// file",
+        f"TF's gs:// gives every ranged GET of a shard a {block_mb:g} MB buffer (~{0.711 * block_mb:.0f} ms "
+        f"of CPU, tensorflow/tensorflow#30327), whatever the shard holds; at 1 MB: up to "
+        f"{best_small:,.0f} images/s instead of {best_now:,.0f}", evidence,
+        command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ...")
+
+
+def _gcs_reader(current, config: PipelineConfig, pooled, cell, enough, evidence: str) -> Advice:
+    """stallscope's pooled gs:// reader with `pooled`'s reads in flight: kept-alive connections instead
+    of a handshake per request."""
+    return Advice(
+        "gcs_reader", "Read gs:// over kept-alive connections (stallscope's pooled reader)",
+        {"gcs_reader": "pooled", "read_parallelism": pooled.read_parallelism,
+         "private_threadpool_size": pooled.private_threadpool_size, "deterministic": False,
+         **({"map_parallelism": AUTOTUNE} if config.map_parallelism is None else {}),
+         **({"prefetch": AUTOTUNE} if config.prefetch is None else {})},
+        "# obstore (Rust object_store) keeps its TLS connections; TF's gs:// opens one per request\n"
+        "store = obstore.store.GCSStore(BUCKET)\n"
+        "data = [bytes(obstore.get(store, key).bytes()) for key in group]  # on a pool of request threads",
+        f"TF's gs:// pays a TCP+TLS handshake with every request ({current.connections_per_image:.3g} "
+        f"connections per image); {pooled.reads}, over kept-alive connections: "
+        f"{pooled.images_per_second:,.0f} images/s ({fmt_share(pooled.prediction.input_share, 0)} input) "
+        "instead of "
+        f"{max(cell.images_per_second, enough.images_per_second):,.0f}", evidence)
+
+
+def _reads_in_flight(config: PipelineConfig, reading, cell, enough, evidence: str) -> Advice | None:
+    """Enough reads in flight on a private pool (latency x throughput), where requests limit the
+    reading and enough of them gain STORAGE_GAIN; else None."""
+    if not (cell.bound == "requests" and enough.images_per_second >= STORAGE_GAIN * cell.images_per_second):
+        return None
+    knobs: dict[str, Any] = {"read_parallelism": enough.read_parallelism,
+                             "private_threadpool_size": enough.private_threadpool_size, "deterministic": False}
+    if config.map_parallelism is None:
+        knobs["map_parallelism"] = AUTOTUNE
+    if config.prefetch is None:
+        knobs["prefetch"] = AUTOTUNE
+    wait = reading.costs.wait_ms / max(reading.requests_per_image, 1e-12)
+    return Advice(
+        "reads_in_flight", f"Keep {enough.read_parallelism} reads in flight on a private thread pool", knobs,
+        "options = tf.data.Options()\n"
+        f"options.threading.private_threadpool_size = {enough.private_threadpool_size}\n"
+        f"dataset = files.interleave(read_one, cycle_length={enough.read_parallelism},\n"
+        f"                           num_parallel_calls={enough.read_parallelism}, deterministic=False)\n"
+        "dataset = dataset.with_options(options)",
+        f"{cell.in_flight:.1f} requests in flight ({cell.reads}) wait {wait:.1f} ms each; latency x throughput = "
+        f"{wait:.1f} ms x {enough.images_per_second * reading.requests_per_image:,.0f} requests/s needs "
+        f"{enough.read_parallelism} in flight, and a pool of {enough.private_threadpool_size} threads (reads + "
+        f"decode; the shared pool has one per core): {enough.images_per_second:,.0f} images/s "
+        f"({fmt_share(enough.prediction.input_share, 0)} input)", evidence)
+
+
+def _first_epoch_cache(config: PipelineConfig, data_bytes: int, memory_bytes: float,
+                       local_images_per_second: float, evidence: str) -> Advice | None:
+    """A cache of the first epoch's bytes where the pipeline has none: in memory where the data is under
+    CACHE_MEMORY_FRACTION of it, else on local disk; None where it caches already."""
+    if config.cache != "none":
+        return None
+    fits = data_bytes < memory_bytes * CACHE_MEMORY_FRACTION
+    return Advice(
+        "cache", "Cache the first epoch's bytes" + (" in memory" if fits else " on local disk"),
+        {"cache": "memory", "cache_at": "encoded"} if fits else {},
+        "dataset = dataset.cache(" + ("" if fits else "'/local/ssd/stallscope-cache'")
+        + ")  # after reading, before decoding",
+        f"only the first epoch pays the store; later epochs read locally at about "
+        f"{local_images_per_second:,.0f} images/s (the data: {data_bytes / 1e6:,.0f} MB)", evidence,
+        command="" if fits else "--cache file --cache-path /local/ssd/stallscope-cache")
+
+
+def _connection_reuse(current, enough, pooled, evidence: str) -> Advice | None:
+    """A larger S3 pool where more reads are in flight than s3fs keeps connections for; or, for image
+    files through TF's gs:// with no pooled reader advised, fewer requests (it opens one per request)."""
+    from stallscope.analysis import storage_whatif as sw
+
     if not sw.client_named(current.client).new_connection_per_request and current.client == "s3fs" and \
             enough.read_parallelism and enough.read_parallelism > S3_POOL_CONNECTIONS:
-        advice.append(Advice(
+        return Advice(
             "connection_reuse", f"Let the S3 client pool {enough.read_parallelism} connections", {},
             f"s3fs.S3FileSystem(config_kwargs={{'max_pool_connections': {enough.read_parallelism}}})",
             f"{enough.read_parallelism} reads in flight over aiobotocore's default pool of {S3_POOL_CONNECTIONS} "
-            "connections would open and close the rest per request", evidence))
-    elif current.client == "tf-gcs" and current.format == "files" and pooled is None:
-        advice.append(Advice(
+            "connections would open and close the rest per request", evidence)
+    if current.client == "tf-gcs" and current.format == "files" and pooled is None:
+        return Advice(
             "connection_reuse", "Fewer requests: TF's gs:// opens a connection per request", {},
             "# TF's gs:// has no connection pool: every request pays a TCP+TLS handshake (~4 round trips)",
             f"{current.connections_per_image:.3g} connections per image; records cut them with the requests, "
-            "and an fsspec reader (gcsfs, s3fs) keeps a pool", evidence))
-    advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
-    return sorted(advice, key=lambda a: STORAGE_ORDER.index(a.key))
+            "and an fsspec reader (gcsfs, s3fs) keeps a pool", evidence)
+    return None
 
 
 def _pooled_gcs_reads(current, config: PipelineConfig, what: "StorageWhatIf", scenario, cell, enough):

@@ -108,55 +108,128 @@ class DatasetDiagnoseOptions:
 def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | None = None,
                      progress: Callable[[str], None] | None = None) -> differential.Diagnosis:
     """Runs the probes on `dataset` (batches of (inputs, targets)) and splits the step as `diagnose` does."""
-    import tensorflow as tf
-
-    if not isinstance(dataset, tf.data.Dataset):
-        raise UsageError(f"dataset: expected a tf.data.Dataset, got {type(dataset).__name__}")
+    _require_dataset(dataset)
     options = options or DatasetDiagnoseOptions()
     say = progress or (lambda message: logger.info("%s", message))
     started = time.perf_counter()
     notes: list[str] = []
-    graph = _graph(dataset)  # serialized once: its files, ops and reading stage are read from it
-    ran, chain = _as_run(dataset, notes)  # and once as TF runs it: its stages and maps' parallel calls
+    seen = _read_dataset(dataset, options, notes)
+    take_step, device_name, per_step = _device(model, options.accelerator)
+    feed = fed_to(model)  # a strategy's model: its distributed dataset; else the dataset as given
+    alone = _probe_pipeline_alone(dataset, seen, options, notes, say)
+    warm = alone.warm
+    private_pool = dataset.options().threading.private_threadpool_size or 0
+    dataset_passes = _passes_of(dataset, notes)
+    config = config_from_chain(seen.chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
+                               shuffle=dataset_passes, map_parallelism=_map_parallelism(seen.ran, seen.chain))
+    parts = differential.breakdown(warm, alone.cold, config)
+    data_bytes = _data_bytes(seen.files)
+    steady = differential.steady_state_for(data_bytes) if alone.cold is not None else "warm"
+    compute, end_to_end, analysis = _probe_training(dataset, feed, take_step, seen, dataset_passes, warm, options,
+                                                    notes, say, per_step=per_step)
+    phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
+                                   batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
+                                   steady_cache=steady)
+    if analysis is not None and analysis.verdict is not None and analysis.verdict != phase.verdict:
+        notes.append(_verdicts_differ_note(phase, analysis))
+    examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
+    advice = _dataset_advice(dataset, seen, phase, parts, config, warm, options, notes, examples=examples,
+                             data_bytes=data_bytes, per_step=per_step)
+    figures, what = _storage_figures(seen, alone, options, notes, data_bytes=data_bytes, examples=examples,
+                                     config=config, parts=parts, phase=phase, private_pool=private_pool)
+    return differential.Diagnosis(
+        source={"kind": "dataset", "path": _files_text(seen.files), "split": None, "examples": examples or "unknown",
+                "files": len(seen.files), "bytes": data_bytes},
+        pipeline=config, accelerator=device_name, warm=warm, cold=alone.cold, pipeline_breakdown=parts,
+        phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
+        notes=tuple(notes), analysis=analysis, stages=tuple(seen.chain), storage=figures, storage_whatif=what,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seen:
+    """What the dataset's graph says of it, read once before any probe: every later step asks it."""
+
+    graph: Any            # serialized once: its files, ops and reading stage are read from it
+    ran: Any              # and once as TF runs it: its stages and maps' parallel calls
+    chain: list[str]
+    ops: set[str]
+    served: bool          # distribute(): the pipeline runs on the service's workers
+    files: list[str]
+    in_store: list[str]   # the files in an object store, which every epoch reads again
+
+
+@dataclasses.dataclass(frozen=True)
+class _PipelineAlone:
+    """The pipeline-alone probes: cold (None where not probed) and warm, the requests the warm one made
+    through stallscope.read_files / read_records, and the store's round trip and bandwidth where timed."""
+
+    cold: Any
+    warm: Any
+    requests: Any
+    round_trips: Any
+    bandwidth: Any
+
+
+def _require_dataset(dataset) -> None:
+    """Only a tf.data.Dataset has the graph every probe reads."""
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise UsageError(f"dataset: expected a tf.data.Dataset, got {type(dataset).__name__}")
+
+
+def _read_dataset(dataset, options: DatasetDiagnoseOptions, notes: list[str]) -> _Seen:
+    """The dataset's graph, its stages as TF runs them and its files (`options.files` where given), with a
+    note where it has no batch stage, so an unbatched element is not silently taken for a batch."""
+    graph = _graph(dataset)
+    ran, chain = _as_run(dataset, notes)
     ops = _ops_in(graph)
-    served = bool(ops & SERVICE_OPS)  # distribute(): the pipeline runs on the service's workers
+    served = bool(ops & SERVICE_OPS)
     if chain and not served and not any(name.startswith(BATCH_STAGES) for name in chain):
         notes.append(f"the dataset has no batch stage ({' -> '.join(chain)}): each element is taken as one batch, "
                      "of as many examples as its first dimension; if that is an image's height, add "
                      ".batch(BATCH_SIZE) before diagnosing")
     files = list(options.files) if options.files is not None else _files_in(graph)
-    take_step, device_name, per_step = _device(model, options.accelerator)
-    feed = fed_to(model)  # a strategy's model: its distributed dataset; else the dataset as given
+    return _Seen(graph, ran, chain, ops, served, files, in_store=[f for f in files if is_remote(f)])
 
-    cold = None
-    in_store = [f for f in files if is_remote(f)]
-    if in_store:
-        notes.append(f"cold page cache not probed: the files are in a store ({in_store[0]}), which every epoch "
-                     "reads again, so the pipeline-alone probe already measures reads from it")
-    elif files:
-        say(f"probe: pipeline alone, cold page cache ({len(files)} file(s) evicted)")
-        cold = probe_dataset(dataset, cache_state="cold", files=files, max_batches=options.steps,
-                             budget_s=options.pipeline_budget_s)
-    else:
-        notes.append("cold page cache not probed: the dataset's graph names no files (a dataset built from "
-                     "memory, or files= not given), so nothing could be evicted")
+
+def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: list[str],
+                          say) -> _PipelineAlone:
+    """The pipeline without the model: cold where its files can be evicted, warm, and the store's
+    timing where the files are in one."""
+    cold = _probe_cold(dataset, seen, options, notes, say)
     say("probe: pipeline alone, warm page cache")
     read_before = request_tally.snapshot()
-    warm = probe_dataset(dataset, cache_state="warm", files=files, max_batches=options.steps,
+    warm = probe_dataset(dataset, cache_state="warm", files=seen.files, max_batches=options.steps,
                          budget_s=options.pipeline_budget_s)
     requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
     round_trips = bandwidth = None
-    if in_store:
+    if seen.in_store:
         say(TIMING_STEP)
-        round_trips, bandwidth = time_store(in_store)
-    private_pool = dataset.options().threading.private_threadpool_size or 0
-    dataset_passes = _passes_of(dataset, notes)
-    config = config_from_chain(chain, batch_size=max(1, warm.batch_size), private_pool=private_pool,
-                               shuffle=dataset_passes, map_parallelism=_map_parallelism(ran, chain))
-    parts = differential.breakdown(warm, cold, config)
-    data_bytes = _data_bytes(files)
-    steady = differential.steady_state_for(data_bytes) if cold is not None else "warm"
+        round_trips, bandwidth = time_store(seen.in_store)
+    return _PipelineAlone(cold, warm, requests, round_trips, bandwidth)
 
+
+def _probe_cold(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: list[str], say):
+    """The cold page-cache probe, only where there are local files to evict; else None, with a note of why."""
+    if seen.in_store:
+        notes.append(f"cold page cache not probed: the files are in a store ({seen.in_store[0]}), which every epoch "
+                     "reads again, so the pipeline-alone probe already measures reads from it")
+        return None
+    if not seen.files:
+        notes.append("cold page cache not probed: the dataset's graph names no files (a dataset built from "
+                     "memory, or files= not given), so nothing could be evicted")
+        return None
+    say(f"probe: pipeline alone, cold page cache ({len(seen.files)} file(s) evicted)")
+    return probe_dataset(dataset, cache_state="cold", files=seen.files, max_batches=options.steps,
+                         budget_s=options.pipeline_budget_s)
+
+
+def _probe_training(dataset, feed, take_step, seen: _Seen, dataset_passes: Passes, warm,
+                    options: DatasetDiagnoseOptions, notes: list[str], say, *, per_step: int):
+    """(compute, end_to_end, analysis): the step on cached batches, then on the dataset over a window
+    that holds whole passes where a shuffle refills, then (options.profile) a few profiled steps."""
     say("probe: compute alone")
     cached = dataset.take(COMPUTE_CACHED_BATCHES).cache().repeat()
     compute = probe_loop("compute", "train", feed(cached), take_step, steps=options.steps, warmup=WARMUP_STEPS,
@@ -168,60 +241,77 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                      step_ms=compute.step_ms + warm.ms_per_batch * per_step, ms_per_element=warm.ms_per_image)
     end_to_end = probe_loop("end_to_end", "train", feed(dataset), take_step, steps=window, warmup=WARMUP_STEPS,
                             batches_per_step=per_step)
-    record = pipeline_record(graph, ran) if graph is not None and ran is not None else None
+    record = pipeline_record(seen.graph, seen.ran) if seen.graph is not None and seen.ran is not None else None
     analysis = (_profiled_stage_tree(feed(dataset), take_step, notes, say, steps=_profiled_steps(window, stepped),
                                      record=record, work_dir=options.work_dir, per_step=per_step)
                 if options.profile else None)
-    phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
-                                   batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
-                                   steady_cache=steady)
-    if analysis is not None and analysis.verdict is not None and analysis.verdict != phase.verdict:
-        notes.append(_verdicts_differ_note(phase, analysis))
-    examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
+    return compute, end_to_end, analysis
+
+
+def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, warm,
+                    options: DatasetDiagnoseOptions, notes: list[str], *, examples: int | None, data_bytes: int,
+                    per_step: int) -> list[Advice]:
+    """`recommend`'s fixes less those the graph rules out, the reader's first where the step waits for
+    input, priced (those that gain too little become notes), and the tf.data service's where it pays."""
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
-    if graph is None or not decodes_images(graph):  # no image decoded: smaller ones would not help
-        advice = [a for a in advice if a.key != "max_side"]
-    if chain and not set(chain) & set(MAP_STAGES):  # no map: nothing to run one intra-op thread per element
-        advice = [a for a in advice if a.key != "outer_parallelism"]
-    generator = next((name for name in chain if name.startswith(GENERATOR_STAGES)), None)
-    if generator:  # its source is Python (from_generator): no files to read in parallel
-        advice = [parallel_generator(generator, a.evidence) if a.key == "parallel_interleave" else a for a in advice]
-    stateful = _stateful_map_ops(graph) if config.map_parallelism is None else []
-    if stateful and dataset.options().experimental_optimization.map_parallelization is not False:
-        notes.append(f"TF's map_parallelization left a map sequential: its function holds a stateful op "
-                     f"({', '.join(stateful)}), and TF parallelizes only stateless ones; give it "
-                     "num_parallel_calls=tf.data.AUTOTUNE yourself, or use stateless ops (tf.random.stateless_uniform "
-                     "with a seed, tf.image.stateless_random_flip_left_right, ...)")
+    advice = _fitting_the_graph(advice, seen)
+    notes += _sequential_stateful_map_note(dataset, seen.graph, config)
     if phase.cause != "none":
-        advice = reader_advice(ops, files, f"{fmt_share(phase.input_share, 0)} of the step waits for input, "
-                                          f"cause: {phase.cause}") + advice
+        advice = reader_advice(seen.ops, seen.files, f"{fmt_share(phase.input_share, 0)} of the step waits for input, "
+                                                     f"cause: {phase.cause}") + advice
     advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
                                                 examples=examples or 0)
     notes += map(differential.checked_note, checked)
-    if served:  # what the workers do is theirs to change: only a prefetch after distribute() helps here
-        advice = [a for a in advice if a.key == "prefetch"]
+    if seen.served:  # what the workers do is theirs to change: only a prefetch after distribute() helps here
         notes.append(SERVED_NOTE)
-    elif (service := service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
-                                    bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
-                                    batches_per_step=per_step, assumptions=options.service)) is not None:
-        advice = [*advice, service]
-    figures = what = None
-    if options.storage_scenarios or options.storage_client or in_store or requests.requests:
-        figures, what, more = dataset_storage(ops, files, data_bytes=data_bytes, examples=examples, config=config,
-                                              warm=warm, parts=parts, phase=phase,
-                                              scenarios=options.storage_scenarios, client=options.storage_client,
-                                              private_pool=private_pool,
-                                              reads=_read_map_in(graph), requests=requests,
-                                              round_trips=round_trips, bandwidth=bandwidth)
-        notes += more
-    return differential.Diagnosis(
-        source={"kind": "dataset", "path": _files_text(files), "split": None, "examples": examples or "unknown",
-                "files": len(files), "bytes": data_bytes},
-        pipeline=config, accelerator=device_name, warm=warm, cold=cold, pipeline_breakdown=parts,
-        phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
-        notes=tuple(notes), analysis=analysis, stages=tuple(chain), storage=figures, storage_whatif=what,
-    )
+        return [a for a in advice if a.key == "prefetch"]
+    service = service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
+                             bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
+                             batches_per_step=per_step, assumptions=options.service)
+    return advice if service is None else [*advice, service]
+
+
+def _fitting_the_graph(advice: list[Advice], seen: _Seen) -> list[Advice]:
+    """The advice less what the graph shows would change nothing: smaller images where none is decoded,
+    one intra-op thread where there is no map; a generator source gets the generator's parallelism
+    instead of parallel file reads."""
+    if seen.graph is None or not decodes_images(seen.graph):  # no image decoded: smaller ones would not help
+        advice = [a for a in advice if a.key != "max_side"]
+    if seen.chain and not set(seen.chain) & set(MAP_STAGES):  # no map: nothing to run one intra-op thread per element
+        advice = [a for a in advice if a.key != "outer_parallelism"]
+    generator = next((name for name in seen.chain if name.startswith(GENERATOR_STAGES)), None)
+    if generator:  # its source is Python (from_generator): no files to read in parallel
+        advice = [parallel_generator(generator, a.evidence) if a.key == "parallel_interleave" else a for a in advice]
+    return advice
+
+
+def _sequential_stateful_map_note(dataset, graph, config: PipelineConfig) -> list[str]:
+    """A note where TF's map_parallelization left a sequential map so because its function is stateful,
+    so the user knows to parallelize it by hand (or use stateless ops)."""
+    stateful = _stateful_map_ops(graph) if config.map_parallelism is None else []
+    if not stateful or dataset.options().experimental_optimization.map_parallelization is False:
+        return []
+    return [f"TF's map_parallelization left a map sequential: its function holds a stateful op "
+            f"({', '.join(stateful)}), and TF parallelizes only stateless ones; give it "
+            "num_parallel_calls=tf.data.AUTOTUNE yourself, or use stateless ops (tf.random.stateless_uniform "
+            "with a seed, tf.image.stateless_random_flip_left_right, ...)"]
+
+
+def _storage_figures(seen: _Seen, alone: _PipelineAlone, options: DatasetDiagnoseOptions, notes: list[str], *,
+                     data_bytes: int, examples: int | None, config: PipelineConfig, parts, phase, private_pool: int):
+    """(figures, what-if) of the storage the dataset reads, where a store was named or the files are in
+    one or read through stallscope's readers; else (None, None)."""
+    if not (options.storage_scenarios or options.storage_client or seen.in_store or alone.requests.requests):
+        return None, None
+    figures, what, more = dataset_storage(seen.ops, seen.files, data_bytes=data_bytes, examples=examples,
+                                          config=config, warm=alone.warm, parts=parts, phase=phase,
+                                          scenarios=options.storage_scenarios, client=options.storage_client,
+                                          private_pool=private_pool, reads=_read_map_in(seen.graph),
+                                          requests=alone.requests, round_trips=alone.round_trips,
+                                          bandwidth=alone.bandwidth)
+    notes += more
+    return figures, what
 
 
 def element_bytes(dataset, batch_size: int) -> float | None:
