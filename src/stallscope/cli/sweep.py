@@ -19,12 +19,17 @@ Stopped (Ctrl-C, SIGTERM, a crash, a reboot), the same command resumes: complete
 ones run again. A different grid is refused in the same folder unless --replace-grid says so.
 Figures leave out the warm-up and profiled steps of every run.
 
+--precision PCT runs every run as `train --precision` does, until its halves' images/s agree within PCT;
+each row of results.csv says the precision its run reached. --cold starts every run as `train --cold`
+does (not applicable to gs:// and s3://, which the tables say); cold cells are named apart from warm ones.
+
 examples:
   stallscope sweep --data images --out sweeps/format --format files,records --pipeline seed,tuned \\
       --accelerator emulated:500,emulated:2000 --steps 40 --repeats 3
   stallscope sweep --data images --out sweeps/lr --accelerator real --learning-rate 1e-4,1e-3 --steps 100
   stallscope sweep --data images --out sweeps/storage --format files,records --store local,gcs,s3 \\
       --latency 0ms,10ms,30ms
+  stallscope sweep --data images --out sweeps/paper --store local,gcs --latency 10ms --precision 5% --cold
 """
 
 from __future__ import annotations
