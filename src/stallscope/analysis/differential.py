@@ -99,6 +99,8 @@ class DiagnoseOptions:
     """One diagnosis.
 
     train: the workload (source, path, pipeline, model, accelerator); its steps/log_path are ignored.
+        Its `precision` (a PrecisionTarget, `--precision`) runs each end-to-end probe until its halves
+        agree, at most its max_seconds, instead of a window of `probe_steps`.
     phases: fine-tuning phases diagnosed one by one, e.g. ("head", "full") for a job that freezes
         the base and later unfreezes it (a cheaper step can turn a job input-bound).
     probe_steps: measured steps of the compute and end-to-end probes (the end-to-end window rounded
@@ -692,6 +694,19 @@ def refill_note(config: PipelineConfig, examples: int, warm: PipelineProbe, step
             "whole epoch, and shuffling before decoding (--shuffle-at encoded) removes the refill")
 
 
+def precision_note(probe: LoopProbe, target) -> str:
+    """The precision a --precision end-to-end probe reached, or that it stopped short of it."""
+    where = f"the end-to-end probe ({probe.phase}) ran to --precision {target.tolerance:.0%}: "
+    if probe.halves_spread is None:
+        return where + f"its {probe.steps} measured steps were too few to compare two halves; raise --max-seconds"
+    spread = f"its halves' images/s {probe.halves_spread:.1%} apart over {probe.steps} measured steps"
+    if probe.stopped_by == "precision":
+        return where + f"reached, {spread}"
+    stopped = f"by --max-seconds {target.max_seconds:g} s" if probe.stopped_by == "max_seconds" \
+        else f"(stopped by {probe.stopped_by})"
+    return where + f"not reached {stopped}, {spread}; raise --max-seconds or loosen --precision"
+
+
 class Prober:
     """Runs the loop probes of one diagnosis, sharing its source, work directory and hooks."""
 
@@ -706,7 +721,7 @@ class Prober:
         return dataclasses.replace(
             self.options.train, pipeline=config, fine_tune=phase, steps=steps, epochs=1, dataset_size=None,
             log_path=self.work_dir / f"{self.counter:02d}-{name}-{phase.replace(':', '_')}",
-            checkpoint_path=None, profile_steps=None, validation_path=None, log_every=10**9,
+            checkpoint_path=None, profile_steps=None, validation_path=None, log_every=10**9, precision=None,
         )
 
     def _dataset(self, config: PipelineConfig):
@@ -726,14 +741,18 @@ class Prober:
         return LoopProbe.from_steps("compute", phase, result.steps)
 
     def end_to_end(self, config: PipelineConfig, phase: str, measured: int) -> LoopProbe:
-        """`measured` steps after the warm-up (`measured_steps`)."""
+        """`measured` steps after the warm-up (`measured_steps`); with a precision target, as many as
+        `train --precision` runs until the halves agree (or its max_seconds)."""
         from stallscope.workload.train import run_training
 
-        warmup = self.options.train.warmup_steps
+        warmup, target = self.options.train.warmup_steps, self.options.train.precision
         options = dataclasses.replace(self._train_options(config, phase, warmup + measured, "end_to_end"),
                                       warmup_steps=warmup)
+        if target is not None:
+            options = dataclasses.replace(options, steps=None, precision=target)
         result = run_training(options, dataset=self._dataset(config), source=self.source)
-        return LoopProbe.from_steps("end_to_end", phase, result.steps)
+        stopped_by = (result.summary.get("precision") or {}).get("stopped_by") if target is not None else None
+        return LoopProbe.from_steps("end_to_end", phase, result.steps, target=target, stopped_by=stopped_by)
 
 
 def open_probed_source(options: DiagnoseOptions) -> DataSource:
@@ -813,10 +832,14 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
             compute = prober.compute(config, phase)
             # the slowest a step can be is compute and pipeline in turn: an epoch's window is bounded by it
             measured = measured_steps(options, source.num_examples, step_ms=compute.step_ms + warm.ms_per_batch)
-            if (note := refill_note(config, source.num_examples, warm, measured)) and note not in probe_notes:
-                probe_notes.append(note)
-            say(f"probe: end to end ({phase})")
+            target = options.train.precision
+            say(f"probe: end to end ({phase})" + (f", until its halves agree within {target.tolerance:.0%}"
+                                                  if target is not None else ""))
             end_to_end = prober.end_to_end(config, phase, measured)
+            if (note := refill_note(config, source.num_examples, warm, end_to_end.steps)) and note not in probe_notes:
+                probe_notes.append(note)
+            if target is not None:
+                probe_notes.append(precision_note(end_to_end, target))
             phases.append(attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                     batch_size=config.batch_size, cores=free_cores(warm), phase=phase,
                                     steady_cache=steady))

@@ -304,20 +304,28 @@ class LoopProbe:
     verdict: str
     # How far apart the images/s of its measured steps' two halves are (0.05: 5%), the precision the
     # probe reached (workload/precision.py); None with too few steps to halve. too_short: they are
-    # further apart than the tolerance a run is trusted at.
+    # further apart than the tolerance a run is trusted at (the --precision asked for, where one was).
     halves_spread: float | None = None
     too_short: bool = False
+    # With --precision: the tolerance asked for, and what ended the probe ("precision", "max_seconds").
+    precision_target: float | None = None
+    stopped_by: str | None = None
 
     @classmethod
-    def from_steps(cls, kind: str, phase: str, steps: Sequence[StepRecord]) -> "LoopProbe":
+    def from_steps(cls, kind: str, phase: str, steps: Sequence[StepRecord], *, target=None,
+                   stopped_by: str | None = None) -> "LoopProbe":
+        """`target`: the PrecisionTarget the probe ran to, if any."""
         from stallscope.workload.precision import DEFAULT_TOLERANCE, halves, spread_of
 
         stats = summarize_steps(steps)
         spread = spread_of(halves(steps))
+        tolerance = target.tolerance if target is not None else DEFAULT_TOLERANCE
+        too_short = spread is not None and spread > tolerance or (target is not None and spread is None)
         return cls(kind=kind, phase=phase, steps=stats.steps - stats.warmup_steps, step_ms=stats.step_time_ms,
                    input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms,
                    images_per_second=stats.images_per_second, input_share=stats.input_share, verdict=stats.verdict,
-                   halves_spread=spread, too_short=spread is not None and spread > DEFAULT_TOLERANCE)
+                   halves_spread=spread, too_short=too_short,
+                   precision_target=target.tolerance if target is not None else None, stopped_by=stopped_by)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -31,8 +31,10 @@ import sys
 from pathlib import Path
 
 from stallscope.cli import flags
-from stallscope.cli.train import add_pipeline_flags, add_workload_flags, require_data_service, train_options_from_args
+from stallscope.cli.train import (_precision, add_pipeline_flags, add_workload_flags, require_data_service,
+                                  train_options_from_args)
 from stallscope.errors import UsageError
+from stallscope.workload.precision import DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
@@ -75,6 +77,16 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(probes, "probe_steps", type=flags.positive_int, default=20, metavar="N",
                    help="measured steps of the compute and end-to-end probes (default: 20; whole epochs "
                         "on small data sets)")
+    flags.add_flag(probes, "precision", type=_precision, default=None, metavar="PCT",
+                   help="run each end-to-end probe as `train --precision` does: until the images/s of its measured "
+                        "steps' two halves agree within PCT, e.g. 5%%, after at least --min-seconds; at most "
+                        "--max-seconds (instead of --probe-steps; the report states the precision reached)")
+    flags.add_flag(probes, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
+                   help=f"with --precision: measure each end-to-end probe at least this long "
+                        f"(default: {DEFAULT_MIN_SECONDS:g}s)")
+    flags.add_flag(probes, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
+                   help=f"with --precision: stop an end-to-end probe after this long measured even if not that "
+                        f"precise, saying so (default: {DEFAULT_MAX_SECONDS:g}s)")
     flags.add_flag(probes, "pipeline_budget", type=flags.positive_float, default=10.0, metavar="SECONDS",
                    help="most seconds each pipeline-alone probe runs (default: 10)")
     flags.add_flag(probes, "phases", type=_phases, default=None, metavar="PHASE[,PHASE]",
@@ -153,7 +165,7 @@ def diagnose_own_dataset(args: argparse.Namespace, progress):
     if args.fix:
         raise UsageError("--fix: applies to stallscope's own pipeline only; with --dataset-fn apply the advice "
                          "in your code")
-    for flag, value in (("--storage-counters", args.storage_counters),):
+    for flag, value in (("--storage-counters", args.storage_counters), ("--precision", args.precision)):
         if value is not None:
             raise UsageError(f"{flag}: applies to stallscope's own data source (--dataset-path) only, "
                              "not to --dataset-fn")
@@ -175,6 +187,9 @@ def options_from_args(args: argparse.Namespace):
 
     if args.json and args.markdown:
         raise UsageError("--markdown: give either --json or --markdown, not both")
+    if args.precision is not None and args.max_seconds < args.min_seconds:
+        raise UsageError(f"--max-seconds: expected at least --min-seconds ({args.min_seconds:g}s), "
+                         f"got {args.max_seconds:g}s")
     train = train_options_from_args(args)
     return DiagnoseOptions(
         train=train, phases=args.phases or (train.fine_tune,), probe_steps=args.probe_steps,
