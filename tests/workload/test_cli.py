@@ -80,6 +80,52 @@ def test_train_without_log_path_names_a_new_run_dir(tiny_tree, tmp_path, capsys,
     assert (created[0] / "summary.json").exists()
 
 
+def _store_gone(after_steps: int):
+    """A _StepLoop method that fails as a store that stops answering does, once `after_steps` steps are taken."""
+    from stallscope.errors import DataError
+
+    def fail(loop, *args) -> bool:
+        if len(loop.steps) >= after_steps:
+            raise DataError("s3://bucket/tree/a.jpg: the store did not answer")
+        return False
+    return fail
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_run_folder(tiny_tree, tmp_path, capsys, monkeypatch):
+    """The folder would hold only an empty events file, and look like a run: the CLI names none, and none is left
+    (nor the runs/ folder made for it)."""
+    from stallscope.workload.train import _StepLoop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_StepLoop, "_run_iterators", _store_gone(after_steps=0))
+    code = main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "3", *TINY])
+    captured = capsys.readouterr()
+    assert code == 2 and "did not answer" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert "run directory" not in captured.out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_run_removes_nothing_it_did_not_write(tiny_tree, tmp_path, capsys, monkeypatch):
+    """A --log_path that was there before keeps what it held; a run that took steps keeps its figures (with
+    no summary.json, so it is not taken for a finished run)."""
+    from stallscope.workload.train import _StepLoop
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    monkeypatch.setattr(_StepLoop, "_run_iterators", _store_gone(after_steps=0))
+    assert main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "3",
+                 "--log_path", str(mine), *TINY]) == 2
+    assert (mine / "notes.txt").read_text() == "kept"
+    monkeypatch.undo()
+    monkeypatch.setattr(_StepLoop, "_precision_met", _store_gone(after_steps=1))  # asked after each step
+    partial = tmp_path / "partial"
+    assert main(["train", "--dataset_path", str(tiny_tree), "--accelerator", "emulated:1ms", "--steps", "3",
+                 "--log_path", str(partial), *TINY]) == 2
+    assert list((partial / "train").glob("events.out.tfevents.*")) and not (partial / "summary.json").exists()
+    capsys.readouterr()
+
+
 def test_knob_flags_override_the_preset(tmp_path):
     from stallscope.cli.main import build_parser
 

@@ -201,14 +201,49 @@ def new_run_dir(model: str, source: str, *, root: Path = DEFAULT_RUNS_DIR) -> Pa
     return candidate
 
 
-def _make_run_dir(options: TrainOptions) -> Path:
+def _make_run_dir(options: TrainOptions) -> tuple[Path, list[Path]]:
+    """(the run directory, the folders this call made for it, deepest first): a run that fails before
+    its first step removes only those (`_remove_run_without_steps`)."""
     model = "emulated" if options.accelerator.emulated else options.model
     run_dir = options.log_path if options.log_path is not None else new_run_dir(model, options.source)
+    made = _folders_missing(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--log-path: cannot create {str(run_dir)!r} ({exc.strerror})") from None
-    return run_dir
+    return run_dir, made
+
+
+def _folders_missing(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_run_without_steps(run_dir: Path, made: list[Path], loop: "_StepLoop | None") -> None:
+    """A run that fails before its first step leaves no folder that would pass for a run (the CLI names
+    none). Only what this call wrote goes, where it made the run directory: its writer's events files
+    (the writer closed first: TF re-creates a deleted one), then the folders, each only while empty."""
+    if loop is not None:
+        loop.writer.close()
+        if loop.steps:
+            return  # partial figures: kept, and no summary.json says the run did not finish
+    if run_dir not in made:
+        return  # the user's folder, or a resumed run's: left as it was found, but for the events file
+    events = run_dir / "train"
+    for name in events.glob("events.out.tfevents.*"):
+        name.unlink()
+    for folder in (events, *made):
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # holds something this call did not write: kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -661,24 +696,31 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     options = _for_source(options, source)
     validation_source = _open_validation(options, source.labels) if options.validation_path else None
     plan = _plan(options, source, dataset is not None)
-    run_dir = _make_run_dir(options)
-    keras.utils.set_random_seed(options.seed)
-    device = _make_device(options, source)
-    store, start_step = _open_checkpoints(options, device)
-    resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
-    service_watch = _service_watch(options, on_service_silent)
-    waiting = service_watch.waiting if service_watch is not None else contextlib.nullcontext
-    feed = _Feed(options, source, plan, resume, start_step, dataset, waiting)
-    chains = _describe_chains(feed.first)
-    batchnorm = _BatchNormKeeper(options, source, device.model, device.base)
-    batchnorm.prepare(start_step)
-    if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
-        log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
+    run_dir, made = _make_run_dir(options)
+    loop = None
+    try:
+        keras.utils.set_random_seed(options.seed)
+        device = _make_device(options, source)
+        store, start_step = _open_checkpoints(options, device)
+        resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
+        service_watch = _service_watch(options, on_service_silent)
+        waiting = service_watch.waiting if service_watch is not None else contextlib.nullcontext
+        feed = _Feed(options, source, plan, resume, start_step, dataset, waiting)
+        chains = _describe_chains(feed.first)
+        batchnorm = _BatchNormKeeper(options, source, device.model, device.base)
+        batchnorm.prepare(start_step)
+        if start_step and plan.total_steps is not None and start_step >= plan.total_steps:
+            log.info("checkpoint at step %d already reaches the %d steps asked for", start_step, plan.total_steps)
 
-    cold = start_cold(options.dataset_path, source.files) if options.cold else None
-    loop = _StepLoop(options, source, plan, device, feed, store, start_step, batchnorm, run_dir, on_step, service_watch)
-    read_before = request_tally.snapshot()
-    loop.run()
+        cold = start_cold(options.dataset_path, source.files) if options.cold else None
+        loop = _StepLoop(options, source, plan, device, feed, store, start_step, batchnorm, run_dir, on_step,
+                         service_watch)
+        read_before = request_tally.snapshot()
+        loop.run()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the run's own error is the one to report, not the clean-up's
+            _remove_run_without_steps(run_dir, made, loop)
+        raise
     if not loop.interrupted:
         batchnorm.settle(loop.step)  # the model handed back (and validated) infers as it was trained
     validation = None
