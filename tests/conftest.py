@@ -72,6 +72,29 @@ def temporary_folder_of_the_session(tmp_path_factory):
         os.environ["TMPDIR"] = saved[1]
 
 
+REPO_RUNS = Path(__file__).resolve().parents[1] / "runs"  # where train's default run folder lands from the root
+
+
+@pytest.fixture(autouse=True)
+def nothing_new_in_the_repos_runs():
+    """A test that trains without a log path from the repository's root writes runs/<stamp>-... there,
+    which .gitignore hides: the test fails here, by name, instead (its run belongs under tmp_path). One
+    listing before and after each test. Under -n, a test running beside it may be named too."""
+    before = _names_in(REPO_RUNS)
+    yield
+    new = _names_in(REPO_RUNS) - before
+    if new:
+        pytest.fail(f"the test left {', '.join(sorted(new))} in the repository's runs/; give its run a folder "
+                    "under tmp_path (--log_path, log_path=) or monkeypatch.chdir(tmp_path)", pytrace=False)
+
+
+def _names_in(folder: Path) -> set[str]:
+    try:
+        return set(os.listdir(folder))
+    except FileNotFoundError:
+        return set()
+
+
 def make_noisy_tree(root: Path, *, per_class: int = 40, seed: int = 3) -> Path:
     """`a/` and `b/` of noise JPEGs (480x360, about 160 KB each): slow enough to convert that a run can
     be stopped mid-way (three workers take a second or so for 40 a class)."""

@@ -228,10 +228,11 @@ def test_a_resumed_run_from_a_bucket_fetches_no_image_it_skips(s3_env, monkeypat
     assert len(fetched) == 4  # the 20 images skipped were never fetched
 
 
-def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_env, monkeypatch, capsys):
+def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_env, monkeypatch, capsys, tmp_path):
     """The failed run's tf.data iterator is freed when the error is dropped, not left in a reference
     cycle for the garbage collector, which may free it in one of the pipeline's own Python calls
-    (which then waits for itself: the next test hung there)."""
+    (which then waits for itself: the next test hung there). Nor is its run folder left behind, which
+    held only an empty events file (and, without --log_path, landed in the repository's runs/)."""
     import gc
 
     from tensorflow.python.data.ops.iterator_ops import OwnedIterator
@@ -244,7 +245,7 @@ def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_
     gc.disable()
     try:
         code = main(["train", "--dataset_path", f"s3://{BUCKET}/tree", "--steps", "4", "--storage-timeout", "2",
-                     *TINY])
+                     "--log_path", str(tmp_path / "run"), *TINY])
         left = [o for o in gc.get_objects() if isinstance(o, OwnedIterator)]
     finally:
         gc.enable()
@@ -252,6 +253,7 @@ def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_
     assert code == 2 and len(err.splitlines()) == 1, err
     assert left == []
     assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "did not answer" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_shards_whose_store_dies_mid_run_fail_with_a_storage_error(s3_env, monkeypatch, tmp_path):
