@@ -36,7 +36,8 @@ from stallscope.analysis.advice import (
     CACHE_MEMORY_FRACTION, ONE_INTRA_OP_THREAD, UNPREDICTED_FIXES, Advice, apply_advice, merge_advice, quota_pool,
     storage_advice,
 )
-from stallscope.analysis.probes import LoopProbe, PipelineProbe, pipeline_threads, probe_pipeline
+from stallscope.analysis.probes import (LoopProbe, PipelineProbe, ReadChain, pipeline_threads, probe_pipeline,
+                                        probe_record_reads)
 from stallscope.analysis.service_advice import service_advice
 from stallscope.analysis.service_sizing import ServiceAssumptions
 from stallscope.analysis.service_sizing import decoded_image_bytes
@@ -245,6 +246,7 @@ class Diagnosis:
     stages: tuple[str, ...] = ()     # the pipeline's stages as TF runs them, outermost first, if read
     storage: StorageFigures | None = None          # per image: requests, connections, bytes, wait
     storage_whatif: StorageWhatIf | None = None    # files vs records on other stores
+    reads: ReadChain | None = None                 # records read alone where they are (a store, a mount)
 
     @property
     def worst(self) -> PhaseDiagnosis:
@@ -271,7 +273,8 @@ class Diagnosis:
             "source": self.source,
             "accelerator": self.accelerator,
             "pipeline": self.pipeline.to_dict(),
-            "probes": {"warm": self.warm.to_dict(), "cold": self.cold.to_dict() if self.cold else None},
+            "probes": {"warm": self.warm.to_dict(), "cold": self.cold.to_dict() if self.cold else None,
+                       "reads_alone": self.reads.to_dict() if self.reads else None},
             "pipeline_breakdown": {**dataclasses.asdict(self.pipeline_breakdown),
                                    "fetch_fraction": self.pipeline_breakdown.fetch_fraction},
             "phases": [_phase_dict(p) for p in self.phases],
@@ -824,6 +827,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         if in_store:
             say(TIMING_STEP)
             round_trips, bandwidth = time_store([str(f) for f in source.files])
+        reads = None
+        if under.remote and source.kind == "records":
+            say(READS_STEP)
+            reads = probe_record_reads(config, source, budget_s=READS_BUDGET_S, max_records=source.num_examples)
         parts = breakdown(warm, cold, config)
         steady = "warm" if cold is None else steady_cache_state(options, source.total_bytes)
         phases = []
@@ -852,7 +859,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
                        stored_side=stored_side(source))
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
-                                           round_trips, bandwidth, under=under, file_trips=file_trips)
+                                           round_trips, bandwidth, under=under, file_trips=file_trips, reads=reads)
     advice = merge_advice(advice, storage_advice(
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
         local_images_per_second=_cached_rate(warm, parts, under.remote), dataset_path=str(source.path)))
@@ -874,7 +881,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
                                           gcs_reader=config.gcs_reader)},
         pipeline=config, accelerator=train.accelerator.spec, warm=warm, cold=cold, pipeline_breakdown=parts,
         phases=phases, advice=tuple(advice), seconds=time.perf_counter() - started, notes=(*probe_notes, *notes),
-        storage=figures, storage_whatif=what,
+        storage=figures, storage_whatif=what, reads=reads,
     )
 
 
@@ -907,6 +914,8 @@ def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
 
 
 FILE_TIMING_STEP = "probe: the network file system's round trip (files opened and read one at a time)"
+READS_STEP = "probe: records read alone, one stream, no decode"
+READS_BUDGET_S = 1.5
 
 
 def storage_summary(under: StorageUnder, file_trips: FileRoundTrips | None,
@@ -928,11 +937,12 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                     served: StorageCounters | None, requests: RequestTally | None = None,
                     round_trips: RequestTally | None = None, bandwidth: float | None = None, *,
                     under: StorageUnder | None = None, file_trips: FileRoundTrips | None = None,
-                    ) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
+                    reads: ReadChain | None = None) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
     """Storage per image (measured by the store where its counters moved, else by stallscope's reader
     where it read, else modelled) and the storage what-if, from the probes' figures: nothing here is
     measured twice. Data on a network file system is modelled as POSIX opens and reads, its latency
-    from `file_trips`, never as an object store's client."""
+    from `file_trips`, never as an object store's client. `reads`: the records read alone where they are,
+    which the what-if's row of that storage takes as measured."""
     notes = []
     client = options.storage_client or client_for_path(str(source.path), config.gcs_reader)
     networked = under is not None and under.kind == "network-fs"
@@ -950,7 +960,7 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                                   scenarios=options.storage_scenarios, requests=requests,
                                   in_store=under.remote if under is not None else is_remote(str(source.path)),
                                   round_trips=round_trips, bandwidth=bandwidth, figures_client=own_client,
-                                  as_read=as_read)
+                                  as_read=as_read, reads=reads)
     return figures, what, tuple(notes)
 
 
@@ -960,7 +970,8 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                   requests: RequestTally | None = None, in_store: bool = False,
                   round_trips: RequestTally | None = None,
                   bandwidth: float | None = None, figures_client: str | None = None,
-                  as_read: StorageScenario | None = None) -> tuple[StorageFigures, StorageWhatIf]:
+                  as_read: StorageScenario | None = None,
+                  reads: ReadChain | None = None) -> tuple[StorageFigures, StorageWhatIf]:
     """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
     the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`);
     `requests`: the requests stallscope's reader made during the warm probe, measured figures for a
@@ -978,7 +989,9 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
     pattern = reader_pattern(pattern, requests, warm.images)
     workload = Workload(cpu_ms_per_image=parts.cpu_ms_per_image, cores=free_cores(warm),
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
-                        examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image)
+                        examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image,
+                        read_chain_ms_per_image=reads.ms_per_image if reads else None,
+                        read_chain_cpu_ms_per_image=reads.cpu_ms_per_image if reads else None)
     if as_read is None:
         timed_by = obstore_client_for(client_named(client).scheme)
         as_read = as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth)

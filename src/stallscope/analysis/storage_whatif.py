@@ -575,12 +575,14 @@ class Costs:
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
           request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0,
-          local_chain_ms: float | None = None) -> Costs:
+          local_chain_ms: float | None = None, read_chain: tuple[float, float] | None = None) -> Costs:
     """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
     (an emulator in a test; 0 for a real store), the part of s a remote store spends on its own
     machine. local_chain_ms: the pipeline's measured local time per image (None: unknown; the
-    sequential chain is then all of d)."""
+    sequential chain is then all of d). read_chain: (wall, CPU) ms per image of the records read alone
+    where they are, measured (`probes.probe_record_reads`): the reader's wait and CPU as they are,
+    in place of the requests' model, with d the measured CPU, which has the reading in it."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
@@ -595,6 +597,13 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     # s's CPU part is in d, where the cores cap it. The rest is the store's own time per request, which
     # a store on this host spends on these cores: its CPU (in d) replaces that much of the wait.
     waiting = max(0.0, s - client.request_cpu_ms - server_cpu_ms_per_request)
+    if read_chain is not None:
+        wall, cpu = read_chain
+        # the measured chain had these reads in it: the pipeline's own part is what is left of it
+        own_chain = local_chain_ms - wall if local_chain_ms is not None and local_chain_ms > wall else None
+        return Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
+                     cpu_ms=max(cpu_ms_per_image, cpu), client_cpu_ms=cpu, bytes=pattern.bytes_per_image,
+                     local_chain_ms=own_chain)
     return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
                  cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image,
                  local_chain_ms=local_chain_ms)
@@ -670,6 +679,38 @@ def sequential_bound(c: Costs) -> str:
     parts = {"requests": c.wait_ms, "bandwidth": c.transfer_ms, "client": c.client_cpu_ms,
              "cpu": c.cpu_ms - c.client_cpu_ms}
     return max(parts, key=parts.get)
+
+
+# TFRecordDataset's read buffer (buffer_size=None): a reader of records waits once per fill at least.
+RECORD_READ_BUFFER_BYTES = 256 << 10
+
+
+def decode_calls(config: PipelineConfig, workload: Workload) -> int:
+    """The decode map's parallel calls as they run: autotune up to its pool's threads; None is one."""
+    if config.map_parallelism is None:
+        return 1
+    if config.map_parallelism == AUTOTUNE:
+        return config.private_threadpool_size or workload.shared_pool_threads
+    return max(1, config.map_parallelism)
+
+
+def behind_one_reader_rate(c: Costs, calls: int, cores: float) -> tuple[float, float]:
+    """(images/s, the cores' own rate) of shards read one at a time by a single stream with the decode
+    in a parallel map of `calls`. A request brings 1/r images at once; the map takes at most `calls` of
+    them while the reader waits on the next request, so the rest are decoded while the reader stands
+    still: each image costs the chain's time plus that share of its decode on the cores. (benchmarks/
+    advice.py, records on the emulated gs:// at 10 ms, a request per 4.7 MB shard: seed 436 images/s,
+    the decode in parallel 546, where the chain and the cores apart predicted 776.)"""
+    chain = c.wait_ms + c.transfer_ms + c.client_cpu_ms
+    own = max(0.0, c.sequential_ms - chain)
+    threads = max(1.0, min(float(calls), cores))
+    # the reader waits once per request, or per buffer it fills where requests are smaller (a mount's)
+    per_wait = max(RECORD_READ_BUFFER_BYTES / c.bytes if c.bytes > 0 else 1.0,
+                   1.0 / c.requests if c.requests > 0 else 1.0)
+    behind = max(0.0, 1.0 - calls / per_wait)
+    decode = cores * 1000.0 / c.cpu_ms if c.cpu_ms > 0 else math.inf
+    per_image = chain + behind * own / threads
+    return min(1000.0 / per_image if per_image > 0 else math.inf, decode), decode
 
 
 def needed_in_flight(c: Costs, cores: float) -> int:
@@ -757,6 +798,17 @@ class Workload:
     # The pipeline's local time per image once running (the warm probe after its first batch): what
     # one chain of reads and decodes costs before the store adds to it. None: not measured.
     chain_ms_per_image: float | None = None
+    # The data set's records read by one stream alone where they are (probes.ReadChain): wall and CPU
+    # ms per image. None: not measured (files, local disk, or a store the data is not on).
+    read_chain_ms_per_image: float | None = None
+    read_chain_cpu_ms_per_image: float | None = None
+
+    @property
+    def read_chain(self) -> tuple[float, float] | None:
+        """(wall, CPU) ms per image of the records read alone, where measured."""
+        if self.read_chain_ms_per_image is None:
+            return None
+        return self.read_chain_ms_per_image, self.read_chain_cpu_ms_per_image or 0.0
 
     @property
     def shared_pool_threads(self) -> int:
@@ -775,12 +827,14 @@ def sustained_cpu_ms(workload: Workload) -> float:
 
 def predict_format(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, config: PipelineConfig,
                    workload: Workload, *, request_overhead_ms: float | None = None,
-                   server_cpu_ms_per_request: float = 0.0) -> FormatWhatIf:
+                   server_cpu_ms_per_request: float = 0.0,
+                   read_chain: tuple[float, float] | None = None) -> FormatWhatIf:
     """The three ways of reading one format: sequential, the config's parallel reads (autotune on
-    the shared pool when it reads one at a time), and enough reads in flight on a private pool."""
+    the shared pool when it reads one at a time), and enough reads in flight on a private pool.
+    read_chain: the format's reads alone, measured where the data is (`costs`)."""
     c = costs(pattern, scenario, client, cpu_ms_per_image=sustained_cpu_ms(workload),
               request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request,
-              local_chain_ms=workload.chain_ms_per_image)
+              local_chain_ms=workload.chain_ms_per_image, read_chain=read_chain)
     cores = workload.cores
 
     def step(rate: float, overlapped: bool) -> whatif.Prediction:
@@ -791,10 +845,7 @@ def predict_format(pattern: IoPattern, scenario: StorageScenario, client: Storag
     seq_rate = sequential_rate(c)
     sequential = ReadPrediction("sequential", 1.0, seq_rate, sequential_bound(c), step(seq_rate, workload.overlapped),
                                 "one read at a time")
-    # shards read one at a time with the decode in a parallel map: the reads' chain and the cores apart
-    chain = c.wait_ms + c.transfer_ms + c.client_cpu_ms
-    decode = cores * 1000.0 / c.cpu_ms if c.cpu_ms > 0 else math.inf
-    apart_rate = min(1000.0 / chain if chain > 0 else math.inf, decode)
+    apart_rate, decode = behind_one_reader_rate(c, decode_calls(config, workload), cores)
     apart = ReadPrediction("sequential_reads", 1.0, apart_rate,
                            "requests" if apart_rate < decode else _cpu_bound(c), step(apart_rate, True),
                            "one read at a time, the decode in a parallel map")
@@ -874,7 +925,9 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
                 p = dataclasses.replace(p, requests_per_image=None, connections_per_image=None)
             formats.append(predict_format(p, scenario, client, config, workload,
                                           request_overhead_ms=request_overhead_ms if client.name == object_client
-                                          else None, server_cpu_ms_per_request=server_cpu_ms_per_request))
+                                          else None, server_cpu_ms_per_request=server_cpu_ms_per_request,
+                                          read_chain=workload.read_chain if scenario is as_read
+                                          and name == pattern.format else None))
         rows.append(ScenarioWhatIf(scenario=scenario, named=named or scenario is as_read, formats=tuple(formats)))
     notes = []
     if request_overhead_ms is None:
@@ -899,7 +952,9 @@ def predict_config(what: StorageWhatIf, row: ScenarioWhatIf, config: PipelineCon
                         requests_per_image=current.requests_per_image if measured else None,
                         connections_per_image=current.connections_per_image if measured else None)
     client = scenario_client(row.scenario, what.object_client)
-    return as_configured(predict_format(pattern, row.scenario, client, config, what.workload), config)
+    read_chain = what.workload.read_chain if row.scenario.name == "as read" else None
+    return as_configured(predict_format(pattern, row.scenario, client, config, what.workload,
+                                        read_chain=read_chain), config)
 
 
 def as_configured_mode(config: PipelineConfig, source_format: str) -> str:

@@ -253,6 +253,17 @@ def _fetch_grouped(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.
     return tfdata_readers.fetch_files(dataset, requests=tfdata_readers.in_flight(parallelism), deterministic=config.deterministic)
 
 
+def build_record_reads(config: PipelineConfig, source: DataSource) -> tf.data.Dataset:
+    """The serialized records of `source` read by one stream, as `config` reads them one shard at a
+    time, repeated: the read chain alone, without the decode, which a diagnosis times to know what a
+    parallel decode behind a sequential reader can gain."""
+    if source.kind != "records":
+        raise UsageError(f"source: expected records for a read stage alone, got {source.kind!r}")
+    one_stream = config.replace(read_parallelism=None, interleave_cycle_length=None, shuffle_files=False)
+    dataset, _ = _read_records(one_stream, source, one_stream.seed)
+    return dataset.repeat()
+
+
 def _read_records(config: PipelineConfig, source: DataSource, file_seed: int, repeat_shards: bool = False):
     """(dataset of serialized records, "serialized"). `repeat_shards`: repeat the list of shards that
     stallscope's reader streams from a store (where the pipeline repeats before decoding anyway), so

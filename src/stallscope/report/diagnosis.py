@@ -111,6 +111,10 @@ def report_lines(diagnosis, result=None) -> list[str]:
         f"  {_warm_label(diagnosis):<16}{_ms(parts.warm_ms)}  ({_rate(diagnosis.warm.images_per_second)}; "
         f"{_ms(parts.cpu_ms)} CPU work on {parts.threads:g} core(s), {_ms(parts.waiting_ms)} waiting)",
     ]
+    if diagnosis.reads is not None:
+        reads = diagnosis.reads
+        lines.append(f"  records alone   {reads.ms_per_image:.2f} ms per image read by one stream, "
+                     f"{reads.cpu_ms_per_image:.2f} ms of it CPU ({_rate(1000.0 / reads.ms_per_image)}), no decode")
     if diagnosis.cold is not None:
         cached = diagnosis.cold.cached_before
         lines.append(f"  cold cache      {_ms(parts.cold_ms)}  ({_rate(diagnosis.cold.images_per_second)}; "
