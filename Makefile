@@ -43,9 +43,10 @@ demo: venv
 # The suite runs where loopback is the only network, where the machine allows a namespace; two tests at
 # a time (pytest-xdist), a file's tests in one worker so its module fixtures are made once. Most tests
 # wait on subprocesses, servers and sleeps, so two share 2 cores well; those that need the CPUs to
-# themselves are marked whole_machine (tests/conftest.py).
+# themselves are marked whole_machine (tests/conftest.py). The 20 slowest are named at the end: the
+# suite's budget is 10 minutes on a fresh clone of a 2-core machine.
 test: venv chromium docs
-	$(BIN)/python tools/loopback_only.py $(BIN)/python -m pytest -q -n 2 --dist loadscope
+	$(BIN)/python tools/loopback_only.py $(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=20
 
 # The sweep report's test renders it in headless Chromium: installed from Debian where we are root
 # with apt; otherwise that test skips and says why.
