@@ -31,10 +31,9 @@ import sys
 from pathlib import Path
 
 from stallscope.cli import flags
-from stallscope.cli.train import (_precision, add_pipeline_flags, add_workload_flags, require_data_service,
+from stallscope.cli.train import (add_pipeline_flags, add_workload_flags, require_data_service,
                                   train_options_from_args)
 from stallscope.errors import UsageError
-from stallscope.workload.precision import DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS
 
 DEFAULT_FIXED_CONFIG = Path("fixed-pipeline.json")
 
@@ -77,16 +76,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(probes, "probe_steps", type=flags.positive_int, default=20, metavar="N",
                    help="measured steps of the compute and end-to-end probes (default: 20; whole epochs "
                         "on small data sets)")
-    flags.add_flag(probes, "precision", type=_precision, default=None, metavar="PCT",
-                   help="run each end-to-end probe as `train --precision` does: until the images/s of its measured "
-                        "steps' two halves agree within PCT, e.g. 5%%, after at least --min-seconds; at most "
-                        "--max-seconds (instead of --probe-steps; the report states the precision reached)")
-    flags.add_flag(probes, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
-                   help=f"with --precision: measure each end-to-end probe at least this long "
-                        f"(default: {DEFAULT_MIN_SECONDS:g}s)")
-    flags.add_flag(probes, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
-                   help=f"with --precision: stop an end-to-end probe after this long measured even if not that "
-                        f"precise, saying so (default: {DEFAULT_MAX_SECONDS:g}s)")
+    flags.add_precision_flags(probes, each="each end-to-end probe", instead="--probe-steps",
+                              reported="the report states the precision reached")
     flags.add_flag(probes, "pipeline_budget", type=flags.positive_float, default=10.0, metavar="SECONDS",
                    help="most seconds each pipeline-alone probe runs (default: 10)")
     flags.add_flag(probes, "phases", type=_phases, default=None, metavar="PHASE[,PHASE]",

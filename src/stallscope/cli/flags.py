@@ -235,6 +235,34 @@ def duration(text: str) -> float:
     return value
 
 
+def precision(text: str) -> float:
+    """--precision: a share such as 5% or 0.05."""
+    from stallscope.errors import UsageError
+    from stallscope.workload.precision import parse_precision
+
+    try:
+        return parse_precision(text)
+    except UsageError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, got {text!r}") from None
+
+
+def add_precision_flags(group: argparse._ActionsContainer, *, each: str, instead: str, reported: str) -> None:
+    """--precision, --min-seconds and --max-seconds, one meaning wherever a measurement runs to a
+    precision (train, sweep, diagnose): `each` names what is measured ("each run"), `instead` the flag
+    that fixes its length otherwise, `reported` where the precision reached is stated."""
+    from stallscope.workload.precision import DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS
+
+    add_flag(group, "precision", type=precision, default=None, metavar="PCT",
+             help=f"run {each} until the images/s of its measured steps' two halves agree within PCT, e.g. 5%%, "
+                  f"after at least --min-seconds of measured steps; at most --max-seconds (not with {instead}, "
+                  f"which fixes the length; {reported})")
+    add_flag(group, "min_seconds", type=duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
+             help=f"with --precision: measure {each} at least this long (default: {DEFAULT_MIN_SECONDS:g}s)")
+    add_flag(group, "max_seconds", type=duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
+             help=f"with --precision: stop {each} after this long measured even if not that precise, saying so "
+                  f"(default: {DEFAULT_MAX_SECONDS:g}s)")
+
+
 def byte_size(text: str) -> int:
     """Bytes as a plain integer (seed-000's 52428800) or with a unit: 50M, 64MiB, 1.5G."""
     match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)

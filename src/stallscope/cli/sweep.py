@@ -43,10 +43,10 @@ from typing import Any
 
 from stallscope.cli import flags
 from stallscope.cli.signals import sigterm_as_interrupt
-from stallscope.cli.train import _precision, add_knob_flags, knob_overrides, resolve_model_flags
+from stallscope.cli.train import add_knob_flags, knob_overrides, resolve_model_flags
 from stallscope.errors import DataError, UsageError
 from stallscope.workload.models import MODELS
-from stallscope.workload.precision import (DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS, DEFAULT_TOLERANCE, SHORT_RUN_S,
+from stallscope.workload.precision import (DEFAULT_TOLERANCE, SHORT_RUN_S,
                                           PrecisionTarget)
 
 DEFAULT_STEPS = 20
@@ -85,15 +85,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     runs = parser.add_argument_group("runs")
     flags.add_flag(runs, "steps", type=flags.positive_int, default=None, metavar="N",
                    help=f"steps per run (default: {DEFAULT_STEPS}; not with --precision)")
-    flags.add_flag(runs, "precision", type=_precision, default=None, metavar="PCT",
-                   help="run each run as `train --precision` does: until the images/s of its measured steps' two "
-                        "halves agree within PCT, e.g. 5%%, after at least --min-seconds of measured steps; at most "
-                        "--max-seconds (not with --steps; every run's row carries the precision it reached)")
-    flags.add_flag(runs, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
-                   help=f"with --precision: measure each run at least this long (default: {DEFAULT_MIN_SECONDS:g}s)")
-    flags.add_flag(runs, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
-                   help=f"with --precision: stop a run after this long measured even if not that precise; the "
-                        f"report warns of it (default: {DEFAULT_MAX_SECONDS:g}s)")
+    flags.add_precision_flags(runs, each="each run", instead="--steps",
+                              reported="every run's row carries the precision it reached")
     flags.add_flag(runs, "cold", action="store_true",
                    help="start every run cold, as `train --cold` does: the data's files evicted from the page cache "
                         "(local disk; a FUSE mount's kernel cache, the emulated store being fresh per run anyway); "

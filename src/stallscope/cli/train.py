@@ -46,20 +46,12 @@ from stallscope.workload.batchnorm import BATCHNORM_MODES, DEFAULT_RECALIBRATION
 from stallscope.service.servers import DEFAULT_CONNECT_TIMEOUT_S
 from stallscope.workload.models import MODELS
 from stallscope.verdict import fmt_share
-from stallscope.workload.precision import DEFAULT_MAX_SECONDS, DEFAULT_MIN_SECONDS, parse_precision
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "0"}
 _DEFAULT_PRESET = flags.DEFAULT_PRESET
 # Knobs with their own seed-style flags elsewhere in this parser (or no flag at all).
 _NOT_KNOBS = {"preset"}
-
-
-def _precision(text: str) -> float:
-    try:
-        return parse_precision(text)
-    except UsageError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, got {text!r}") from None
 
 
 def parse_bool(text: str) -> bool:
@@ -254,15 +246,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(training, "steps", type=flags.positive_int, default=None, metavar="N",
                    help="train until global step N (a resumed run continues to N); default: --epochs")
     flags.add_flag(training, "epochs", type=flags.positive_int, default=1, help="passes over the data (default: 1)")
-    flags.add_flag(training, "precision", type=_precision, default=None, metavar="PCT",
-                   help="run (the data repeating) until the images/s of the measured steps' two halves agree within "
-                        "PCT, e.g. 5%%, after at least --min-seconds of measured steps; at most --max-seconds "
-                        "(not with --steps, which fixes the length; every run reports the precision it reached)")
-    flags.add_flag(training, "min_seconds", type=flags.duration, default=DEFAULT_MIN_SECONDS, metavar="DURATION",
-                   help=f"with --precision: measure at least this long (default: {DEFAULT_MIN_SECONDS:g}s)")
-    flags.add_flag(training, "max_seconds", type=flags.duration, default=DEFAULT_MAX_SECONDS, metavar="DURATION",
-                   help=f"with --precision: stop after this long measured even if not that precise, saying so "
-                        f"(default: {DEFAULT_MAX_SECONDS:g}s)")
+    flags.add_precision_flags(training, each="training (the data repeating)", instead="--steps",
+                              reported="every run reports the precision it reached")
     flags.add_flag(training, "cold", action="store_true",
                    help="evict the data's files from the page cache first (local files; a mount's kernel cache, so "
                         "every read goes to its server again); not applicable to gs:// and s3://, whose readers "
