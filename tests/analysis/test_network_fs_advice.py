@@ -141,13 +141,13 @@ def test_records_read_alone_where_they_are_replace_the_requests_model():
     pattern = sw.IoPattern("records", 78_000, 1 / 60)
     scenario = sw.parse_scenarios("object-store-region")[0]
     seed = get_preset("seed")
-    row = sw.predict_format(pattern, scenario, sw.client_named("tf-gcs"), seed, workload,
+    row = sw.predict_format(pattern, scenario, sw.tf_gcs_client(environ={}), seed, workload,
                             read_chain=workload.read_chain)
     assert row.costs.wait_ms == pytest.approx(0.6) and row.costs.client_cpu_ms == pytest.approx(0.6)
     assert sw.as_configured(row, seed).images_per_second == pytest.approx(1000.0 / 2.3)
     behind = 1.2 + (1 - 2 / 60) * 1.1 / 2
     decode = seed.replace(map_parallelism=AUTOTUNE)
-    parallel = sw.as_configured(sw.predict_format(pattern, scenario, sw.client_named("tf-gcs"), decode, workload,
+    parallel = sw.as_configured(sw.predict_format(pattern, scenario, sw.tf_gcs_client(environ={}), decode, workload,
                                                   read_chain=workload.read_chain), decode)
     assert parallel.images_per_second == pytest.approx(1000.0 / behind)
 
