@@ -587,6 +587,13 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
     r = pattern.requests(client)
+    if read_chain is not None:
+        wall, cpu = read_chain
+        # the measured chain had these reads in it: the pipeline's own part is what is left of it
+        own_chain = local_chain_ms - wall if local_chain_ms is not None and local_chain_ms > wall else None
+        return Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
+                     cpu_ms=max(cpu_ms_per_image, cpu), client_cpu_ms=cpu, bytes=pattern.bytes_per_image,
+                     local_chain_ms=own_chain)
     round_trips = r + pattern.connections(client) * client.handshake_round_trips
     transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
         pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
@@ -597,13 +604,6 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     # s's CPU part is in d, where the cores cap it. The rest is the store's own time per request, which
     # a store on this host spends on these cores: its CPU (in d) replaces that much of the wait.
     waiting = max(0.0, s - client.request_cpu_ms - server_cpu_ms_per_request)
-    if read_chain is not None:
-        wall, cpu = read_chain
-        # the measured chain had these reads in it: the pipeline's own part is what is left of it
-        own_chain = local_chain_ms - wall if local_chain_ms is not None and local_chain_ms > wall else None
-        return Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
-                     cpu_ms=max(cpu_ms_per_image, cpu), client_cpu_ms=cpu, bytes=pattern.bytes_per_image,
-                     local_chain_ms=own_chain)
     return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
                  cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image,
                  local_chain_ms=local_chain_ms)
