@@ -49,6 +49,7 @@ class Stage:
     per_element: bool = False  # made by its parent's function once per input element (an interleave's reader per file)
     autotuned: bool = False    # its parallelism is AUTOTUNE's (the profile shows the value tuned at the time)
     device_feed: bool = False  # tf.distribute's per-device `Generator`, which only waits for the host pipeline
+    service_map: bool = False  # distribute()'s own map over DataService, uncompressing the workers' elements here
 
     @property
     def label(self) -> str:
@@ -113,6 +114,20 @@ SERVED_NOTE = ("the input is served by the tf.data service (a DataService stage)
                "`stallscope serve` prints each worker's CPU")
 
 
+def _service_maps(stages: Sequence[Stage], types: dict[str, str]) -> set[str]:
+    """The maps distribute() adds on the trainer: a compressed dataset's DataService yields `variant`
+    elements and TF puts a ParallelMap over it that uncompresses them (the service's receiving, not a
+    stage of the user's). A profile without the DataService's types: a ParallelMap over DataService alone."""
+    found = set()
+    for stage in stages:
+        if not stage.name.startswith("ParallelMap") or len(stage.inputs) != 1:
+            continue
+        below = stage.inputs[0]
+        if short_name(below).startswith(SERVICE_STAGE) and types.get(below, "variant") == "variant":
+            found.add(stage.long_name)
+    return found
+
+
 def served(names) -> bool:
     """A pipeline with a DataService stage (stage or chain names): its stages up to it run on the workers."""
     return any(name.startswith(SERVICE_STAGE) for name in names)
@@ -145,6 +160,7 @@ def stage_tree(profile: Profile) -> StageTree:
     datasets: dict[str, str] = {}
     parallelism: dict[str, int] = {}
     stage_of_id: dict[int, str] = {}
+    types: dict[str, str] = {}
     producer_calls: dict[tuple[str, int], set[int]] = defaultdict(set)
     producer_stage: dict[tuple[str, int], int] = {}
     executions: dict[int, list[Event]] = defaultdict(list)
@@ -168,6 +184,8 @@ def stage_tree(profile: Profile) -> StageTree:
                     if parent is not None and key.startswith(stage_key(parent.name) + "::"):
                         totals[stage_key(parent.name)][2] += event.duration_ps
                     _note_stats(key, event, datasets, parallelism, stage_of_id)
+                    if isinstance(event.stats.get("types"), str):
+                        types.setdefault(key, event.stats["types"])
                     owner = _producer(stack)
                     if owner is not None and "parent_id" in event.stats:
                         producer_stage.setdefault((line.name, owner.start_ps), event.stats["parent_id"])
@@ -195,6 +213,8 @@ def stage_tree(profile: Profile) -> StageTree:
         concurrency[stage] = _concurrency(runs)
 
     stages = _build_stages(totals, datasets, parallelism, work_ps, concurrency, per_element)
+    maps = _service_maps(stages, types)
+    stages = tuple(dataclasses.replace(s, service_map=True) if s.long_name in maps else s for s in stages)
     walk, bottleneck, reason = _walk(stages)
     return StageTree(stages=stages, bottleneck=bottleneck, walk=walk, reason=reason)
 
@@ -318,6 +338,12 @@ def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
     current, walk = outermost, [outermost.long_name]
     while True:
         inputs = [by_name[i] for i in current.inputs]
+        if short_name(current.long_name).startswith(SERVICE_STAGE):
+            return tuple(walk), current.long_name, _served_reason(current, [by_name[w] for w in walk])
+        if current.service_map:  # the service's receiving: the stages it stands for are the workers'
+            current = inputs[0]
+            walk.append(current.long_name)
+            continue
         if not inputs:
             reason = f"{current.name} is the source: busy {work_text(current)} and it has no input"
             return tuple(walk), current.long_name, reason
@@ -326,3 +352,15 @@ def _walk(stages: Sequence[Stage]) -> tuple[tuple[str, ...], str, str]:
             return tuple(walk), current.long_name, reason
         current = max(_past_device_generators(inputs), key=lambda s: s.total_ms)
         walk.append(current.long_name)
+
+
+def _served_reason(service: Stage, walked: Sequence[Stage]) -> str:
+    """Where the walk reaches the DataService stage: the stages past it are the workers', out of sight."""
+    reason = (f"{service.name} receives the elements the tf.data service's workers make: the stages up to "
+              f"distribute() run on the service's workers, not in this profile (the trainer's), so the walk "
+              f"cannot name one; it waited {service.total_ms:.1f} ms for them")
+    maps = [s for s in walked if s.service_map]
+    if maps:
+        reason += (f"; distribute()'s own {maps[-1].name} above it, which uncompresses them here (the trainer's "
+                   f"receiving), was busy {work_text(maps[-1])}")
+    return reason
