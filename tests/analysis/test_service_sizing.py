@@ -61,6 +61,22 @@ def test_compression_changes_the_bytes_shipped_and_the_workers_cpu():
         .elements_per_second == pytest.approx(4 * sizing.size_service(_inputs(**slow_link)).ceiling.elements_per_second)
 
 
+def test_workers_on_the_trainers_own_host_share_its_cores_with_the_receiving():
+    # a local service on 4 cores: each batch costs a worker 104.8 ms and the trainer 7.7 ms to receive
+    alone = _inputs(worker_cores=1.0, link_gbps=100.0, device_elements_per_second=500.0)
+    shared = _inputs(worker_cores=1.0, link_gbps=100.0, device_elements_per_second=500.0, host_cores=4.0)
+    per_element = sizing.worker_ms_per_element(shared) + sizing.receive_ms_per_element(shared)
+    assert sizing.host_rate(shared) == pytest.approx(4 * 1000 / per_element)
+    assert sizing.predict(shared, 2) == sizing.predict(alone, 2)  # two 1-core workers fit: workers-bound
+    four = sizing.predict(shared, 4)
+    assert four.bound == "host" and four.elements_per_second < sizing.predict(alone, 4).elements_per_second
+    plan = sizing.size_service(shared)
+    assert plan.ceiling.bound == "host" and plan.ceiling.workers == 4 and plan.workers_needed is None
+    assert plan.host_elements_per_second == pytest.approx(sizing.host_rate(shared))
+    assert sizing.size_service(alone).host_elements_per_second is None
+    assert sizing.host_rate(alone) == float("inf")
+
+
 def test_unknown_bytes_leave_the_link_and_receiving_unmodelled():
     plan = sizing.size_service(_inputs(bytes_per_element=None))
     assert plan.shipped_bytes_per_element is None and plan.link_elements_per_second is None
@@ -69,7 +85,7 @@ def test_unknown_bytes_leave_the_link_and_receiving_unmodelled():
 
 
 @pytest.mark.parametrize("field, value", [("worker_cores", 0), ("compression", "zstd"), ("images_per_element", 0),
-                                          ("bytes_per_element", -1.0)])
+                                          ("bytes_per_element", -1.0), ("host_cores", 0.0)])
 def test_inputs_are_validated_naming_the_field(field, value):
     with pytest.raises(UsageError, match=f"^{field}: expected"):
         _inputs(**{field: value})

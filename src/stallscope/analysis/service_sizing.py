@@ -1,14 +1,17 @@
 """How many tf.data service workers a CPU-bound input needs, and what the link must carry.
 
 The service moves the pipeline (read, decode, augment, batch) onto N worker machines of C cores each;
-the trainer only receives finished elements (batches). Its throughput is the least of four rates:
+the trainer only receives finished elements (batches). Its throughput is the least of four rates, five
+where the workers share the trainer's host:
 
 - the workers: N x C cores over the CPU one element costs a worker (the pipeline's CPU, measured by
   the probes, plus serializing the element for gRPC and, with compression, snappy-compressing it);
 - the link: its bandwidth over the bytes shipped per element (decoded images are large: a 224 px
   float32 image is 588 KiB, 5-30x its JPEG; snappy barely shrinks float pixels);
 - the trainer's receiving: its free cores over the CPU it spends per element received (gRPC, copies);
-- the device: what the model's step takes (compute alone).
+- the device: what the model's step takes (compute alone);
+- where the workers run on the trainer's own host (a local service, `stallscope serve local`), that
+  host's cores: the workers' CPU and the trainer's receiving come out of the same cores.
 
 Per-megabyte costs were measured on this project's 2-core test machine with a local service
 (float32 batches of 32 x 224 x 224 x 3, benchmarks/data_service.py): worker 0.25 ms/MB to send
@@ -30,7 +33,7 @@ RECEIVE_MS_PER_MB = 0.4           # trainer CPU to receive one MB (gRPC, deseria
 DECODED_FLOAT_RATIO = 1.0         # snappy on decoded float32 images: measured 1.00 (19.27 -> 19.25 MB)
 DEFAULT_LINK_GBPS = 10.0          # a common data-centre NIC; say the real one with link_gbps
 MAX_WORKERS = 64                  # beyond this the figure says little
-BOUNDS = ("device", "workers", "link", "receive")
+BOUNDS = ("device", "workers", "link", "receive", "host")
 MB = 1e6
 
 
@@ -45,7 +48,9 @@ class ServiceInputs:
     link_gbps: the network between workers and trainer; compression: "none" or "auto" (TF's snappy);
     compression_ratio: raw over compressed bytes under snappy; images_per_element: the batch size;
     local_elements_per_second: the trainer alone now (the pipeline on its own cores), for the crossover;
-    link_given, worker_cores_given: the user said the link and the workers' cores (else they are assumed)."""
+    link_given, worker_cores_given: the user said the link and the workers' cores (else they are assumed);
+    host_cores: where the workers share the trainer's host, the cores that host gives the workers and the
+    trainer's receiving together (None: the workers are on hosts of their own)."""
 
     cpu_ms_per_element: float
     bytes_per_element: float | None
@@ -59,6 +64,7 @@ class ServiceInputs:
     local_elements_per_second: float | None = None
     link_given: bool = False
     worker_cores_given: bool = False
+    host_cores: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("cpu_ms_per_element", "device_elements_per_second", "worker_cores", "trainer_cores",
@@ -68,6 +74,10 @@ class ServiceInputs:
                 raise UsageError(f"{name}: expected a number above 0, got {value!r}")
         if self.bytes_per_element is not None and not self.bytes_per_element > 0:
             raise UsageError(f"bytes_per_element: expected a number above 0 or None, got {self.bytes_per_element!r}")
+        if self.host_cores is not None and (isinstance(self.host_cores, bool)
+                                            or not isinstance(self.host_cores, (int, float))
+                                            or not 0 < self.host_cores < math.inf):
+            raise UsageError(f"host_cores: expected a number above 0 or None, got {self.host_cores!r}")
         if self.compression not in COMPRESSIONS:
             raise UsageError(f"compression: expected one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if isinstance(self.images_per_element, bool) or not isinstance(self.images_per_element, int) \
@@ -158,6 +168,7 @@ class ServiceSizing:
     ceiling: ServiceRow                  # with as many workers as help: the most the service gives
     shipped_bytes_per_element: float | None
     pays_off: bool | None                # the ceiling beats the trainer alone (None: the trainer alone not known)
+    host_elements_per_second: float | None = None  # one host's cores for workers and receiving (None: not shared)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -189,8 +200,16 @@ def _rate(cores: float, ms: float | None) -> float:
     return math.inf if ms is None or ms <= 0 else cores * 1000.0 / ms
 
 
+def host_rate(inputs: ServiceInputs) -> float:
+    """Elements per second one shared host's cores make and receive (inf: the workers have hosts of their own)."""
+    if inputs.host_cores is None:
+        return math.inf
+    return _rate(inputs.host_cores, worker_ms_per_element(inputs) + (receive_ms_per_element(inputs) or 0.0))
+
+
 def predict(inputs: ServiceInputs, workers: int) -> ServiceRow:
-    """The service's pace with `workers` workers: the least of workers, link, receiving and device."""
+    """The service's pace with `workers` workers: the least of workers, link, receiving and device (and,
+    where the workers share the trainer's host, that host's cores)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers: expected an integer >= 1, got {workers!r}")
     shipped = shipped_bytes(inputs)
@@ -199,6 +218,7 @@ def predict(inputs: ServiceInputs, workers: int) -> ServiceRow:
         "workers": workers * _rate(inputs.worker_cores, worker_ms_per_element(inputs)),
         "link": math.inf if shipped is None else inputs.link_gbps * 1e9 / 8 / shipped,
         "receive": _rate(inputs.trainer_cores, receive_ms_per_element(inputs)),
+        "host": host_rate(inputs),
     }
     bound = min(BOUNDS, key=lambda name: rates[name])
     pace = rates[bound]
@@ -208,15 +228,18 @@ def predict(inputs: ServiceInputs, workers: int) -> ServiceRow:
 
 def size_service(inputs: ServiceInputs, *, max_workers: int = 4) -> ServiceSizing:
     """Rows for 1..max_workers workers (fewer where fewer reach the ceiling; the count that reaches it,
-    up to MAX_WORKERS, last), the fewest workers that reach the device's pace (None where the link or
-    the trainer's receiving caps the service below it), and the ceiling: the most more workers give."""
+    up to MAX_WORKERS, last), the fewest workers that reach the device's pace (None where the link, the
+    trainer's receiving or a shared host caps the service below it), and the ceiling: the most more
+    workers give."""
     one = _rate(inputs.worker_cores, worker_ms_per_element(inputs))
     shipped = shipped_bytes(inputs)
     link = math.inf if shipped is None else inputs.link_gbps * 1e9 / 8 / shipped
     receive = _rate(inputs.trainer_cores, receive_ms_per_element(inputs))
-    cap = min(inputs.device_elements_per_second, link, receive)
+    host = host_rate(inputs)
+    cap = min(inputs.device_elements_per_second, link, receive, host)
     enough = max(1, min(MAX_WORKERS, math.ceil(cap / one * (1 - 1e-9))))
-    needed = enough if inputs.device_elements_per_second <= min(link, receive) and enough * one >= cap * (1 - 1e-9) \
+    needed = enough if inputs.device_elements_per_second <= min(link, receive, host) \
+        and enough * one >= cap * (1 - 1e-9) \
         else None
     counts = sorted({*range(1, max(1, min(max_workers, enough)) + 1), enough})
     rows = tuple(predict(inputs, n) for n in counts)
@@ -226,7 +249,8 @@ def size_service(inputs: ServiceInputs, *, max_workers: int = 4) -> ServiceSizin
                          link_elements_per_second=None if math.isinf(link) else link,
                          receive_elements_per_second=None if math.isinf(receive) else receive, workers_needed=needed, ceiling=ceiling,
                          shipped_bytes_per_element=shipped,
-                         pays_off=None if local is None else ceiling.elements_per_second > local)
+                         pays_off=None if local is None else ceiling.elements_per_second > local,
+                         host_elements_per_second=None if math.isinf(host) else host)
 
 
 def decoded_image_bytes(image_size: int, *, channels: int = 3, dtype_bytes: int = 4) -> int:
