@@ -126,3 +126,22 @@ def test_a_pass_over_records_is_counted_where_tf_knows_no_length(tmp_path):
     with tf.io.TFRecordWriter(str(gz), options="GZIP") as writer:
         writer.write(b"x")
     assert passes(tf.data.TFRecordDataset([str(gz)], compression_type="GZIP").batch(2).repeat()).steps is None
+
+
+def _read(x):
+    return tf.strings.as_string(x), x  # stands for tf.io.read_file(path): encoded bytes beside a label
+
+
+def test_a_shuffle_of_what_a_map_read_holds_encoded_elements():
+    """A map that reads files (strings out) decodes nothing: the shuffle over it holds encoded bytes,
+    as one over file names does (the user's `map(read).shuffle(n).map(decode)`)."""
+    found = passes(DATA.map(_read).shuffle(50).map(lambda e, y: (tf.strings.length(e), y)).batch(8).repeat())
+    assert found == Passes(13, 50, False, 50, 100)
+
+
+def test_a_shuffle_under_a_cache_runs_only_in_the_first_pass():
+    """`shuffle(n).map(decode).cache().repeat()`: every pass after the first comes from the cache, so the
+    shuffle takes nothing in again at the pass starts."""
+    found = passes(DATA.map(_read).shuffle(100).map(lambda e, y: (tf.fill([4, 4, 3], 1.0), y)).cache().repeat()
+                   .batch(8))
+    assert found.refill == 0 and found.shuffle_buffer == 100

@@ -24,6 +24,7 @@ _ONE_FOR_ONE = frozenset({
     "_CacheDataset", "_AssertCardinalityDataset", "_TakeDataset", "_SkipDataset", "_IgnoreErrorsDataset",
     "_ModelDataset", "_OptimizeDataset", "_MapWithLegacyFunctionDataset",
 })
+_CACHES = frozenset({"CacheDataset", "_CacheDataset"})
 # Stages that give one element for `_batch_size` elements they take.
 _BATCHES = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"})
 # Stages whose elements cost work to make (a map decodes, parses, augments): a shuffle above one holds made
@@ -94,11 +95,28 @@ def passes(dataset) -> Passes:
     shuffle = chain[index]
     buffer = int(shuffle._buffer_size)  # noqa: SLF001  (the stage's own argument, a scalar tensor)
     elements = _elements(chain, index + 1)
-    after_map = any(_name(stage) in _MAPS for stage in chain[index + 1:])
+    after_map = any(_name(stage) in _MAPS for stage in chain[index + 1:]) and not _holds_undecoded(shuffle)
     keeps_buffer = index == first and repeat is not None and _fuses_shuffle_and_repeat(dataset) \
         and elements is not None and buffer <= elements
-    refill = 0 if keeps_buffer or buffer <= 0 else min(buffer, elements or buffer)
+    # a cache between the repeat and the shuffle serves every pass after the first: the shuffle runs once
+    cached_above = any(_name(stage) in _CACHES for stage in chain[first:index])
+    refill = 0 if keeps_buffer or cached_above or buffer <= 0 else min(buffer, elements or buffer)
     return Passes(steps, shuffle_buffer=max(buffer, 0), after_map=after_map, refill=refill, elements=elements)
+
+
+def _holds_undecoded(stage) -> bool:
+    """Whether a stage's elements are strings beside scalars at most (file names, encoded images or
+    records, with their labels): a map under it read or named them and decoded nothing, so a refill of
+    its shuffle costs reads, not decodes (`tf.io.read_file` in a map, as many programs write it)."""
+    import tensorflow as tf
+
+    try:
+        specs = tf.nest.flatten(stage.element_spec)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    tensors = [s for s in specs if isinstance(s, tf.TensorSpec)]
+    return bool(tensors) and not any(s.dtype != tf.string and s.shape.rank not in (0, None) for s in tensors) \
+        and any(s.dtype == tf.string for s in tensors)
 
 
 def _steps_per_pass(chain: list, repeat: int | None) -> int | None:
