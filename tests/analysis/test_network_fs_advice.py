@@ -247,4 +247,52 @@ def test_a_fix_of_the_reads_is_priced_for_the_epochs_that_read_the_store_not_bes
     gain = {a.key: a.predicted_gain for a in beside}
     assert alone[0].predicted_gain > 1.0  # many reads in flight hide most of the round trips
     assert gain["reads_in_flight"] == pytest.approx(alone[0].predicted_gain)
-    assert gain["cache"] is None and differential.changes_cache(cache, seed) and not differential.changes_cache(reads, seed)
+    # the cache is priced on its own: the window's first epoch reads the store, the rest come from memory
+    assert gain["cache"] > 0.05 and gain["cache"] != pytest.approx(gain["reads_in_flight"])
+    assert differential.changes_cache(cache, seed) and not differential.changes_cache(reads, seed)
+
+
+def test_every_fix_carries_a_predicted_gain_and_what_the_model_cannot_price_is_only_checked():
+    """The healthy `fit` programs of benchmarks/advice_programs.py were given "one intra-op thread per
+    element" as a fix with "gain not predicted": a user acts on a fix, so only what the model prices
+    (at MIN_GAIN or more) is one; the rest is said as checked, not advised."""
+    tuned = get_preset("tuned").replace(max_intra_op_parallelism=0)  # TF's default: the advice changes it
+    parts = PipelineBreakdown(warm_ms=120.0, cold_ms=None, cpu_ms=120.0, waiting_ms=0.0, storage_ms=0.0,
+                              threads=2.0, cpu_ms_per_image=7.5)
+    phase = attribute(compute=loop_probe("compute", 10.0, 0.0, 10.0), end_to_end=loop_probe("end_to_end", 121.0, 111.0, 10.0),
+                      parts=parts, batch_size=32, cores=2.0, phase="head")
+    threads = Advice("outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, "", "", "")
+    convert = Advice("more_shards", "Split the data into more shards", {}, "", "", "")
+    fixes, checked = differential.price_advice([threads, convert], (phase,), parts, tuned, cores=2.0)
+    assert fixes == [] and [a.key for a in checked] == ["outer_parallelism", "more_shards"]
+    assert all(a.predicted_gain is None and a.gain_basis.startswith("not predicted") for a in checked)
+    assert "no term for max_intra_op_parallelism" in checked[0].gain_basis
+    assert differential.checked_note(checked[0]).startswith("checked, not advised: One intra-op thread")
+
+
+def test_a_shuffle_refilling_each_epoch_and_the_missing_prefetch_are_one_fix_priced_together():
+    """Seed on local files: a prefetch behind a shuffle of decoded images that refills the whole epoch
+    hides nothing, and the shuffle moved alone leaves the decode in each step; the two were listed apart,
+    the shuffle as a fix "not predicted". Now one fix with both knobs and the model's gain."""
+    seed = get_preset("seed").replace(map_parallelism=AUTOTUNE, shuffle_buffer=96, shuffle_and_repeat_fusion=False)
+    assert differential.epoch_refill_images(seed, 96) == 96
+    parts = PipelineBreakdown(warm_ms=40.0, cold_ms=None, cpu_ms=40.0, waiting_ms=0.0, storage_ms=0.0,
+                              threads=2.0, cpu_ms_per_image=2.5)
+    phase = attribute(compute=loop_probe("compute", 30.0, 0.0, 30.0), end_to_end=loop_probe("end_to_end", 70.0, 40.0, 30.0),
+                      parts=parts, batch_size=32, cores=2.0, phase="head")
+    advice = differential.recommend((phase,), seed, parts, examples=96, data_bytes=1_000_000)
+    keys = [a.key for a in advice]
+    assert "prefetch" not in keys and "shuffle_encoded" in keys
+    pair = next(a for a in advice if a.key == "shuffle_encoded")
+    assert pair.knobs == {"shuffle_at": "encoded", "prefetch": AUTOTUNE}
+    assert "dataset.prefetch(tf.data.AUTOTUNE)" in pair.code
+    fixes, _ = differential.price_advice(advice, (phase,), parts, seed, cores=2.0, examples=96)
+    priced = next(a for a in fixes if a.key == "shuffle_encoded")
+    assert priced.predicted_gain > 0.3  # 70 ms in turn -> 40 ms overlapped
+    # with a prefetch there already, the shuffle alone is the fix, and it is priced too
+    prefetched = seed.replace(prefetch=AUTOTUNE)
+    alone = next(a for a in differential.recommend((phase,), prefetched, parts, examples=96, data_bytes=1_000_000)
+                 if a.key == "shuffle_encoded")
+    assert alone.knobs == {"shuffle_at": "encoded"}
+    fixes, _ = differential.price_advice([alone], (phase,), parts, prefetched, cores=2.0, examples=96)
+    assert fixes and fixes[0].predicted_gain > 0.3

@@ -287,7 +287,11 @@ def test_a_repeated_dataset_with_a_shuffle_refilling_each_pass_is_probed_over_wh
     assert diagnosis.phases[0].end_to_end.steps == 24
     assert diagnosis.verdict == "highly" and diagnosis.input_share > 0.5, diagnosis.phases[0]
     assert diagnosis.source["examples"] == 48
-    assert "shuffle_encoded" in [a.key for a in diagnosis.advice]  # the buffer holds the whole pass
+    # the buffer holds the whole pass: moving the shuffle before the map is weighed, and priced (it lets the
+    # 5 ms maps overlap a 1 ms step, no more: a fix or, under MIN_GAIN, a change checked)
+    shuffle = next((a for a in diagnosis.advice if a.key == "shuffle_encoded"), None)
+    assert (shuffle is not None and shuffle.predicted_gain >= 0.05) or \
+        any(n.startswith("checked, no gain expected: Shuffle before decoding") for n in diagnosis.notes), diagnosis.notes
     # the profile spans the passes too: the map under the shuffle is seen at work, as the input share is
     analysis = diagnosis.analysis
     assert len(analysis.steps.steps) >= 20 and analysis.input_share > 0.5, analysis.steps
@@ -295,7 +299,9 @@ def test_a_repeated_dataset_with_a_shuffle_refilling_each_pass_is_probed_over_wh
     assert analysis.decodes_images is True  # its map runs Python, which may decode
     # advice on a dataset of your own comes as code, not as stallscope's flags
     text = diagnosis.text()
-    assert "dataset = dataset.shuffle(buffer)" in text and "--shuffle-at" not in text
+    assert "--shuffle-at" not in text and "--read-parallelism" not in text
+    if shuffle is not None:
+        assert "dataset = dataset.shuffle(buffer)" in text
 
 
 def test_a_pass_too_long_to_probe_whole_is_named_in_a_note():

@@ -419,10 +419,14 @@ def parallel_generator(stage_name: str, evidence: str, per_element_us: float | N
         "parallel_generator", "Move the generator's work into tf.data ops, or run several generators at once", {},
         "# best: the same work as tf.data ops, which run in parallel outside the GIL\n"
         "dataset = tf.data.Dataset.from_tensor_slices(items).map(load, num_parallel_calls=tf.data.AUTOTUNE)\n"
-        "# else: N generators at once, each making its own share of the elements (gen(i, n))\n"
+        "# else: N generators at once, each making its own share of the elements (gen(i, n)), on a pool\n"
+        "# of their own (AUTOTUNE on tf.data's shared pool keeps about one call per core in flight)\n"
         "dataset = tf.data.Dataset.range(N).interleave(\n"
         "    lambda i: tf.data.Dataset.from_generator(gen, output_signature=SIGNATURE, args=(i, N)),\n"
-        "    cycle_length=N, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+        "    cycle_length=N, num_parallel_calls=N, deterministic=False)\n"
+        "options = tf.data.Options()\n"
+        "options.threading.private_threadpool_size = N + os.cpu_count()\n"
+        "dataset = dataset.with_options(options)",
         f"the source stage {stage_name} is a Python generator: it makes one element at a time{each} "
         "under Python's GIL, and no parallelism setting of tf.data reaches "
         "inside it; several generators at once help where it waits (I/O, sleeps, C code that releases the GIL), "
@@ -532,7 +536,10 @@ def _convert_records(row, current, cell, config: PipelineConfig, evidence: str, 
         f"({fmt_share(records.prediction.input_share, 0)} input) instead of {cell.images_per_second:,.0f}",
         evidence,
         command=f"stallscope convert --dataset_path {dataset_path} --output_path RECORDS, then "
-                f"--source records --dataset_path RECORDS")
+                f"--source records --dataset_path RECORDS",
+        predicted_gain=records.images_per_second / cell.images_per_second - 1.0 if cell.images_per_second > 0 else None,
+        gain_basis=f"the storage what-if at {row.scenario.label}: {cell.images_per_second:,.0f} -> "
+                   f"{records.images_per_second:,.0f} images/s as configured")
 
 
 def _smaller_gcs_block(current, cell, scenario, config: PipelineConfig, what: "StorageWhatIf", evidence: str):
@@ -560,7 +567,10 @@ def _smaller_gcs_block(current, cell, scenario, config: PipelineConfig, what: "S
         f"TF's gs:// gives every ranged GET of a shard a {block_mb:g} MB buffer (~{0.711 * block_mb:.0f} ms "
         f"of CPU, tensorflow/tensorflow#30327), whatever the shard holds; at 1 MB: up to "
         f"{best_small:,.0f} images/s instead of {best_now:,.0f}", evidence,
-        command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ...")
+        command=f"{sw.GCS_BLOCK_ENV}=1 stallscope train ...",
+        predicted_gain=best_small / best_now - 1.0 if best_now > 0 else None,
+        gain_basis=f"the storage what-if at {scenario.label}: {best_now:,.0f} -> {best_small:,.0f} images/s, "
+                   "as configured or with the reads in flight advised")
 
 
 def _gcs_reader(current, config: PipelineConfig, pooled, cell, enough, evidence: str) -> Advice:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stallscope.analysis import differential
+from stallscope.analysis import differential, whatif
 from stallscope.analysis.advice import GENERATOR_STAGES, Advice, parallel_generator
 from stallscope.analysis.dataset_passes import Passes, passes
 from stallscope.analysis.dataset_storage import ReadMap, dataset_storage
@@ -260,6 +260,7 @@ def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, 
     if phase.cause != "none":
         advice = reader_advice(seen.ops, seen.files, f"{fmt_share(phase.input_share, 0)} of the step waits for input, "
                                                      f"cause: {phase.cause}") + advice
+    advice = _for_a_generator(advice, seen, phase, parts, config)
     advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
                                                 examples=examples or 0)
     notes += map(differential.checked_note, checked)
@@ -274,16 +275,48 @@ def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, 
 
 def _fitting_the_graph(advice: list[Advice], seen: _Seen) -> list[Advice]:
     """The advice less what the graph shows would change nothing: smaller images where none is decoded,
-    one intra-op thread where there is no map; a generator source gets the generator's parallelism
-    instead of parallel file reads."""
+    one intra-op thread where there is no map."""
     if seen.graph is None or not decodes_images(seen.graph):  # no image decoded: smaller ones would not help
         advice = [a for a in advice if a.key != "max_side"]
     if seen.chain and not set(seen.chain) & set(MAP_STAGES):  # no map: nothing to run one intra-op thread per element
         advice = [a for a in advice if a.key != "outer_parallelism"]
-    generator = next((name for name in seen.chain if name.startswith(GENERATOR_STAGES)), None)
-    if generator:  # its source is Python (from_generator): no files to read in parallel
-        advice = [parallel_generator(generator, a.evidence) if a.key == "parallel_interleave" else a for a in advice]
     return advice
+
+
+def _for_a_generator(advice: list[Advice], seen: _Seen, phase, parts, config: PipelineConfig) -> list[Advice]:
+    """A generator source (from_generator, Python) has no files to read in parallel: the parallel reads
+    advised for its wait become the generator's own parallelism, priced by `generators_priced`."""
+    generator = next((name for name in seen.chain if name.startswith(GENERATOR_STAGES)), None)
+    if not generator:
+        return advice
+    return [generators_priced(parallel_generator(generator, a.evidence), phase, parts, config)
+            if a.key == "parallel_interleave" else a for a in advice]
+
+
+def generators_priced(item: Advice, phase, parts, config: PipelineConfig) -> Advice:
+    """N generators at once, N enough to overlap the wait measured per image (no core works through
+    it: sleeps, remote calls, I/O) at most MOST_GENERATORS; their Python work still holds the GIL, so
+    it counts once: an image every max((CPU + wait) / N, CPU) ms. The model's step with that pipeline."""
+    cpu = parts.cpu_ms_per_image
+    wait = parts.waiting_ms / config.batch_size
+    if wait <= 0:
+        return dataclasses.replace(item, gain_basis="not predicted: the generator does not wait, its Python work "
+                                                    "holds the GIL; moving it into tf.data ops is outside the model")
+    count = min(MOST_GENERATORS, max(2, math.ceil((cpu + wait) / max(cpu, 1e-9))))
+    pipeline_ms = config.batch_size * max((cpu + wait) / count, cpu)
+    predicted = whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=config.batch_size,
+                               overlapped=differential.overlaps(phase, config))
+    gain = differential.predicted_gain(phase, parts, predicted)
+    step = phase.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+    return dataclasses.replace(
+        item, code=f"N = {count}  # generators at once: enough to overlap the wait\n{item.code}",
+        predicted_step_ms=step, predicted_gain=gain,
+        gain_basis=f"{count} generators at once overlap its {wait:.1f} ms wait per image, its {cpu:.1f} ms of CPU "
+                   f"holding the GIL: pipeline {parts.warm_ms:.1f} -> {pipeline_ms:.1f} ms per batch, step "
+                   f"{phase.step_ms:.1f} -> {step:.1f} ms predicted")
+
+
+MOST_GENERATORS = 8
 
 
 def _sequential_stateful_map_note(dataset, graph, config: PipelineConfig) -> list[str]:

@@ -434,11 +434,12 @@ def steady_state_for(data_bytes: int) -> str:
 
 def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConfig, parts: PipelineBreakdown,
               *, examples: int, data_bytes: int, warm: PipelineProbe | None = None,
-              stored_side: int | None = None) -> list[Advice]:
+              stored_side: int | None = None, cores: float | None = None) -> list[Advice]:
     """Knob changes that address the stall the probes found, most effective first; `warm` (the
     pipeline-alone probe) tells whether a CPU quota ran out while the pipeline ran flat out;
     `stored_side` (the stored images' longer side, where read) whether smaller stored images would
-    shrink anything: they are advised only from SHRINK_FROM times the model's input."""
+    shrink anything: they are advised only from SHRINK_FROM times the model's input, priced on `cores`
+    (the free cores: `free_cores`)."""
     worst = max(diagnosis_phases, key=lambda p: p.input_share)
     advice: list[Advice] = []
     evidence = (f"pipeline alone {parts.warm_ms:.1f} ms per batch warm ({parts.cpu_ms:.1f} ms CPU work on "
@@ -454,14 +455,10 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "parallel_map", "Decode in parallel", {"map_parallelism": AUTOTUNE},
             "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE)",
             f"{worst.preprocessing_stall_ms:.1f} ms of each step waits on a sequential decode map", evidence))
-    if worst.cause != "none" and examples and epoch_refill_images(config, examples) >= examples:
-        advice.append(Advice(
-            "shuffle_encoded", "Shuffle before decoding", {"shuffle_at": "encoded"},
-            "dataset = dataset.shuffle(buffer)  # on file names / records, before the decode map",
-            f"a shuffle buffer of {config.shuffle_buffer} decoded images holds the whole data set "
-            f"({examples} examples), so each epoch starts by decoding all of it before the first step",
-            evidence))
-    if config.prefetch is None and (worst.cause != "none" or not worst.overlapped):
+    refills = bool(worst.cause != "none" and examples and epoch_refill_images(config, examples) >= examples)
+    if refills:
+        advice.append(_shuffle_encoded(config, examples, evidence))
+    if config.prefetch is None and (worst.cause != "none" or not worst.overlapped) and not refills:
         advice.append(Advice(
             "prefetch", "Prefetch at the end", {"prefetch": AUTOTUNE},
             "dataset = dataset.prefetch(tf.data.AUTOTUNE)  # the last line of the pipeline",
@@ -479,13 +476,7 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
             "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "the map is parallel already; parallelism across elements is cheaper than inside each op", evidence))
         if stored_side is not None and stored_side >= SHRINK_FROM * config.image_size:
-            side = max(config.image_size, round(config.image_size * 8 / 7))
-            advice.append(Advice(
-                "max_side", "Store smaller images", {},
-                f"# re-convert once; decoding a {side} px JPEG costs a fraction of a {stored_side} px one",
-                f"decoding is the slow part and its cost grows with the pixels stored: the images are stored at "
-                f"{stored_side} px on the longer side for a {config.image_size} px input", evidence,
-                command=f"stallscope convert IMAGES --output_path RECORDS --max-side {side}"))
+            advice.append(_smaller_images(worst, parts, config, stored_side, cores, evidence))
     if warm is not None and warm.throttled_share is not None:  # a quota: its counters were read
         pool = quota_pool(config, cpus=warm.cpus, quota_cores=warm.cores, throttled_share=warm.throttled_share,
                           evidence=f"the CPU quota ({cpus_worth(warm.cores)}, on {warm.cpus} CPUs) ran out in "
@@ -493,6 +484,52 @@ def recommend(diagnosis_phases: tuple[PhaseDiagnosis, ...], config: PipelineConf
         if pool is not None:
             advice.append(pool)
     return advice
+
+
+def _smaller_images(worst: PhaseDiagnosis, parts: PipelineBreakdown, config: PipelineConfig, stored: int,
+                    cores: float | None, evidence: str) -> Advice:
+    """Images stored a little above the model's input, priced by the more-cores what-if with the
+    pipeline's CPU work per image scaled by the pixels, (target / stored side)^2: decode and resize
+    cost what they touch. Unpriced where the free cores are not known."""
+    from stallscope.analysis.advice import stored_side_for
+
+    side = stored_side_for(config.image_size)
+    item = Advice(
+        "max_side", "Store smaller images", {},
+        f"# re-convert once; decoding a {side} px JPEG costs a fraction of a {stored} px one",
+        f"decoding is the slow part and its cost grows with the pixels stored: the images are stored at "
+        f"{stored} px on the longer side for a {config.image_size} px input", evidence,
+        command=f"stallscope convert IMAGES --output_path RECORDS --max-side {side}")
+    if cores is None:
+        return dataclasses.replace(item, gain_basis="not predicted: the free cores were not measured")
+    scale = min(1.0, (side / stored) ** 2)
+    cpu_ms = parts.cpu_ms * scale
+    smaller = dataclasses.replace(parts, cpu_ms=cpu_ms, warm_ms=parts.waiting_ms + cpu_ms,
+                                  cpu_ms_per_image=parts.cpu_ms_per_image * scale)
+    predicted = predict_fixed(worst, smaller, config, cores=cores)
+    gain = predicted_gain(worst, parts, predicted)
+    return dataclasses.replace(
+        item, predicted_step_ms=worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0, predicted_gain=gain,
+        gain_basis=f"the CPU work per image scaled by the pixels, ({side}/{stored})^2 = {scale:.2f}, on the "
+                   f"more-cores what-if: step {worst.step_ms:.1f} -> {predicted.step_ms:.1f} ms predicted")
+
+
+def _shuffle_encoded(config: PipelineConfig, examples: int, evidence: str) -> Advice:
+    """The shuffle moved before the decode map, with the prefetch it lets work where there is none: a
+    prefetch behind a shuffle refilling the whole epoch hides nothing (the epoch's decode comes before
+    its first batch) and a shuffle moved without one leaves the decode in each step, so neither gains
+    alone and the two are one fix, priced together."""
+    prefetch = config.prefetch is None
+    return Advice(
+        "shuffle_encoded", "Shuffle before decoding" + (", prefetch at the end" if prefetch else ""),
+        {"shuffle_at": "encoded", **({"prefetch": AUTOTUNE} if prefetch else {})},
+        "dataset = dataset.shuffle(buffer)  # on file names / records, before the decode map"
+        + ("\ndataset = dataset.prefetch(tf.data.AUTOTUNE)  # the last line of the pipeline" if prefetch else ""),
+        f"a shuffle buffer of {config.shuffle_buffer} decoded images holds the whole data set "
+        f"({examples} examples), so each epoch starts by decoding all of it before the first step"
+        + ("; with the shuffle before decoding, a prefetch makes the next batch while the step runs" if prefetch
+           else ", which the prefetch cannot hide"),
+        evidence)
 
 
 def stored_side(source: DataSource) -> int | None:
@@ -523,8 +560,15 @@ def predict_fixed(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: Pipeline
                   *, cores: float, examples: int = 0) -> whatif.Prediction:
     """The step the fixed config should give: the model of the more-cores what-if (`parallel_pipeline_ms`)
     on the same free cores, its stages as parallel as the new config makes them, and the overlap a
-    prefetch brings. A fix that makes every stage parallel and prefetches predicts the what-if's '+0' row."""
-    pipeline_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=phase.steady_cache == "cold")
+    prefetch brings. A fix that makes every stage parallel and prefetches predicts the what-if's '+0' row.
+    With a cache where the page cache does not hold the data (cold), the epochs of the probe's window
+    after the first are served from memory: the warm pipeline's time."""
+    cold = phase.steady_cache == "cold"
+    pipeline_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=cold)
+    if cold and new.cache != "none" and examples:
+        from_store = min(1.0, _steps_per_epoch(new, examples) / max(1, phase.end_to_end.steps))
+        warm_ms = parallel_pipeline_ms(parts, new, cores=cores, cold=False)
+        pipeline_ms = from_store * pipeline_ms + (1.0 - from_store) * warm_ms
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
                           overlapped=overlaps(phase, new, examples))
 
@@ -581,51 +625,55 @@ def predicted_gain(phase: PhaseDiagnosis, parts: PipelineBreakdown, predicted: w
     return now.step_ms / predicted.step_ms - 1.0 if predicted.step_ms > 0 else math.inf
 
 
-# Knobs the models of `predict_config` see: parallel stages and their pool, the overlap a prefetch gives,
-# who reads gs://; an element order or a TF default changes nothing they model.
+# Knobs the models of `predict_config` see: parallel stages and their pool, the overlap a prefetch gives
+# (and a shuffle refilling each epoch takes away), who reads gs://, a cache serving the epochs after the
+# first; a TF default such as intra-op threads changes nothing they model.
 MODELLED_KNOBS = frozenset({"map_parallelism", "read_parallelism", "private_threadpool_size", "prefetch",
-                            "gcs_reader", "deterministic"})
+                            "gcs_reader", "deterministic", "shuffle_at", "cache", "cache_at"})
 
 
 def price_advice(advice: Sequence[Advice], phases: tuple[PhaseDiagnosis, ...], parts: PipelineBreakdown,
                  config: PipelineConfig, *, cores: float, what: StorageWhatIf | None = None,
                  examples: int = 0) -> tuple[list[Advice], list[Advice]]:
-    """(fixes, checked): each advice that changes knobs the model sees gets the step the model predicts
-    with it applied to the worst phase (beside the advice the model does not cover, such as the shuffle's
-    place, which stays a fix unpriced: with a shuffle moved before decode, a prefetch can hide what a
-    refill at each epoch start could not). Not beside a cache: the model prices what reaches the store and
-    the cores, so a fix is priced for the epochs that read the store, as a user applying it alone gets
-    (a cache beside it would leave it only the first epoch). One that changes nothing (its knobs are set already) is
-    dropped, one predicted to gain under MIN_GAIN is checked, not a fix. Advice without knobs (a
-    conversion, smaller images) keeps what its own model said."""
+    """(fixes, checked): every fix carries the gain the model predicts for it applied alone to the
+    worst phase; one predicted under MIN_GAIN, or not predicted at all (its knobs are outside the model,
+    or a change outside the config came without a figure), is checked, not a fix. One that changes
+    nothing (its knobs are set already) is dropped. A marker fix and a quota's pool (which evens steps
+    out, it does not shorten them) stay fixes unpredicted."""
     from stallscope.analysis.fix_gain import MIN_GAIN
 
     worst = max(phases, key=lambda p: p.input_share)
-    kept = [a for a in advice if a.knobs and a.key not in UNPREDICTED_FIXES and apply_advice(config, a) != config]
-    unmodelled = {a.key: sorted(k for k, v in a.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
-                  for a in kept}
-    beside = [a for a in kept if unmodelled[a.key] and not changes_cache(a, config)]
-    base = apply_advice(config, beside) if beside else config
     fixes, checked = [], []
     for item in advice:
-        if not item.knobs or item.key in UNPREDICTED_FIXES:  # a quota's pool evens steps out, it does not shorten them
+        if item.key in UNPREDICTED_FIXES:
             fixes.append(item)
             continue
-        if item not in kept:
-            continue
-        if unmodelled[item.key]:  # the model would say "no gain" for what it does not see: say so instead
-            fixes.append(dataclasses.replace(item, gain_basis=f"not predicted: the model does not cover "
-                                                              f"{', '.join(unmodelled[item.key])}"))
-            continue
-        predicted = predict_change(worst, parts, base, apply_advice(base, item), cores=cores, what=what,
-                                   examples=examples)
-        gain = predicted_gain(worst, parts, predicted)
-        step = worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
-        basis = (f"step {worst.step_ms:.1f} -> {step:.1f} ms predicted, "
-                 + ("the storage what-if at the store as read" if as_read_row(what) else "the more-cores what-if"))
-        priced = dataclasses.replace(item, predicted_step_ms=step, predicted_gain=gain, gain_basis=basis)
-        (fixes if gain >= MIN_GAIN else checked).append(priced)
+        if item.knobs:
+            if apply_advice(config, item) == config:
+                continue
+            item = _priced(item, worst, parts, config, cores=cores, what=what, examples=examples)
+        elif item.predicted_gain is None and not item.gain_basis.startswith("not predicted"):
+            item = dataclasses.replace(item, gain_basis="not predicted: " + (item.gain_basis or
+                                                                              "the model has no figure for it"))
+        gain = item.predicted_gain
+        (fixes if gain is not None and gain >= MIN_GAIN else checked).append(item)
     return fixes, checked
+
+
+def _priced(item: Advice, worst: PhaseDiagnosis, parts: PipelineBreakdown, config: PipelineConfig, *,
+            cores: float, what: StorageWhatIf | None, examples: int) -> Advice:
+    """The advice with the step the model predicts with its knobs applied alone; "not predicted" where
+    a knob it changes is outside the model (which would say "no gain" for what it does not see)."""
+    unmodelled = sorted(k for k, v in item.knobs.items() if k not in MODELLED_KNOBS and getattr(config, k) != v)
+    if unmodelled:
+        return dataclasses.replace(item, gain_basis=f"not predicted: the model has no term for {', '.join(unmodelled)}")
+    predicted = predict_change(worst, parts, config, apply_advice(config, item), cores=cores, what=what,
+                               examples=examples)
+    gain = predicted_gain(worst, parts, predicted)
+    step = worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+    basis = (f"step {worst.step_ms:.1f} -> {step:.1f} ms predicted, "
+             + ("the storage what-if at the store as read" if as_read_row(what) else "the more-cores what-if"))
+    return dataclasses.replace(item, predicted_step_ms=step, predicted_gain=gain, gain_basis=basis)
 
 
 def changes_cache(advice: Advice, config: PipelineConfig) -> bool:
@@ -634,7 +682,10 @@ def changes_cache(advice: Advice, config: PipelineConfig) -> bool:
 
 
 def checked_note(advice: Advice) -> str:
-    """The note for a change the model expects to gain under MIN_GAIN (`price_advice`'s checked ones)."""
+    """The note for a change `price_advice` checked: expected to gain under MIN_GAIN, or not predicted
+    (then not advised: stallscope lists as fixes only what its model prices)."""
+    if advice.predicted_gain is None:
+        return f"checked, not advised: {advice.title} ({advice.gain_basis}; measure it before relying on it)"
     return f"checked, no gain expected: {advice.title} ({advice.gain_basis})"
 
 
@@ -857,7 +908,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     from stallscope.storage.tfdata_readers import describe_reader
 
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
-                       stored_side=stored_side(source))
+                       stored_side=stored_side(source), cores=free_cores(warm))
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
                                            round_trips, bandwidth, under=under, file_trips=file_trips, reads=reads)
     advice = merge_advice(advice, storage_advice(
