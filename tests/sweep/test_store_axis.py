@@ -5,7 +5,6 @@ intervals, and the bottleneck of an input-bound run whose profiled steps were no
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -15,13 +14,9 @@ import pytest
 from stallscope.cli.main import main
 from stallscope.sweep.interval import METHOD, t_interval
 
+from .helpers import TINY_KNOBS, csv_rows, summary_rows
+
 STEPS = 6
-TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "0"]
-
-
-def rows(out: Path, name: str) -> list[dict[str, str]]:
-    with open(out / name, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +30,7 @@ def swept(tiny_tree, tmp_path_factory) -> Path:
 
 
 def test_each_cell_reads_the_store_it_names_and_counts_its_requests(swept):
-    runs = rows(swept, "results.csv")
+    runs = csv_rows(swept)
     assert sorted((r["store"], r["repeat"]) for r in runs) == [("local", "1"), ("local", "2"), ("s3", "1"),
                                                                ("s3", "2")]
     for row in runs:
@@ -56,7 +51,7 @@ def test_results_csv_has_one_row_per_run_with_units_in_its_columns(swept):
     from stallscope.workload import rundir
     from stallscope.workload.timing import summarize_steps
 
-    runs = rows(swept, "results.csv")
+    runs = csv_rows(swept)
     assert {"images_per_second", "step_time_ms", "input_share_pct", "latency_ms", "bytes_per_image"} <= set(runs[0])
     assert "input_share" not in runs[0], "one convention: a percentage"
     for row in runs:
@@ -67,8 +62,8 @@ def test_results_csv_has_one_row_per_run_with_units_in_its_columns(swept):
 
 
 def test_summary_has_the_median_and_a_95_percent_interval_per_cell(swept):
-    runs = rows(swept, "results.csv")
-    cells = rows(swept, "summary.csv")
+    runs = csv_rows(swept)
+    cells = summary_rows(swept)
     assert len(cells) == 2
     markdown = (swept / "results.md").read_text(encoding="utf-8")
     assert METHOD in markdown
@@ -93,7 +88,7 @@ def test_an_input_bound_run_names_its_bottleneck_though_its_profiled_steps_kept_
     from stallscope.analysis.analyze import analyze_run
     from stallscope.sweep.results import run_figures
 
-    local = next(r for r in rows(swept, "results.csv") if r["store"] == "local")
+    local = next(r for r in csv_rows(swept) if r["store"] == "local")
     run_dir = tmp_path / "run"
     shutil.copytree(swept / local["run_dir"], run_dir)
     profiled = analyze_run(run_dir, with_xprof=False)

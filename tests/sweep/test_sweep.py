@@ -4,7 +4,6 @@ real `stallscope train` process. Checks the tables, resuming, refusals, HParams 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -17,36 +16,16 @@ from pathlib import Path
 import pytest
 
 import stallscope
-from stallscope.cli.main import main
+
+from .helpers import TINY_KNOBS, csv_rows, run_cli, summary_rows
 
 STEPS = 6
-# No shuffle: every step decodes its own 4 images (a decoded-image shuffle buffer would let a 2-step
-# profile window draw from images decoded before it and show no input wait).
-TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "0"]
 
 
 def sweep_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["sweep", "--data", str(data), "--out", str(out), "--format", "files,records", "--latency", "local,0ms", "--pipeline", "seed",
             "--accelerator", "emulated:4000", "--steps", str(STEPS), "--warmup-steps", "1", "--repeats", "1",
             *TINY_KNOBS, *extra]
-
-
-def run_cli(argv: list[str]) -> int:
-    """main(), with argparse's own refusals (SystemExit) turned into their exit code."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
-
-
-def csv_rows(out: Path, name: str = "results.csv") -> list[dict[str, str]]:
-    """results.csv: one row per run; summary.csv: one per cell."""
-    with open(out / name, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
-
-
-def summary_rows(out: Path) -> list[dict[str, str]]:
-    return csv_rows(out, "summary.csv")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ and say where --cold is not applicable (gs://); the report warns of a run that m
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -16,9 +15,8 @@ from stallscope.sweep.grid import Axes, Grid
 from stallscope.sweep.runner import profile_window, repeat_complete, train_command
 from stallscope.workload.precision import PrecisionTarget
 
-from stallscope.cli.main import main
+from .helpers import TINY_KNOBS, csv_rows, run_cli, summary_rows
 
-TINY_KNOBS = ["--image-size", "32", "--batch-size", "4", "--shuffle-buffer", "0"]  # as test_sweep.py's
 # A loose target and a short minimum: the tiny runs reach it or stop at --max-seconds; either is allowed.
 PRECISION = ["--precision", "20%", "--min-seconds", "0.2s", "--max-seconds", "3s"]
 
@@ -27,22 +25,6 @@ def precision_args(data: Path, out: Path, *extra: str, latency: str = "local,0ms
     return ["sweep", "--data", str(data), "--out", str(out), "--latency", latency, "--pipeline", "seed",
             "--accelerator", "emulated:4000", "--warmup-steps", "1", "--repeats", "1", *TINY_KNOBS, *PRECISION,
             *extra]
-
-
-def run_cli(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
-
-
-def csv_rows(out: Path, name: str = "results.csv") -> list[dict[str, str]]:
-    with open(out / name, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
-
-
-def summary_rows(out: Path) -> list[dict[str, str]]:
-    return csv_rows(out, "summary.csv")
 
 
 @pytest.fixture(scope="module")
