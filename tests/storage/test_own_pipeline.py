@@ -150,3 +150,23 @@ def test_a_pass_over_records_in_a_store_is_counted_from_the_manifest_beside_them
         assert passes(tf.data.TFRecordDataset(remote).map(parse).batch(4).repeat()) == Passes(6)
     assert count_records([f"{store.url}/tree/{p.relative_to(served / 'tree').as_posix()}"
                           for p in sorted((served / "tree").rglob("*.jpg"))[:2]]) is None
+
+
+@pytest.mark.timeout(LIMIT_S)
+def test_diagnose_of_your_own_records_in_a_store_reads_them_alone_for_the_model(served, store):
+    """As `stallscope diagnose` does for its own workload: a dataset of your own reading shards from a
+    bucket gets its records read by one stream with no decode, the chain a parallel decode sits behind,
+    shown in the report and the JSON and given to the storage what-if of the store as read."""
+    import json
+
+    remote = stallscope.list_files(f"{store.url}/records", "train-*")
+    before = store.counters().requests
+    dataset = stallscope.read_records(remote).map(tf.strings.length).batch(4).repeat()
+    diagnosis = stallscope.diagnose(dataset, steps=6, files=remote)
+    reads = diagnosis.reads
+    assert reads is not None and reads.records > 0 and reads.ms_per_image > 0, reads
+    assert store.counters().requests > before
+    assert "records alone" in diagnosis.text()
+    assert json.loads(json.dumps(diagnosis.to_dict()))["probes"]["reads_alone"]["records"] == reads.records
+    workload = diagnosis.storage_whatif.workload
+    assert workload.read_chain == pytest.approx((reads.ms_per_image, reads.cpu_ms_per_image))

@@ -133,16 +133,17 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     if analysis is not None and analysis.verdict is not None and analysis.verdict != phase.verdict:
         notes.append(_verdicts_differ_note(phase, analysis))
     examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
-    advice = _dataset_advice(dataset, seen, phase, parts, config, warm, options, notes, examples=examples,
-                             data_bytes=data_bytes, per_step=per_step)
     figures, what = _storage_figures(seen, alone, options, notes, data_bytes=data_bytes, examples=examples,
                                      config=config, parts=parts, phase=phase, private_pool=private_pool)
+    advice = _dataset_advice(dataset, seen, phase, parts, config, warm, options, notes, examples=examples,
+                             data_bytes=data_bytes, per_step=per_step, what=what if seen.in_store else None)
     return differential.Diagnosis(
         source={"kind": "dataset", "path": _files_text(seen.files), "split": None, "examples": examples or "unknown",
                 "files": len(seen.files), "bytes": data_bytes},
         pipeline=config, accelerator=device_name, warm=warm, cold=alone.cold, pipeline_breakdown=parts,
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(seen.chain), storage=figures, storage_whatif=what,
+        reads=alone.reads,
     )
 
 
@@ -169,6 +170,7 @@ class _PipelineAlone:
     requests: Any
     round_trips: Any
     bandwidth: Any
+    reads: Any = None     # the records read alone where they are (`probes.ReadChain`), for a store's shards
 
 
 def _require_dataset(dataset) -> None:
@@ -204,11 +206,37 @@ def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions,
     warm = probe_dataset(dataset, cache_state="warm", files=seen.files, max_batches=options.steps,
                          budget_s=options.pipeline_budget_s)
     requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
-    round_trips = bandwidth = None
+    round_trips = bandwidth = reads = None
     if seen.in_store:
         say(TIMING_STEP)
         round_trips, bandwidth = time_store(seen.in_store)
-    return _PipelineAlone(cold, warm, requests, round_trips, bandwidth)
+        reads = _records_read_alone(seen, say)
+    return _PipelineAlone(cold, warm, requests, round_trips, bandwidth, reads)
+
+
+def _records_read_alone(seen: _Seen, say):
+    """The dataset's shards in a store read by one stream with no decode, by the reader its graph uses
+    (TF's TFRecordDataset, else stallscope's), for READS_BUDGET_S: the chain a parallel decode sits
+    behind (`storage_whatif.costs`' read_chain). None where it reads no records."""
+    import tensorflow as tf
+
+    from stallscope.analysis.dataset_storage import RECORD_OPS, source_format
+    from stallscope.analysis.probes import time_record_reads
+    from stallscope.analysis.storage_whatif import RECORD_READ_BUFFER_BYTES
+
+    if source_format(seen.ops, seen.in_store) != "records":
+        return None
+    say(differential.READS_STEP)
+    if seen.ops & RECORD_OPS:
+        records = tf.data.TFRecordDataset(seen.in_store, buffer_size=RECORD_READ_BUFFER_BYTES)
+    else:
+        from stallscope.storage.own_pipeline import read_records
+
+        records = read_records(seen.in_store)
+    return time_record_reads(records.repeat(), budget_s=differential.READS_BUDGET_S, max_records=MOST_RECORDS_ALONE)
+
+
+MOST_RECORDS_ALONE = 100_000
 
 
 def _probe_cold(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: list[str], say):
@@ -250,9 +278,11 @@ def _probe_training(dataset, feed, take_step, seen: _Seen, dataset_passes: Passe
 
 def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, warm,
                     options: DatasetDiagnoseOptions, notes: list[str], *, examples: int | None, data_bytes: int,
-                    per_step: int) -> list[Advice]:
+                    per_step: int, what=None) -> list[Advice]:
     """`recommend`'s fixes less those the graph rules out, the reader's first where the step waits for
-    input, priced (those that gain too little become notes), and the tf.data service's where it pays."""
+    input, priced (those that gain too little become notes) by the model of every figure of the report
+    (the storage what-if of the store as read, `what`, for files in a store), and the tf.data service's
+    where it pays."""
     advice = differential.recommend((phase,), config, parts, examples=examples or 0, data_bytes=data_bytes,
                                     warm=warm)
     advice = _fitting_the_graph(advice, seen)
@@ -262,7 +292,7 @@ def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, 
                                                      f"cause: {phase.cause}") + advice
     advice = _for_a_generator(advice, seen, phase, parts, config)
     advice, checked = differential.price_advice(advice, (phase,), parts, config, cores=differential.free_cores(warm),
-                                                examples=examples or 0)
+                                                what=what, examples=examples or 0)
     notes += map(differential.checked_note, checked)
     if seen.served:  # what the workers do is theirs to change: only a prefetch after distribute() helps here
         notes.append(SERVED_NOTE)
@@ -342,7 +372,7 @@ def _storage_figures(seen: _Seen, alone: _PipelineAlone, options: DatasetDiagnos
                                           scenarios=options.storage_scenarios, client=options.storage_client,
                                           private_pool=private_pool, reads=_read_map_in(seen.graph),
                                           requests=alone.requests, round_trips=alone.round_trips,
-                                          bandwidth=alone.bandwidth)
+                                          bandwidth=alone.bandwidth, records_alone=alone.reads)
     notes += more
     return figures, what
 

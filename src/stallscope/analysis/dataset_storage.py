@@ -40,11 +40,13 @@ def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, exa
                     config: PipelineConfig, warm, parts, phase, scenarios: Sequence[StorageScenario] = (),
                     client: str | None = None, private_pool: int | None = None, reads: ReadMap | None = None,
                     requests: RequestTally | None = None, round_trips: RequestTally | None = None,
-                    bandwidth: float | None = None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
+                    bandwidth: float | None = None,
+                    records_alone=None) -> tuple[StorageFigures | None, StorageWhatIf | None, list[str]]:
     """(figures, what-if, notes). Where the dataset's images cannot be counted (records of a repeated
     dataset), nothing is predicted and a note says why. `requests`: what stallscope's reader asked the
     store for during the warm probe (measured requests, bytes and request times); `round_trips`, `bandwidth`:
-    one-byte GETs timed one at a time and the bytes/s of ranged GETs of shards, the store as read."""
+    one-byte GETs timed one at a time and the bytes/s of ranged GETs of shards, the store as read;
+    `records_alone`: the shards read by one stream with no decode (`probes.ReadChain`), where timed."""
     kind = source_format(ops, files)
     images = len(files) if kind == "files" else examples
     if not files or not images or data_bytes <= 0:
@@ -57,7 +59,8 @@ def dataset_storage(ops: set[str], files: Sequence[str], *, data_bytes: int, exa
     pattern = pattern_for(kind, examples=images, total_bytes=data_bytes, files=len(files))
     figures, what = storage_model(pattern, client, as_read(config, gcs_reader, private_pool, reads), warm, parts,
                                   phase, examples=images, scenarios=scenarios, requests=requests,
-                                  in_store=is_remote(first), round_trips=round_trips, bandwidth=bandwidth)
+                                  in_store=is_remote(first), round_trips=round_trips, bandwidth=bandwidth,
+                                  reads=records_alone)
     return figures, what, []
 
 

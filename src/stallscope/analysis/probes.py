@@ -224,7 +224,12 @@ def probe_record_reads(config: PipelineConfig, source: DataSource, *, budget_s: 
     until `max_records` or `budget_s`, timing the wall clock and this process's CPU."""
     from stallscope.pipeline.builder import build_record_reads
 
-    iterator = iter(build_record_reads(config, source))
+    return time_record_reads(build_record_reads(config, source), budget_s=budget_s, max_records=max_records)
+
+
+def time_record_reads(records, *, budget_s: float, max_records: int) -> ReadChain:
+    """Times a dataset of serialized records read by one stream (repeated), after its first record."""
+    iterator = iter(records)
     next(iterator)
     records = 0
     started, cpu_started = time.perf_counter(), time.process_time()
