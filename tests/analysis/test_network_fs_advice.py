@@ -215,8 +215,8 @@ def test_diagnose_on_a_mount_measures_it_models_posix_and_fixes_with_reads_in_fl
     assert "advice: none" not in out
     advised = [x for x in out.split("\nadvice\n")[1].splitlines() if x.startswith("  ") and ". " in x[:6]]
     knob_lines = [x for x in advised if "(--" in x]
-    # every knob fix is priced, or says the model does not cover it (the shuffle's place)
-    assert knob_lines and all("% predicted: " in x or ", gain not predicted: " in x for x in knob_lines), advised
+    # every knob fix is priced
+    assert knob_lines and all("% predicted: " in x for x in knob_lines), advised
     assert any("Keep" in x and "% predicted: " in x for x in knob_lines)
     saved = json.loads(fixed.read_text())
     assert saved["pipeline"]["read_parallelism"] > 1 and saved["pipeline"]["private_threadpool_size"] > 1
@@ -296,3 +296,63 @@ def test_a_shuffle_refilling_each_epoch_and_the_missing_prefetch_are_one_fix_pri
     assert alone.knobs == {"shuffle_at": "encoded"}
     fixes, _ = differential.price_advice([alone], (phase,), parts, prefetched, cores=2.0, examples=96)
     assert fixes and fixes[0].predicted_gain > 0.3
+
+
+def test_a_fuse_daemons_cpu_on_these_cores_is_work_not_waiting():
+    """Records on the emulator's 10 ms mount: reads in flight were predicted +656% and measured +263%
+    (benchmarks/advice.py): the mount's daemon answers every request on the same two cores. Its CPU per
+    image, measured, stays in each request's time and is the cores' work too, which caps what more reads
+    in flight can gain."""
+    scenario = sw.as_read_file_system(20.0, 24, "fuse mount", "fuse")
+    client = sw.scenario_client(scenario, "tf-gcs")
+    records = sw.IoPattern("records", 75_000, 1.0 / 96)
+    remote = sw.costs(records, scenario, client, cpu_ms_per_image=1.0, read_chain=(4.0, 0.5))
+    local = sw.costs(records, scenario, client, cpu_ms_per_image=1.0, read_chain=(4.0, 0.5),
+                     server_cpu_ms_per_image=1.5)
+    assert local.wait_ms == pytest.approx(remote.wait_ms) and local.cpu_ms == pytest.approx(remote.cpu_ms + 1.5)
+    files = sw.IoPattern("files", 75_000, 1.0)
+    workload = sw.Workload(cpu_ms_per_image=2.0, cores=2, compute_ms=8.0, batch_size=32, overlapped=True,
+                           examples=96)
+    rates = []
+    for server in (0.0, 1.5):
+        what = sw.storage_whatif(files, get_preset("seed"), dataclasses.replace(workload, server_cpu_ms_per_image=server),
+                                 as_read=scenario)
+        rates.append(sw.as_read_row(what).format("files").enough_in_flight.images_per_second)
+    assert rates[1] < 0.7 * rates[0]  # 2 cores over 2 ms of decode, then over 3.5 ms with the daemon's
+
+
+@needs_fuse
+@pytest.mark.timeout(LIMIT_S)
+def test_diagnose_counts_the_cpu_of_a_fuse_daemon_on_this_host(tiny_tree, tmp_path, capsys):
+    """A mount served by another process on this host (as gcsfuse or mountpoint-s3 would be): diagnose
+    finds its daemon by the /dev/fuse it holds, measures its CPU per image over the warm probe and gives it
+    to the model of the storage as read."""
+    import subprocess
+    import sys
+    import time
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    ready = tmp_path / "ready"
+    server = subprocess.Popen([sys.executable, "-m", "stallscope", "storage", "serve", str(tiny_tree), "--mount",
+                               str(mount), "--latency", "2ms", "--for", f"{LIMIT_S}s", "--ready-file", str(ready)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), server.stderr.read().decode() if server.poll() is not None else "not ready in 60 s"
+        code = main(["diagnose", "--dataset-path", str(mount), "--pipeline", "seed", "--batch-size", "4",
+                     "--image-size", "32", "--accelerator", "emulated:4000", "--probe-steps", "4",
+                     "--pipeline-budget", "2", "--json"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        report = json.loads(out)
+        note = next(n for n in report["notes"] if "is served on this host (FUSE" in n)
+        assert f"pid {server.pid}" in note
+        workload = report["storage_what_if"]["workload"]
+        assert workload["server_cpu_ms_per_image"] > 0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert not os.path.ismount(mount)

@@ -74,6 +74,7 @@ from stallscope.storage import request_tally
 from stallscope.storage.location import is_remote
 from stallscope.storage.request_tally import RequestTally
 from stallscope.storage.round_trips import TIMING_STEP, time_store
+from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.under import FileRoundTrips, StorageUnder, storage_under, time_file_round_trips
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
@@ -865,10 +866,12 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         say("probe: pipeline alone, warm page cache")
         counted_before = _read_counters(options)
         read_before = request_tally.snapshot()
+        daemons = DaemonClock().start() if under.fuse else None
         warm = probe_pipeline(config, source, cache_state="warm", max_images=max_images,
                               min_s=MIN_STEADY_S if repeats else 0.0,
                               budget_s=options.pipeline_budget_s, extra_stages=options.extra_stages)
         requests = request_tally.snapshot().since(read_before)
+        server_cpu = daemon_cpu_per_image(daemons, warm.images, under, probe_notes)
         if quota_limited(warm.throttled_share):
             probe_notes.append(f"the cgroup's CPU quota ({cpus_worth(warm.cores)}) ran out in "
                                f"{warm.throttled_share:.0%} of its periods during the pipeline probe: the quota, "
@@ -910,7 +913,8 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     advice = recommend(phases, config, parts, examples=source.num_examples, data_bytes=source.total_bytes, warm=warm,
                        stored_side=stored_side(source), cores=free_cores(warm))
     figures, what, notes = storage_section(options, source, config, warm, parts, phases, served, requests,
-                                           round_trips, bandwidth, under=under, file_trips=file_trips, reads=reads)
+                                           round_trips, bandwidth, under=under, file_trips=file_trips, reads=reads,
+                                           server_cpu_ms_per_image=server_cpu)
     advice = merge_advice(advice, storage_advice(
         what, config, data_bytes=source.total_bytes, memory_bytes=psutil.virtual_memory().available,
         local_images_per_second=_cached_rate(warm, parts, under.remote), dataset_path=str(source.path)))
@@ -965,6 +969,23 @@ def _read_counters(options: DiagnoseOptions) -> StorageCounters | None:
 
 
 FILE_TIMING_STEP = "probe: the network file system's round trip (files opened and read one at a time)"
+def daemon_cpu_per_image(daemons: DaemonClock | None, images: int, under: StorageUnder,
+                         notes: list[str]) -> float:
+    """The FUSE daemons' CPU per image over the warm probe (ms), with a note saying it; 0 where the data
+    is not on a FUSE mount, and where no daemon could be seen (another user's: said in a note)."""
+    if daemons is None or (daemons.own and not daemons.pids):  # this process serves it: its CPU is counted
+        return 0.0
+    if not daemons.pids:
+        notes.append(f"the {under.label}'s daemon is not visible to this process (another user's): its CPU on "
+                     "these cores is not counted, so reads in flight may be predicted to gain more than they do")
+        return 0.0
+    per_image = daemons.seconds() * 1000.0 / images if images else 0.0
+    notes.append(f"the {under.label} is served on this host (FUSE, pid {', '.join(map(str, daemons.pids))}): "
+                 f"{per_image:.2f} ms of its CPU per image during the pipeline probe, counted with the pipeline's "
+                 "CPU on these cores, not as waiting")
+    return per_image
+
+
 READS_STEP = "probe: records read alone, one stream, no decode"
 READS_BUDGET_S = 1.5
 
@@ -988,7 +1009,8 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                     served: StorageCounters | None, requests: RequestTally | None = None,
                     round_trips: RequestTally | None = None, bandwidth: float | None = None, *,
                     under: StorageUnder | None = None, file_trips: FileRoundTrips | None = None,
-                    reads: ReadChain | None = None) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
+                    reads: ReadChain | None = None,
+                    server_cpu_ms_per_image: float = 0.0) -> tuple[StorageFigures, StorageWhatIf, tuple[str, ...]]:
     """Storage per image (measured by the store where its counters moved, else by stallscope's reader
     where it read, else modelled) and the storage what-if, from the probes' figures: nothing here is
     measured twice. Data on a network file system is modelled as POSIX opens and reads, its latency
@@ -1011,7 +1033,7 @@ def storage_section(options: DiagnoseOptions, source, config: PipelineConfig, wa
                                   scenarios=options.storage_scenarios, requests=requests,
                                   in_store=under.remote if under is not None else is_remote(str(source.path)),
                                   round_trips=round_trips, bandwidth=bandwidth, figures_client=own_client,
-                                  as_read=as_read, reads=reads)
+                                  as_read=as_read, reads=reads, server_cpu_ms_per_image=server_cpu_ms_per_image)
     return figures, what, tuple(notes)
 
 
@@ -1022,7 +1044,8 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                   round_trips: RequestTally | None = None,
                   bandwidth: float | None = None, figures_client: str | None = None,
                   as_read: StorageScenario | None = None,
-                  reads: ReadChain | None = None) -> tuple[StorageFigures, StorageWhatIf]:
+                  reads: ReadChain | None = None,
+                  server_cpu_ms_per_image: float = 0.0) -> tuple[StorageFigures, StorageWhatIf]:
     """Storage per image and the storage what-if of `config` reading `pattern` through `client`, from
     the probes' figures (stallscope's pipeline here, a dataset of your own in `dataset_storage`);
     `requests`: the requests stallscope's reader made during the warm probe, measured figures for a
@@ -1042,7 +1065,8 @@ def storage_model(pattern: IoPattern, client: str, config: PipelineConfig, warm:
                         compute_ms=phase.compute_ms, batch_size=config.batch_size, overlapped=phase.overlapped,
                         examples=examples, machine_cores=warm.cpus or warm.cores, chain_ms_per_image=warm.steady_ms_per_image,
                         read_chain_ms_per_image=reads.ms_per_image if reads else None,
-                        read_chain_cpu_ms_per_image=reads.cpu_ms_per_image if reads else None)
+                        read_chain_cpu_ms_per_image=reads.cpu_ms_per_image if reads else None,
+                        server_cpu_ms_per_image=server_cpu_ms_per_image)
     if as_read is None:
         timed_by = obstore_client_for(client_named(client).scheme)
         as_read = as_read_scenario(round_trips, timed_by, bandwidth_bytes_per_s=bandwidth)

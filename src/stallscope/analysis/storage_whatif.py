@@ -575,14 +575,18 @@ class Costs:
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
           request_overhead_ms: float | None = None, server_cpu_ms_per_request: float = 0.0,
-          local_chain_ms: float | None = None, read_chain: tuple[float, float] | None = None) -> Costs:
+          local_chain_ms: float | None = None, read_chain: tuple[float, float] | None = None,
+          server_cpu_ms_per_image: float = 0.0) -> Costs:
     """r, (r + kh)L + rs, b/B and d for one image. request_overhead_ms: s measured at 0 ms (None: the
     client's default). server_cpu_ms_per_request: CPU a store on this same host takes per request
     (an emulator in a test; 0 for a real store), the part of s a remote store spends on its own
     machine. local_chain_ms: the pipeline's measured local time per image (None: unknown; the
     sequential chain is then all of d). read_chain: (wall, CPU) ms per image of the records read alone
     where they are, measured (`probes.probe_record_reads`): the reader's wait and CPU as they are,
-    in place of the requests' model, with d the measured CPU, which has the reading in it."""
+    in place of the requests' model, with d the measured CPU, which has the reading in it.
+    server_cpu_ms_per_image: CPU a FUSE mount's daemon on this host took per image, measured
+    (`fuse_daemons`): still in each request's time (a request waits for it), and now in d too, the
+    cores' work that caps how many reads in flight can help."""
     whatif._require_non_negative("cpu_ms_per_image", cpu_ms_per_image)
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
@@ -592,8 +596,8 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
         # the measured chain had these reads in it: the pipeline's own part is what is left of it
         own_chain = local_chain_ms - wall if local_chain_ms is not None and local_chain_ms > wall else None
         return Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
-                     cpu_ms=max(cpu_ms_per_image, cpu), client_cpu_ms=cpu, bytes=pattern.bytes_per_image,
-                     local_chain_ms=own_chain)
+                     cpu_ms=max(cpu_ms_per_image, cpu) + server_cpu_ms_per_image, client_cpu_ms=cpu,
+                     bytes=pattern.bytes_per_image, local_chain_ms=own_chain)
     round_trips = r + pattern.connections(client) * client.handshake_round_trips
     transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
         pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
@@ -605,8 +609,8 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     # a store on this host spends on these cores: its CPU (in d) replaces that much of the wait.
     waiting = max(0.0, s - client.request_cpu_ms - server_cpu_ms_per_request)
     return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
-                 cpu_ms=cpu_ms_per_image + reading, client_cpu_ms=reading, bytes=pattern.bytes_per_image,
-                 local_chain_ms=local_chain_ms)
+                 cpu_ms=cpu_ms_per_image + reading + server_cpu_ms_per_image, client_cpu_ms=reading,
+                 bytes=pattern.bytes_per_image, local_chain_ms=local_chain_ms)
 
 
 def sequential_rate(c: Costs) -> float:
@@ -802,6 +806,9 @@ class Workload:
     # ms per image. None: not measured (files, local disk, or a store the data is not on).
     read_chain_ms_per_image: float | None = None
     read_chain_cpu_ms_per_image: float | None = None
+    # CPU per image of the FUSE daemon serving the mount the data is on, on these cores (`fuse_daemons`),
+    # measured during the pipeline-alone probe; 0 elsewhere. It applies to the storage as read only.
+    server_cpu_ms_per_image: float = 0.0
 
     @property
     def read_chain(self) -> tuple[float, float] | None:
@@ -828,13 +835,15 @@ def sustained_cpu_ms(workload: Workload) -> float:
 def predict_format(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, config: PipelineConfig,
                    workload: Workload, *, request_overhead_ms: float | None = None,
                    server_cpu_ms_per_request: float = 0.0,
-                   read_chain: tuple[float, float] | None = None) -> FormatWhatIf:
+                   read_chain: tuple[float, float] | None = None, as_read: bool = False) -> FormatWhatIf:
     """The three ways of reading one format: sequential, the config's parallel reads (autotune on
     the shared pool when it reads one at a time), and enough reads in flight on a private pool.
-    read_chain: the format's reads alone, measured where the data is (`costs`)."""
+    read_chain: the format's reads alone, measured where the data is (`costs`); as_read: the scenario
+    is the storage the data is on, whose daemon's CPU on these cores was measured."""
     c = costs(pattern, scenario, client, cpu_ms_per_image=sustained_cpu_ms(workload),
               request_overhead_ms=request_overhead_ms, server_cpu_ms_per_request=server_cpu_ms_per_request,
-              local_chain_ms=workload.chain_ms_per_image, read_chain=read_chain)
+              local_chain_ms=workload.chain_ms_per_image, read_chain=read_chain,
+              server_cpu_ms_per_image=workload.server_cpu_ms_per_image if as_read else 0.0)
     cores = workload.cores
 
     def step(rate: float, overlapped: bool) -> whatif.Prediction:
@@ -927,7 +936,7 @@ def storage_whatif(pattern: IoPattern, config: PipelineConfig, workload: Workloa
                                           request_overhead_ms=request_overhead_ms if client.name == object_client
                                           else None, server_cpu_ms_per_request=server_cpu_ms_per_request,
                                           read_chain=workload.read_chain if scenario is as_read
-                                          and name == pattern.format else None))
+                                          and name == pattern.format else None, as_read=scenario is as_read))
         rows.append(ScenarioWhatIf(scenario=scenario, named=named or scenario is as_read, formats=tuple(formats)))
     notes = []
     if request_overhead_ms is None:
@@ -954,7 +963,7 @@ def predict_config(what: StorageWhatIf, row: ScenarioWhatIf, config: PipelineCon
     client = scenario_client(row.scenario, what.object_client)
     read_chain = what.workload.read_chain if row.scenario.name == "as read" else None
     return as_configured(predict_format(pattern, row.scenario, client, config, what.workload,
-                                        read_chain=read_chain), config)
+                                        read_chain=read_chain, as_read=row.scenario.name == "as read"), config)
 
 
 def as_configured_mode(config: PipelineConfig, source_format: str) -> str:

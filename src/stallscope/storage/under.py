@@ -42,6 +42,11 @@ class StorageUnder:
     fstype: str | None = None
 
     @property
+    def fuse(self) -> bool:
+        """A FUSE mount: its requests are answered by a daemon on this host (`fuse_daemons`)."""
+        return self.kind == "network-fs" and (self.fstype or "").startswith("fuse")
+
+    @property
     def remote(self) -> bool:
         """Its bytes live on another machine: every read pays a round trip."""
         return self.kind != "local"
