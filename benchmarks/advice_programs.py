@@ -7,6 +7,8 @@ the same user-written tf.data pipeline and training the same small model:
   custom-loop    a `tf.function` train step over the dataset's iterator
   mirrored-loop  the same under a MirroredStrategy (one device here), on its distributed dataset
   generator      Keras `fit` of a `from_generator` source of file names
+  live-loop      the custom loop as a live job in a process of its own, with a profiler server:
+                 its advice comes from `stallscope capture` of it running (analyze's fixes), not diagnose
 Each has a stalled variant (a decode map TF leaves sequential, because its random flip is a stateful op,
 and no prefetch) and a healthy one (decoded images cached, decode parallel, prefetched).
 
@@ -25,6 +27,7 @@ usage: python benchmarks/advice_programs.py [--images-per-class 48] [--steps 40]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -35,7 +38,9 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-PROGRAMS = ("fit", "fit-spe4", "custom-loop", "mirrored-loop", "generator")
+PROGRAMS = ("fit", "fit-spe4", "custom-loop", "mirrored-loop", "generator", "live-loop")
+LIVE_PORT = 6019
+LIVE_CAPTURE = "3s"
 IMAGE, BATCH, CLASSES = 64, 32, 10
 AUTOTUNE = -1
 # knobs of stallscope's advice a user-written pipeline of this shape has a place for
@@ -130,6 +135,7 @@ class Program:
     def __init__(self, kind: str):
         import tensorflow as tf
 
+        kind = "custom-loop" if kind == "live-loop" else kind  # the same loop, timed here
         self.kind = kind
         self.strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if kind == "mirrored-loop" else None
         self.model = make_model(self.strategy, steps_per_execution=4 if kind == "fit-spe4" else 1)
@@ -167,6 +173,68 @@ class Program:
         return steps * BATCH / (time.perf_counter() - started)
 
 
+def live_job(files_json: str, knobs_json: str, ready: str, seconds: float) -> None:
+    """The custom loop as a live job: a profiler server on LIVE_PORT (stallscope.serve_profiler), then
+    steps until `seconds` pass; `ready` is written once the server is up and the loop runs."""
+    import tensorflow as tf
+
+    import stallscope
+
+    files, labels = json.loads(Path(files_json).read_text())
+    program = Program("custom-loop")
+    model, loss_fn, optimizer = program.model, program.model.loss, program.model.optimizer
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    stallscope.serve_profiler(LIVE_PORT)
+    batches = iter(build(files, labels, json.loads(knobs_json), generator=False))
+    step(*next(batches))
+    Path(ready).write_text("ready")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        step(*next(batches))
+
+
+def captured_advice(files: list[str], labels: list[int], knobs: dict):
+    """(verdict, input share, fixes) of `stallscope capture` of the live job run with `knobs`."""
+    with tempfile.TemporaryDirectory(prefix="live-loop-") as scratch:
+        return _captured_advice(files, labels, knobs, Path(scratch))
+
+
+def _captured_advice(files: list[str], labels: list[int], knobs: dict, scratch: Path):
+    import subprocess
+
+    from stallscope.analysis.advice import Advice
+
+    data, ready = scratch / "files.json", scratch / "ready"
+    data.write_text(json.dumps([files, labels]))
+    job = subprocess.Popen([sys.executable, __file__, "--live-job", str(data), json.dumps(knobs), str(ready), "90"])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not ready.exists():
+            raise SystemExit("the live job did not start")
+        time.sleep(2)  # past its first steps
+        done = subprocess.run([sys.executable, "-m", "stallscope", "capture", f"localhost:{LIVE_PORT}", "--duration",
+                               LIVE_CAPTURE, "--json", "--no-xprof", "--log-path", str(scratch / "capture")],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise SystemExit(f"capture failed: {done.stderr.strip()}")
+    finally:
+        job.terminate()
+        job.wait(timeout=30)
+    report = json.loads(done.stdout)
+    fields = {f.name for f in dataclasses.fields(Advice)}
+    advice = [Advice(**{k: v for k, v in a.items() if k in fields}) for a in report["advice"]]
+    return report["verdict"], report["input_share"], advice
+
+
 def knobs_of(advice) -> dict:
     return {k: v for a in advice for k, v in a.knobs.items()}
 
@@ -185,9 +253,13 @@ def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
         return statistics.median(program.images_per_second(build(files, labels, knobs, generator=program.generator),
                                                            steps) for _ in range(repeats))
 
-    diagnosis = stallscope.diagnose(build(files, labels, STALLED, generator=program.generator), model=program.model,
-                                    steps=20)
-    listed = [a for a in diagnosis.advice if a.knobs]
+    if kind == "live-loop":
+        verdict, share, advice = captured_advice(files, labels, STALLED)
+    else:
+        diagnosis = stallscope.diagnose(build(files, labels, STALLED, generator=program.generator),
+                                        model=program.model, steps=20)
+        verdict, share, advice = diagnosis.verdict, diagnosis.input_share, diagnosis.advice
+    listed = [a for a in advice if a.knobs]
     seed_rate = rate(STALLED)
     fix_knobs, missing = with_knobs(STALLED, knobs_of(listed))
     fix_rate = rate(fix_knobs) if listed else seed_rate
@@ -201,14 +273,18 @@ def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
         alone, _ = with_knobs(STALLED, advice.knobs)
         gains.append({"program": kind, "fix": advice.key, "predicted_gain": advice.predicted_gain,
                       "measured_gain": rate(alone) / seed_rate - 1.0})
-    healthy = stallscope.diagnose(build(files, labels, HEALTHY, generator=program.generator), model=program.model,
-                                  steps=20)
-    return {"program": kind, "verdict": diagnosis.verdict, "input_share": diagnosis.input_share,
+    if kind == "live-loop":
+        healthy_verdict, healthy_share, healthy_advice = captured_advice(files, labels, HEALTHY)
+    else:
+        healthy = stallscope.diagnose(build(files, labels, HEALTHY, generator=program.generator),
+                                      model=program.model, steps=20)
+        healthy_verdict, healthy_share, healthy_advice = healthy.verdict, healthy.input_share, healthy.advice
+    return {"program": kind, "verdict": verdict, "input_share": share,
             "seed": seed_rate, "fix": fix_rate, "best": max(searched[best_at], seed_rate), "best_at": best_at,
             "fixes": [a.key for a in listed], "fix_knobs": {k: v for k, v in fix_knobs.items() if STALLED.get(k) != v},
             "not_applicable": missing, "gains": gains,
-            "healthy_verdict": healthy.verdict, "healthy_share": healthy.input_share,
-            "healthy_fixes": [a.key for a in healthy.advice]}
+            "healthy_verdict": healthy_verdict, "healthy_share": healthy_share,
+            "healthy_fixes": [a.key for a in healthy_advice]}
 
 
 def _knob(value) -> str:
@@ -222,7 +298,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each config (their median is taken)")
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--live-job", nargs=4, default=None, help=argparse.SUPPRESS)  # the live-loop's process
     args = parser.parse_args()
+    if args.live_job:
+        files_json, knobs_json, ready, seconds = args.live_job
+        live_job(files_json, knobs_json, ready, float(seconds))
+        return
     kinds = [k for k in args.programs.split(",") if k]
     unknown = sorted(set(kinds) - set(PROGRAMS))
     if unknown:
