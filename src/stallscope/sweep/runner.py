@@ -205,23 +205,28 @@ class Sweep:
         return folder
 
     def run(self) -> list[RunOutcome]:
-        """Runs every missing repeat, in grid order; returns what happened to each."""
-        outcomes: list[RunOutcome] = []
+        """Runs every missing repeat, repeat by repeat over the grid (every cell's first run, then every
+        cell's second, ...): a cell's repeats are spread over the sweep, so what drifts while it runs (the
+        machine's load, its caches, its clock) goes into each cell's spread and interval instead of
+        shifting whole cells; returns what happened to each run, in grid order."""
+        outcomes: dict[tuple[int, int], RunOutcome] = {}
         todo = set(self.pending())
-        total = len(self.grid.cells()) * self.grid.repeats
+        cells = self.grid.cells()
+        total = len(cells) * self.grid.repeats
         done = total - len(todo)
         if done:
             self.on_event(f"resuming: {done} of {total} runs already complete, {len(todo)} to run")
-        for cell in self.grid.cells():
-            folder = self.cell_dir(cell) if not any(c == cell for c, _ in todo) else self._prepare_cell(cell)
-            for repeat in range(1, self.grid.repeats + 1):
+        folders = [self.cell_dir(cell) if not any(c == cell for c, _ in todo) else self._prepare_cell(cell)
+                   for cell in cells]
+        for repeat in range(1, self.grid.repeats + 1):
+            for index, (cell, folder) in enumerate(zip(cells, folders)):
                 run_dir = repeat_dir(folder, repeat)
                 if (cell, repeat) not in todo:
-                    outcomes.append(RunOutcome(cell, repeat, run_dir, ran=False, failure=None))
+                    outcomes[index, repeat] = RunOutcome(cell, repeat, run_dir, ran=False, failure=None)
                     continue
-                outcomes.append(self._run_one(cell, repeat, folder, run_dir, done + 1, total))
+                outcomes[index, repeat] = self._run_one(cell, repeat, folder, run_dir, done + 1, total)
                 done += 1
-        return outcomes
+        return [outcomes[key] for key in sorted(outcomes)]
 
     def _run_one(self, cell: Cell, repeat: int, folder: Path, run_dir: Path, index: int, total: int) -> RunOutcome:
         if run_dir.exists():  # partial: an interrupted or failed attempt of ours
