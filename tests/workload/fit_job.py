@@ -3,7 +3,8 @@ small model compiled with steps_per_execution=--per-step, the one line that star
 and no step marker of stallscope's (the capture finds Keras' own calls of its train function).
 
 It writes its own wall-clock time of every call of the train function to --timing (JSON lines: step,
-step_ms, batches) and stops itself at --seconds or when --stop-file appears.
+step_ms, batches) and stops itself at --seconds or when --stop-file appears. --start-file keeps it
+waiting, model built and server up, until that file appears (a test starts it early, beside others).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--stop-file", type=Path, required=True)
     parser.add_argument("--per-step", type=int, default=4)
+    parser.add_argument("--start-file", type=Path)
     args = parser.parse_args()
 
     tf.profiler.experimental.server.start(args.port)  # the one line a user adds
@@ -63,6 +65,11 @@ def main() -> None:
     ])
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=args.per_step)
+    began = time.monotonic()
+    while args.start_file is not None and not args.start_file.exists() and not args.stop_file.exists():
+        if time.monotonic() - began > args.seconds:
+            os._exit(0)
+        time.sleep(0.05)
     model.fit(dataset, steps_per_epoch=10**6, epochs=1, verbose=0,
               callbacks=[Timing(args.timing, args.per_step, args.seconds, args.stop_file)])
     os._exit(0)  # nothing left to keep; TF's teardown of the input threads is slow

@@ -98,23 +98,36 @@ class LiveJob:
 
 
 @pytest.fixture(scope="module")
-def healthy_job(tmp_path_factory):
-    job = LiveJob(tmp_path_factory.mktemp("healthy_job"))
+def live_jobs(tmp_path_factory):
+    """The module's live jobs, started side by side (each takes seconds to import TF and build its model,
+    which they overlap): healthy, stalled, and two that wait on their start files, costing nothing until
+    their tests start them: a Keras fit under steps_per_execution, and a job without steps that then dies
+    during a capture."""
+    jobs = {}
     try:
-        job.wait_until_stepping()
-        yield job
+        jobs["healthy"] = LiveJob(tmp_path_factory.mktemp("healthy_job"))
+        jobs["stalled"] = LiveJob(tmp_path_factory.mktemp("stalled_job"), "--stalled")
+        idle = tmp_path_factory.mktemp("idle_job")
+        jobs["idle"] = LiveJob(idle, "--start-file", str(idle / "start"), "--idle-file", str(idle / "idle"),
+                               "--die-during-capture")
+        fit = tmp_path_factory.mktemp("fit_job")
+        jobs["fit"] = LiveJob(fit, "--per-step", "4", "--start-file", str(fit / "start"), program=FIT_JOB)
+        yield jobs
     finally:
-        job.end()
+        for job in jobs.values():
+            job.end()
 
 
 @pytest.fixture(scope="module")
-def stalled_job(tmp_path_factory):
-    job = LiveJob(tmp_path_factory.mktemp("stalled_job"), "--stalled")
-    try:
-        job.wait_until_stepping()
-        yield job
-    finally:
-        job.end()
+def healthy_job(live_jobs):
+    live_jobs["healthy"].wait_until_stepping()
+    return live_jobs["healthy"]
+
+
+@pytest.fixture(scope="module")
+def stalled_job(live_jobs):
+    live_jobs["stalled"].wait_until_stepping()
+    return live_jobs["stalled"]
 
 
 def assert_step_time_agrees(data: dict, job: LiveJob) -> None:
@@ -160,11 +173,13 @@ def test_a_stalled_job_is_input_bound_with_the_map_named(stalled_job, tmp_path, 
     assert_step_time_agrees(data, stalled_job)
 
 
-def test_a_fit_under_steps_per_execution_is_counted_in_batches_per_step_as_analyze_counts_them(tmp_path, capsys):
+def test_a_fit_under_steps_per_execution_is_counted_in_batches_per_step_as_analyze_counts_them(live_jobs, tmp_path,
+                                                                                              capsys):
     """A Keras fit with steps_per_execution=4 and no marker of stallscope's: the capture finds Keras' calls
     of its train function, each fetching 4 batches. It said 1 batch per step (74.8 ms "steps" with 148
     iterator calls over 37 of them) where analyze said 4; the batches of a step are its iterator calls."""
-    job = LiveJob(tmp_path / "job", "--per-step", "4", program=FIT_JOB)
+    job = live_jobs["fit"]
+    job.start_file.touch()
     try:
         job.wait_until_stepping(steps=10)
         assert main(["capture", job.address, "--duration", "1s", "--log_path", str(tmp_path / "captures"),
@@ -216,30 +231,26 @@ def test_ctrl_c_stops_a_watch_cleanly(healthy_job, tmp_path):
     assert len(list((tmp_path / "plugins" / "profile").iterdir())) == 1
 
 
-def test_a_job_without_steps_then_one_that_ends_during_the_capture(tmp_path, capsys):
-    job = LiveJob(tmp_path / "job", "--start-file", str(tmp_path / "job" / "start"),
-                  "--idle-file", str(tmp_path / "job" / "idle"), "--die-during-capture")
-    try:
-        job.wait_until_idle()
-        log_path = tmp_path / "captures"
-        assert main(["capture", job.address, "--duration", "1s", "--log_path", str(log_path)]) == 2
-        line = one_error_line(capsys.readouterr())
-        assert job.address in line and "recorded nothing in the 1s window" in line
-        assert not log_path.exists()          # made by the capture, removed with nothing in it
-        assert main(["capture", job.address, "--duration", "1s", "--watch", "--count", "1", "--json",
-                     "--log_path", str(log_path)]) == 0   # a watch reports such a window and goes on
-        row = json.loads(capsys.readouterr().out)
-        assert row["steps"] == 0 and row["verdict"] is None and "recorded nothing" in row["error"]
+def test_a_job_without_steps_then_one_that_ends_during_the_capture(live_jobs, tmp_path, capsys):
+    job = live_jobs["idle"]
+    job.wait_until_idle()
+    log_path = tmp_path / "captures"
+    assert main(["capture", job.address, "--duration", "1s", "--log_path", str(log_path)]) == 2
+    line = one_error_line(capsys.readouterr())
+    assert job.address in line and "recorded nothing in the 1s window" in line
+    assert not log_path.exists()          # made by the capture, removed with nothing in it
+    assert main(["capture", job.address, "--duration", "1s", "--watch", "--count", "1", "--json",
+                 "--log_path", str(log_path)]) == 0   # a watch reports such a window and goes on
+    row = json.loads(capsys.readouterr().out)
+    assert row["steps"] == 0 and row["verdict"] is None and "recorded nothing" in row["error"]
 
-        job.start_file.touch()
-        job.wait_until_stepping()
-        assert main(["capture", job.address, "--duration", "20s", "--log_path", str(log_path)]) == 2
-        line = one_error_line(capsys.readouterr())
-        assert "stopped answering during the capture" in line
-        assert job.process.wait(timeout=30) == 3   # it did end, as the line says
-        assert not log_path.exists()
-    finally:
-        job.end()
+    job.start_file.touch()
+    job.wait_until_stepping()
+    assert main(["capture", job.address, "--duration", "20s", "--log_path", str(log_path)]) == 2
+    line = one_error_line(capsys.readouterr())
+    assert "stopped answering during the capture" in line
+    assert job.process.wait(timeout=30) == 3   # it did end, as the line says
+    assert not log_path.exists()
 
 
 def test_a_port_nobody_listens_on_is_one_line(tmp_path, capsys):
