@@ -220,16 +220,33 @@ def _machine_lock_folder(config) -> Path | None:
     return Path(config._tmp_path_factory.getbasetemp()).parent  # noqa: SLF001 - pytest's own factory
 
 
+def _whole_machine(item) -> bool:
+    return item is not None and item.get_closest_marker("whole_machine") is not None
+
+
+_HELD: list = []  # the gate and lock files, held exclusively from one whole_machine test into the next
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Setup, call and teardown of each test inside the machine lock (see above)."""
+    """Setup, call and teardown of each test inside the machine lock (see above). A whole_machine test
+    followed by another in this worker (a module of them: capture's live jobs) keeps the machine for it:
+    handing it over between them would let the other worker start a test of a minute that the next one
+    waits for, its live jobs stepping all the while."""
     import fcntl
 
     folder = _machine_lock_folder(item.config)
     if folder is None:
         return (yield)
-    exclusive = item.get_closest_marker("whole_machine") is not None
-    with open(folder / "machine.gate", "a+") as gate, open(folder / "machine.lock", "a+") as lock:
+    exclusive = _whole_machine(item)
+    if _HELD and not exclusive:  # not expected (the last one looked ahead), but never hold it for a shared test
+        _release(*_HELD)
+        _HELD.clear()
+    if _HELD:
+        gate, lock = _HELD
+        _HELD.clear()
+    else:
+        gate, lock = open(folder / "machine.gate", "a+"), open(folder / "machine.lock", "a+")
         if exclusive:
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -237,11 +254,25 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(gate, fcntl.LOCK_SH)   # waits while a whole_machine test is waiting or running
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+    keep = False
+    try:
+        result = yield
+        keep = exclusive and _whole_machine(nextitem)
+        return result
+    finally:
+        if keep:
+            _HELD.extend((gate, lock))
+        else:
+            _release(gate, lock)
+
+
+def _release(gate, lock) -> None:
+    import fcntl
+
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    fcntl.flock(gate, fcntl.LOCK_UN)
+    lock.close()
+    gate.close()
 
 
 # --- The fault-injection suite's fixture (`faults`): every scenario runs the real CLI through
