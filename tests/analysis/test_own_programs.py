@@ -7,6 +7,7 @@ with the map stage named, the healthy one not.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -32,16 +33,23 @@ def run_program(tmp_path: Path, script: str, *args: str) -> tuple[Path, dict]:
     return log_dir, json.loads(times.read_text())
 
 
+def run_programs(tmp_path_factory, prefix: str, programs: dict[str, tuple[str, ...]]) -> dict[str, tuple[Path, dict]]:
+    """Each program (name: script and arguments) in a folder of its own, two at a time: most of a program's
+    time is TF's start-up, and each one's figures are held against its own timing of the same steps."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = {name: pool.submit(run_program, tmp_path_factory.mktemp(f"{prefix}-{name}"), *program)
+                   for name, program in programs.items()}
+        return {name: future.result() for name, future in running.items()}
+
+
 @pytest.fixture(scope="module")
 def keras_runs(tmp_path_factory):
-    return {kind: run_program(tmp_path_factory.mktemp(f"fit-{kind}"), "keras_fit.py", kind)
-            for kind in ("stalled", "healthy", "numpy")}
+    return run_programs(tmp_path_factory, "fit", {kind: ("keras_fit.py", kind) for kind in ("stalled", "healthy", "numpy")})
 
 
 @pytest.fixture(scope="module")
 def loop_runs(tmp_path_factory):
-    return {kind: run_program(tmp_path_factory.mktemp(f"loop-{kind}"), "custom_loop.py", kind)
-            for kind in ("stalled", "healthy")}
+    return run_programs(tmp_path_factory, "loop", {kind: ("custom_loop.py", kind) for kind in ("stalled", "healthy")})
 
 
 def own_mean_ms(times: dict, numbers: list[int]) -> float:
@@ -60,13 +68,13 @@ def keras_counted_mean_ms(analysis, times: dict) -> float:
 
 @pytest.fixture(scope="module")
 def keras_variants(tmp_path_factory):
-    return {
-        "per_call_4": run_program(tmp_path_factory.mktemp("fit-spe4"), "keras_fit.py", "stalled", "4"),
-        "validate": run_program(tmp_path_factory.mktemp("fit-val"), "keras_fit.py", "stalled", "1", "--validate"),
-        "mirrored": run_program(tmp_path_factory.mktemp("fit-mirrored"), "keras_mirrored.py", "stalled"),
-        "mirrored_healthy": run_program(tmp_path_factory.mktemp("fit-mirrored-ok"), "keras_mirrored.py", "healthy"),
-        "profiler": run_program(tmp_path_factory.mktemp("fit-profiler"), "keras_fit.py", "stalled", "--profiler"),
-    }
+    return run_programs(tmp_path_factory, "fit", {
+        "per_call_4": ("keras_fit.py", "stalled", "4"),
+        "validate": ("keras_fit.py", "stalled", "1", "--validate"),
+        "mirrored": ("keras_mirrored.py", "stalled"),
+        "mirrored_healthy": ("keras_mirrored.py", "healthy"),
+        "profiler": ("keras_fit.py", "stalled", "--profiler"),
+    })
 
 
 def test_steps_per_execution_is_said_and_reported_per_batch(keras_variants):
