@@ -6,6 +6,7 @@ Markers (an HTML comment on the line before a block), kept rare:
   <!-- test: dry-run: REASON -->  `make TARGET` lines are checked with `make -n TARGET`
   <!-- test: exit 2 -->           each command must fail in one line with exit code 2
   <!-- test: add-flags COMMAND FLAGS -->  FLAGS are added to each `stallscope COMMAND`: the same, smaller
+                                          (several commands: `COMMAND FLAGS ; COMMAND FLAGS`)
 """
 
 from __future__ import annotations
@@ -74,9 +75,22 @@ def run_stallscope(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def added_flags(rest: str) -> dict[str, list[str]]:
+    """An add-flags marker's `COMMAND FLAGS [; COMMAND FLAGS ...]`: the flags each subcommand gets."""
+    added: dict[str, list[str]] = {}
+    group: list[str] = []
+    for word in shlex.split(rest) + [";"]:
+        if word != ";":
+            group.append(word)
+        elif group:
+            assert group[0] not in added, f"add-flags names {group[0]} twice: {rest}"
+            added[group[0]], group = group[1:], []
+    return added
+
+
 def run_shell_block(block: Block, cwd: Path) -> None:
     kind, _, rest = block.marker.removeprefix("test: ").partition(" ")
-    target, *extra = shlex.split(rest) if kind == "add-flags" else [None]
+    added = added_flags(rest) if kind == "add-flags" else {}
     for words in commands(block.code):
         shown = f"{block.where()}: `{' '.join(words)}`"
         if kind == "dry-run:":
@@ -84,7 +98,7 @@ def run_shell_block(block: Block, cwd: Path) -> None:
             done = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0 and done.stdout.strip(), f"{shown}: {done.stderr}"
         elif words[0] == "stallscope":
-            code, out, err = run_stallscope(words[1:] + (extra if words[1] == target else []))
+            code, out, err = run_stallscope(words[1:] + added.get(words[1], []))
             if kind == "exit":
                 lines = [line for line in err.splitlines() if line.strip()]
                 assert code == int(rest), f"{shown}: exit code {code}, expected {rest}\n{out[-2000:]}"
