@@ -4,6 +4,7 @@ same steps, and the stalled pipeline must read as highly input-bound with its ma
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import json
 import os
@@ -73,11 +74,14 @@ def test_custom_loop_with_step_and_profile(run_program, tmp_path):
 @pytest.mark.parametrize("program", ["keras_fit.py", "custom_loop.py"])
 def test_a_program_that_names_its_dataset_gets_tfs_rewrites_of_it_named(run_program, tmp_path, program):
     """Given the dataset, StallMonitor and stallscope.profile record its stages as written and as TF runs
-    them, and the analysis names TF's rewrites; without it, it cannot."""
-    named = run_program(program, "as_written", str(tmp_path / "named"), "--dataset")
+    them, and the analysis names TF's rewrites; without it, it cannot. The two programs run side by side
+    (nothing here is timed)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        named = pool.submit(run_program, program, "as_written", str(tmp_path / "named"), "--dataset")
+        unnamed = pool.submit(run_program, program, "as_written", str(tmp_path / "unnamed"))
+        named, unnamed = named.result(), unnamed.result()
     assert (tmp_path / "named" / "pipeline.json").exists()
     assert "Batch + Map became MapAndBatch (map_and_batch_fusion)" in named["analysis"]["rewrites"], named["analysis"]
-    unnamed = run_program(program, "as_written", str(tmp_path / "unnamed"))
     assert not (tmp_path / "unnamed" / "pipeline.json").exists() and unnamed["analysis"]["rewrites"] == []
 
 
