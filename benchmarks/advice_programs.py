@@ -141,14 +141,10 @@ class Program:
         self.model = make_model(self.strategy, steps_per_execution=4 if kind == "fit-spe4" else 1)
         self.generator = kind == "generator"
 
-    def images_per_second(self, ds, steps: int, warmup: int = 4) -> float:
+    def train_step(self):
+        """The custom loops' step: a tf.function of one batch (under the strategy, where there is one)."""
         import tensorflow as tf
 
-        if self.kind in ("fit", "fit-spe4", "generator"):
-            self.model.fit(ds, steps_per_epoch=warmup * 4 if self.kind == "fit-spe4" else warmup, epochs=1, verbose=0)
-            started = time.perf_counter()
-            self.model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
-            return steps * BATCH / (time.perf_counter() - started)
         model, loss_fn, optimizer = self.model, self.model.loss, self.model.optimizer
 
         def one_step(images, labels):
@@ -158,11 +154,23 @@ class Program:
             return loss
 
         if self.strategy is None:
-            step = tf.function(one_step)
+            return tf.function(one_step)
+        strategy = self.strategy
+        return tf.function(lambda images, labels: strategy.run(one_step, args=(images, labels)))
+
+    def images_per_second(self, ds, steps: int, warmup: int = 4) -> float:
+        import tensorflow as tf
+
+        if self.kind in ("fit", "fit-spe4", "generator"):
+            self.model.fit(ds, steps_per_epoch=warmup * 4 if self.kind == "fit-spe4" else warmup, epochs=1, verbose=0)
+            started = time.perf_counter()
+            self.model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+            return steps * BATCH / (time.perf_counter() - started)
+        step = self.train_step()
+        if self.strategy is None:
             batches = iter(ds)
         else:
             strategy = self.strategy
-            step = tf.function(lambda images, labels: strategy.run(one_step, args=(images, labels)))
             batches = iter(strategy.experimental_distribute_dataset(ds))
         for _ in range(warmup):
             step(*next(batches))
@@ -176,21 +184,10 @@ class Program:
 def live_job(files_json: str, knobs_json: str, ready: str, seconds: float) -> None:
     """The custom loop as a live job: a profiler server on LIVE_PORT (stallscope.serve_profiler), then
     steps until `seconds` pass; `ready` is written once the server is up and the loop runs."""
-    import tensorflow as tf
-
     import stallscope
 
     files, labels = json.loads(Path(files_json).read_text())
-    program = Program("custom-loop")
-    model, loss_fn, optimizer = program.model, program.model.loss, program.model.optimizer
-
-    @tf.function
-    def step(images, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
+    step = Program("custom-loop").train_step()
     stallscope.serve_profiler(LIVE_PORT)
     batches = iter(build(files, labels, json.loads(knobs_json), generator=False))
     step(*next(batches))
@@ -253,12 +250,14 @@ def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
         return statistics.median(program.images_per_second(build(files, labels, knobs, generator=program.generator),
                                                            steps) for _ in range(repeats))
 
-    if kind == "live-loop":
-        verdict, share, advice = captured_advice(files, labels, STALLED)
-    else:
-        diagnosis = stallscope.diagnose(build(files, labels, STALLED, generator=program.generator),
-                                        model=program.model, steps=20)
-        verdict, share, advice = diagnosis.verdict, diagnosis.input_share, diagnosis.advice
+    def advised(knobs: dict):  # (verdict, input share, advice): a capture of the live job, else diagnose
+        if kind == "live-loop":
+            return captured_advice(files, labels, knobs)
+        found = stallscope.diagnose(build(files, labels, knobs, generator=program.generator), model=program.model,
+                                    steps=20)
+        return found.verdict, found.input_share, found.advice
+
+    verdict, share, advice = advised(STALLED)
     listed = [a for a in advice if a.knobs]
     seed_rate = rate(STALLED)
     fix_knobs, missing = with_knobs(STALLED, knobs_of(listed))
@@ -273,12 +272,7 @@ def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
         alone, _ = with_knobs(STALLED, advice.knobs)
         gains.append({"program": kind, "fix": advice.key, "predicted_gain": advice.predicted_gain,
                       "measured_gain": rate(alone) / seed_rate - 1.0})
-    if kind == "live-loop":
-        healthy_verdict, healthy_share, healthy_advice = captured_advice(files, labels, HEALTHY)
-    else:
-        healthy = stallscope.diagnose(build(files, labels, HEALTHY, generator=program.generator),
-                                      model=program.model, steps=20)
-        healthy_verdict, healthy_share, healthy_advice = healthy.verdict, healthy.input_share, healthy.advice
+    healthy_verdict, healthy_share, healthy_advice = advised(HEALTHY)
     return {"program": kind, "verdict": verdict, "input_share": share,
             "seed": seed_rate, "fix": fix_rate, "best": max(searched[best_at], seed_rate), "best_at": best_at,
             "fixes": [a.key for a in listed], "fix_knobs": {k: v for k, v in fix_knobs.items() if STALLED.get(k) != v},
