@@ -12,20 +12,10 @@ from stallscope.report.markdown import render_markdown
 from stallscope.report.text import render_text
 from stallscope.service import servers
 
-
-def _batches():
-    import tensorflow as tf
-
-    features = tf.data.Dataset.range(10_000).map(lambda i: (tf.fill([4], tf.cast(i, tf.float32)), i % 2))
-    return features.batch(4)
+from . import tiny_fit
 
 
-def _model():
-    import tensorflow as tf
-
-    net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
-    net.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return net
+_batches, _model = tiny_fit.batches, tiny_fit.model
 
 
 @pytest.mark.timeout(240)
