@@ -33,23 +33,61 @@ def run_program(tmp_path: Path, script: str, *args: str) -> tuple[Path, dict]:
     return log_dir, json.loads(times.read_text())
 
 
-def run_programs(tmp_path_factory, prefix: str, programs: dict[str, tuple[str, ...]]) -> dict[str, tuple[Path, dict]]:
-    """Each program (name: script and arguments) in a folder of its own, two at a time: most of a program's
-    time is TF's start-up, and each one's figures are held against its own timing of the same steps."""
+# Every program the tests below run, by the fixture that hands its results to them, in the order the
+# tests need them: {fixture: {run: (script, *arguments)}}.
+RUNS = {
+    "keras_variants": {
+        "per_call_4": ("keras_fit.py", "stalled", "4"),
+        "validate": ("keras_fit.py", "stalled", "1", "--validate"),
+        "mirrored": ("keras_mirrored.py", "stalled"),
+        "mirrored_healthy": ("keras_mirrored.py", "healthy"),
+        "profiler": ("keras_fit.py", "stalled", "--profiler"),
+    },
+    "keras_runs": {kind: ("keras_fit.py", kind) for kind in ("stalled", "healthy", "numpy")},
+    "tensors_run": {"tensors": ("custom_loop.py", "tensors")},
+    "loop_runs": {kind: ("custom_loop.py", kind) for kind in ("stalled", "healthy")},
+    "eager_runs": {kind: ("eager_loop.py", kind) for kind in ("stalled", "healthy")},
+}
+
+
+@pytest.fixture(scope="module")
+def own_runs(request, tmp_path_factory):
+    """The programs of every RUNS fixture that a selected test of this module uses, each in a folder of its
+    own, started together and run two at a time: most of a program's time is TF's start-up, and each
+    one's figures are held against its own timing of the same steps."""
+    used = {name for item in request.session.items if item.module is request.module for name in item.fixturenames}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = {name: pool.submit(run_program, tmp_path_factory.mktemp(f"{prefix}-{name}"), *program)
-                   for name, program in programs.items()}
-        return {name: future.result() for name, future in running.items()}
+        running = {(group, name): pool.submit(run_program, tmp_path_factory.mktemp(f"{group}-{name}"), *program)
+                   for group, programs in RUNS.items() if group in used for name, program in programs.items()}
+        try:
+            yield running
+        finally:
+            for future in running.values():
+                future.cancel()
+
+
+def _results(own_runs, group: str) -> dict[str, tuple[Path, dict]]:
+    return {name: future.result() for (of, name), future in own_runs.items() if of == group}
 
 
 @pytest.fixture(scope="module")
-def keras_runs(tmp_path_factory):
-    return run_programs(tmp_path_factory, "fit", {kind: ("keras_fit.py", kind) for kind in ("stalled", "healthy", "numpy")})
+def keras_runs(own_runs):
+    return _results(own_runs, "keras_runs")
 
 
 @pytest.fixture(scope="module")
-def loop_runs(tmp_path_factory):
-    return run_programs(tmp_path_factory, "loop", {kind: ("custom_loop.py", kind) for kind in ("stalled", "healthy")})
+def loop_runs(own_runs):
+    return _results(own_runs, "loop_runs")
+
+
+@pytest.fixture(scope="module")
+def tensors_run(own_runs):
+    return _results(own_runs, "tensors_run")["tensors"]
+
+
+@pytest.fixture(scope="module")
+def eager_runs(own_runs):
+    return _results(own_runs, "eager_runs")
 
 
 def own_mean_ms(times: dict, numbers: list[int]) -> float:
@@ -67,14 +105,8 @@ def keras_counted_mean_ms(analysis, times: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def keras_variants(tmp_path_factory):
-    return run_programs(tmp_path_factory, "fit", {
-        "per_call_4": ("keras_fit.py", "stalled", "4"),
-        "validate": ("keras_fit.py", "stalled", "1", "--validate"),
-        "mirrored": ("keras_mirrored.py", "stalled"),
-        "mirrored_healthy": ("keras_mirrored.py", "healthy"),
-        "profiler": ("keras_fit.py", "stalled", "--profiler"),
-    })
+def keras_variants(own_runs):
+    return _results(own_runs, "keras_variants")
 
 
 def test_steps_per_execution_is_said_and_reported_per_batch(keras_variants):
@@ -153,10 +185,10 @@ def test_numpy_fed_fit_is_read_as_keras_own_pipeline(keras_runs):
     assert analysis.verdict != "highly"
 
 
-def test_steps_fed_without_an_iterator_say_so_instead_of_a_zero_share(tmp_path):
+def test_steps_fed_without_an_iterator_say_so_instead_of_a_zero_share(tensors_run):
     from stallscope.report.text import render_text
 
-    log_dir, _ = run_program(tmp_path, "custom_loop.py", "tensors")
+    log_dir, _ = tensors_run
     analysis = analyze_run(log_dir, with_xprof=False)
     assert analysis.steps.counted_steps >= 5
     assert not analysis.steps.has_iterator
@@ -180,8 +212,8 @@ def test_custom_loop_steps_are_the_step_function_calls(loop_runs, kind):
 
 
 @pytest.mark.parametrize("kind", ["stalled", "healthy"])
-def test_eager_loop_steps_run_from_one_next_to_the_next(tmp_path, kind):
-    log_dir, times = run_program(tmp_path, "eager_loop.py", kind)
+def test_eager_loop_steps_run_from_one_next_to_the_next(eager_runs, kind):
+    log_dir, times = eager_runs[kind]
     analysis = analyze_run(log_dir, with_xprof=False)
     assert analysis.steps.method.startswith("eager next(iterator)")
     first = times["profile_batch"][0]
