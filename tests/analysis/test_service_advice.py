@@ -67,3 +67,28 @@ def test_a_serial_cpu_stall_that_the_free_cores_would_absorb_gets_no_service_adv
     phase = _phase(parts, step_ms=40.0, wait_ms=30.0, cores=8)
     assert phase.cause == "preprocessing"
     assert _advice(parts, phase) is None
+
+
+def test_a_service_gaining_its_last_few_percent_is_checked_not_advised():
+    """benchmarks/advice_programs.py: a healthy generator `fit` on saturated cores, 6% input-bound, was
+    advised a tf.data service. It takes other machines: under SERVICE_MIN_GAIN it is a note, in every
+    report (diagnose, stallscope.diagnose, analyze)."""
+    import dataclasses
+
+    from stallscope.analysis import differential
+    from stallscope.analysis.advice import split_by_gain
+    from stallscope.analysis.fix_gain import SERVICE_MIN_GAIN
+    from stallscope.report.text import checked_line
+
+    parts = PipelineBreakdown(warm_ms=96.0, cold_ms=None, cpu_ms=96.0, waiting_ms=0.0, storage_ms=0.0,
+                              threads=2.0, cpu_ms_per_image=6.0)
+    item = _advice(parts, _phase(parts, step_ms=58.0, wait_ms=48.0))
+    assert item.predicted_gain >= SERVICE_MIN_GAIN
+    small = dataclasses.replace(item, predicted_gain=0.08)
+    notes: list[str] = []
+    assert differential.with_service([], item, notes) == [item] and notes == []
+    assert differential.with_service([], small, notes) == []
+    assert notes[0].startswith("checked, +8% predicted, under the 25% that pays for other machines: Move preproc")
+    fixes, checked = split_by_gain([small])
+    assert fixes == [] and checked == [small]
+    assert "+8% predicted, under the 25% that pays for other machines" in checked_line(small)

@@ -158,13 +158,14 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
 
 
 def split_by_gain(advice: Sequence[Advice]) -> tuple[list[Advice], list[Advice]]:
-    """(fixes, checked): a change the model predicts to gain under MIN_GAIN, or predicts nothing for,
-    is checked, not a fix; a marker fix and a quota's pool (which evens steps out) are fixes unpredicted."""
-    from stallscope.analysis.fix_gain import MIN_GAIN
+    """(fixes, checked): a change the model predicts to gain under its least gain (`fix_gain.least_gain`),
+    or predicts nothing for, is checked, not a fix; a marker fix and a quota's pool (which evens steps out) are fixes unpredicted."""
+    from stallscope.analysis.fix_gain import least_gain
 
     fixes, checked = [], []
     for item in advice:
-        keep = item.key in UNPREDICTED_FIXES or (item.predicted_gain is not None and item.predicted_gain >= MIN_GAIN)
+        keep = item.key in UNPREDICTED_FIXES or (item.predicted_gain is not None
+                                                 and item.predicted_gain >= least_gain(item.key))
         (fixes if keep else checked).append(item)
     return fixes, checked
 

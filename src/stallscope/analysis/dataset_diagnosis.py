@@ -300,7 +300,7 @@ def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, 
     service = service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
                              bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
                              batches_per_step=per_step, assumptions=options.service)
-    return advice if service is None else [*advice, service]
+    return differential.with_service(advice, service, notes)
 
 
 def _fitting_the_graph(advice: list[Advice], seen: _Seen) -> list[Advice]:

@@ -683,11 +683,25 @@ def changes_cache(advice: Advice, config: PipelineConfig) -> bool:
 
 
 def checked_note(advice: Advice) -> str:
-    """The note for a change `price_advice` checked: expected to gain under MIN_GAIN, or not predicted
-    (then not advised: stallscope lists as fixes only what its model prices)."""
+    """The note for a change `price_advice` checked: expected to gain under its least gain, or not
+    predicted (then not advised: stallscope lists as fixes only what its model prices)."""
+    from stallscope.analysis.fix_gain import below_least_gain_text
+
     if advice.predicted_gain is None:
         return f"checked, not advised: {advice.title} ({advice.gain_basis}; measure it before relying on it)"
-    return f"checked, no gain expected: {advice.title} ({advice.gain_basis})"
+    return f"checked, {below_least_gain_text(advice)}: {advice.title} ({advice.gain_basis})"
+
+
+def with_service(advice: list[Advice], service: Advice | None, notes: list[str]) -> list[Advice]:
+    """The advice with the service's where it gains its least gain (other machines), else a note."""
+    from stallscope.analysis.fix_gain import least_gain
+
+    if service is None:
+        return advice
+    if service.predicted_gain is not None and service.predicted_gain >= least_gain(service.key):
+        return [*advice, service]
+    notes.append(checked_note(service))
+    return advice
 
 
 def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
@@ -924,8 +938,10 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
     service = service_advice(max(phases, key=lambda p: p.input_share), parts, batch_size=config.batch_size,
                              cores=free_cores(warm), own_workload=True, assumptions=options.service,
                              bytes_per_element=float(config.batch_size * decoded_image_bytes(config.image_size)))
-    if service is not None and not config.data_service:
-        advice = [*advice, service]
+    if not config.data_service:
+        more = list(notes)
+        advice = with_service(list(advice), service, more)
+        notes = tuple(more)
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,

@@ -108,7 +108,9 @@ def gain_text(item) -> str:
 
 def checked_line(item) -> str:
     """A change weighed and not advised, with the model's figure or why none."""
-    figure = "no gain expected" if item.predicted_gain is not None else "not advised"
+    from stallscope.analysis.fix_gain import below_least_gain_text
+
+    figure = below_least_gain_text(item) if item.predicted_gain is not None else "not advised"
     return f"{item.title}: checked, {figure} ({item.gain_basis})"
 
 
