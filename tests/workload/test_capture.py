@@ -100,16 +100,12 @@ class LiveJob:
 @pytest.fixture(scope="module")
 def live_jobs(tmp_path_factory):
     """The module's live jobs, started side by side (each takes seconds to import TF and build its model,
-    which they overlap): healthy, stalled, and two that wait on their start files, costing nothing until
-    their tests start them: a Keras fit under steps_per_execution, and a job without steps that then dies
-    during a capture."""
+    which they overlap): healthy, stalled, and a Keras fit under steps_per_execution that waits on its
+    start file, costing nothing until its test starts it."""
     jobs = {}
     try:
         jobs["healthy"] = LiveJob(tmp_path_factory.mktemp("healthy_job"))
         jobs["stalled"] = LiveJob(tmp_path_factory.mktemp("stalled_job"), "--stalled")
-        idle = tmp_path_factory.mktemp("idle_job")
-        jobs["idle"] = LiveJob(idle, "--start-file", str(idle / "start"), "--idle-file", str(idle / "idle"),
-                               "--die-during-capture")
         fit = tmp_path_factory.mktemp("fit_job")
         jobs["fit"] = LiveJob(fit, "--per-step", "4", "--start-file", str(fit / "start"), program=FIT_JOB)
         yield jobs
@@ -231,26 +227,32 @@ def test_ctrl_c_stops_a_watch_cleanly(healthy_job, tmp_path):
     assert len(list((tmp_path / "plugins" / "profile").iterdir())) == 1
 
 
-def test_a_job_without_steps_then_one_that_ends_during_the_capture(live_jobs, tmp_path, capsys):
-    job = live_jobs["idle"]
-    job.wait_until_idle()
-    log_path = tmp_path / "captures"
-    assert main(["capture", job.address, "--duration", "1s", "--log_path", str(log_path)]) == 2
-    line = one_error_line(capsys.readouterr())
-    assert job.address in line and "recorded nothing in the 1s window" in line
-    assert not log_path.exists()          # made by the capture, removed with nothing in it
-    assert main(["capture", job.address, "--duration", "1s", "--watch", "--count", "1", "--json",
-                 "--log_path", str(log_path)]) == 0   # a watch reports such a window and goes on
-    row = json.loads(capsys.readouterr().out)
-    assert row["steps"] == 0 and row["verdict"] is None and "recorded nothing" in row["error"]
+def test_a_job_without_steps_then_one_that_ends_during_the_capture(tmp_path, capsys):
+    # a job of its own, started here: one started with the module and left idle until this test did not
+    # answer a capture at all once, in a full run (50 s, where the job should have ended in the window)
+    job = LiveJob(tmp_path / "job", "--start-file", str(tmp_path / "job" / "start"),
+                  "--idle-file", str(tmp_path / "job" / "idle"), "--die-during-capture")
+    try:
+        job.wait_until_idle()
+        log_path = tmp_path / "captures"
+        assert main(["capture", job.address, "--duration", "1s", "--log_path", str(log_path)]) == 2
+        line = one_error_line(capsys.readouterr())
+        assert job.address in line and "recorded nothing in the 1s window" in line
+        assert not log_path.exists()          # made by the capture, removed with nothing in it
+        assert main(["capture", job.address, "--duration", "1s", "--watch", "--count", "1", "--json",
+                     "--log_path", str(log_path)]) == 0   # a watch reports such a window and goes on
+        row = json.loads(capsys.readouterr().out)
+        assert row["steps"] == 0 and row["verdict"] is None and "recorded nothing" in row["error"]
 
-    job.start_file.touch()
-    job.wait_until_stepping()
-    assert main(["capture", job.address, "--duration", "20s", "--log_path", str(log_path)]) == 2
-    line = one_error_line(capsys.readouterr())
-    assert "stopped answering during the capture" in line
-    assert job.process.wait(timeout=30) == 3   # it did end, as the line says
-    assert not log_path.exists()
+        job.start_file.touch()
+        job.wait_until_stepping()
+        assert main(["capture", job.address, "--duration", "20s", "--log_path", str(log_path)]) == 2
+        line = one_error_line(capsys.readouterr())
+        assert "stopped answering during the capture" in line
+        assert job.process.wait(timeout=30) == 3   # it did end, as the line says
+        assert not log_path.exists()
+    finally:
+        job.end()
 
 
 def test_a_port_nobody_listens_on_is_one_line(tmp_path, capsys):
