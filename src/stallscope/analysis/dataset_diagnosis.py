@@ -337,7 +337,7 @@ def generators_priced(item: Advice, phase, parts, config: PipelineConfig) -> Adv
     predicted = whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=config.batch_size,
                                overlapped=differential.overlaps(phase, config))
     gain = differential.predicted_gain(phase, parts, predicted)
-    step = phase.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+    step = differential.step_with_gain(phase, gain)
     return dataclasses.replace(
         item, code=f"N = {count}  # generators at once: enough to overlap the wait\n{item.code}",
         predicted_step_ms=step, predicted_gain=gain,

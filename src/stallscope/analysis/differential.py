@@ -71,10 +71,10 @@ from stallscope.cpu_limits import cpus_worth, quota_limited
 from stallscope.errors import UsageError
 from stallscope.pipeline.config import PipelineConfig
 from stallscope.storage import request_tally
+from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.location import is_remote
 from stallscope.storage.request_tally import RequestTally
 from stallscope.storage.round_trips import TIMING_STEP, time_store
-from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.under import FileRoundTrips, StorageUnder, storage_under, time_file_round_trips
 from stallscope.verdict import verdict_for
 from stallscope.workload.models import parse_fine_tune
@@ -510,7 +510,7 @@ def _smaller_images(worst: PhaseDiagnosis, parts: PipelineBreakdown, config: Pip
     predicted = predict_fixed(worst, smaller, config, cores=cores)
     gain = predicted_gain(worst, parts, predicted)
     return dataclasses.replace(
-        item, predicted_step_ms=worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0, predicted_gain=gain,
+        item, predicted_step_ms=step_with_gain(worst, gain), predicted_gain=gain,
         gain_basis=f"the CPU work per image scaled by the pixels, ({side}/{stored})^2 = {scale:.2f}, on the "
                    f"more-cores what-if: step {worst.step_ms:.1f} -> {predicted.step_ms:.1f} ms predicted")
 
@@ -626,6 +626,11 @@ def predicted_gain(phase: PhaseDiagnosis, parts: PipelineBreakdown, predicted: w
     return now.step_ms / predicted.step_ms - 1.0 if predicted.step_ms > 0 else math.inf
 
 
+def step_with_gain(phase: PhaseDiagnosis, gain: float) -> float:
+    """The phase's measured step shortened by a predicted gain (`predicted_gain`): what a fix reports."""
+    return phase.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+
+
 # Knobs the models of `predict_config` see: parallel stages and their pool, the overlap a prefetch gives
 # (and a shuffle refilling each epoch takes away), who reads gs://, a cache serving the epochs after the
 # first; a TF default such as intra-op threads changes nothing they model.
@@ -671,7 +676,7 @@ def _priced(item: Advice, worst: PhaseDiagnosis, parts: PipelineBreakdown, confi
     predicted = predict_change(worst, parts, config, apply_advice(config, item), cores=cores, what=what,
                                examples=examples)
     gain = predicted_gain(worst, parts, predicted)
-    step = worst.step_ms / (1.0 + gain) if math.isfinite(gain) else 0.0
+    step = step_with_gain(worst, gain)
     basis = (f"step {worst.step_ms:.1f} -> {step:.1f} ms predicted, "
              + ("the storage what-if at the store as read" if as_read_row(what) else "the more-cores what-if"))
     return dataclasses.replace(item, predicted_step_ms=step, predicted_gain=gain, gain_basis=basis)
