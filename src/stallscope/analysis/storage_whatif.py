@@ -550,6 +550,14 @@ def autotuned_reads(source_format: str, cores: int) -> Reads:
                  private_pool=False)
 
 
+# Share of the shorter of a records stream's wait and the chain's own work per image that the kernel's
+# read-ahead hides on a network file system (it fetches the next window while the reader's chain decodes).
+# Measured through the emulator's FUSE mount, the records read by one stream alone and then with a decode
+# in the chain: 0.77 of the wait hidden at 2 ms, 0.42 of the decode at 10 ms, 0.5 of the wait for the
+# seeds' pipeline at 2 ms (`diagnose`'s pipeline-alone probe against its records-alone probe).
+READ_AHEAD_HIDES = 0.5
+
+
 @dataclasses.dataclass(frozen=True)
 class Costs:
     """Per-image costs (ms) of one format on one store through one client."""
@@ -561,16 +569,28 @@ class Costs:
     client_cpu_ms: float     # the part of d the reading itself costs (what a read-only thread holds)
     bytes: float
     local_chain_ms: float | None = None  # the pipeline's own time per image in one chain, where measured
+    # A stream through a network file system: the kernel reads the next window ahead while the reader's
+    # chain works on the bytes it has, and the images behind one reader are not decoded in parallel
+    # (`behind_one_reader_rate`). read_ahead_hidden_ms: what that hides of one chain's time per image
+    # (READ_AHEAD_HIDES), 0 where the chain was measured on that storage (the measure has it in).
+    read_ahead: bool = False
+    read_ahead_hidden_ms: float = 0.0
 
     @property
-    def sequential_ms(self) -> float:
-        """One image's time when reads wait in the chain: the store's part, then the pipeline's own
-        (its measured local pace where known: threads of TF's own that run beside the chain make its
-        CPU per image an overestimate; else all of its CPU)."""
+    def own_ms(self) -> float:
+        """The pipeline's own time per image in one chain: its measured local pace where known (threads
+        of TF's own that run beside the chain make its CPU per image an overestimate); else all of its
+        CPU that is not the reading."""
         own = self.cpu_ms - self.client_cpu_ms
         if self.local_chain_ms is not None:
             own = min(own, self.local_chain_ms)
-        return self.wait_ms + self.transfer_ms + self.client_cpu_ms + own
+        return own
+
+    @property
+    def sequential_ms(self) -> float:
+        """One image's time when reads wait in the chain: the store's part, then the pipeline's own,
+        less what the kernel's read-ahead hides of them on a network file system."""
+        return self.wait_ms + self.transfer_ms + self.client_cpu_ms + self.own_ms - self.read_ahead_hidden_ms
 
 
 def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, *, cpu_ms_per_image: float,
@@ -591,13 +611,15 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     s = client.request_overhead_ms if request_overhead_ms is None else request_overhead_ms
     whatif._require_non_negative("request_overhead_ms", s)
     r = pattern.requests(client)
+    read_ahead = client.scheme == NETWORK_FS and pattern.format == "records"
     if read_chain is not None:
         wall, cpu = read_chain
         # the measured chain had these reads in it: the pipeline's own part is what is left of it
         own_chain = local_chain_ms - wall if local_chain_ms is not None and local_chain_ms > wall else None
-        return Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
-                     cpu_ms=max(cpu_ms_per_image, cpu) + server_cpu_ms_per_image, client_cpu_ms=cpu,
-                     bytes=pattern.bytes_per_image, local_chain_ms=own_chain)
+        c = Costs(requests=r, wait_ms=max(0.0, wall - cpu), transfer_ms=0.0,
+                  cpu_ms=max(cpu_ms_per_image, cpu) + server_cpu_ms_per_image, client_cpu_ms=cpu,
+                  bytes=pattern.bytes_per_image, local_chain_ms=own_chain, read_ahead=read_ahead)
+        return c if own_chain is not None else _with_read_ahead(c)
     round_trips = r + pattern.connections(client) * client.handshake_round_trips
     transfer = 0.0 if math.isinf(scenario.bandwidth_bytes_per_s) else \
         pattern.bytes_per_image * 1000.0 / scenario.bandwidth_bytes_per_s
@@ -608,9 +630,19 @@ def costs(pattern: IoPattern, scenario: StorageScenario, client: StorageClient, 
     # s's CPU part is in d, where the cores cap it. The rest is the store's own time per request, which
     # a store on this host spends on these cores: its CPU (in d) replaces that much of the wait.
     waiting = max(0.0, s - client.request_cpu_ms - server_cpu_ms_per_request)
-    return Costs(requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
-                 cpu_ms=cpu_ms_per_image + reading + server_cpu_ms_per_image, client_cpu_ms=reading,
-                 bytes=pattern.bytes_per_image, local_chain_ms=local_chain_ms)
+    return _with_read_ahead(Costs(
+        requests=r, wait_ms=round_trips * scenario.latency_ms + r * waiting, transfer_ms=transfer,
+        cpu_ms=cpu_ms_per_image + reading + server_cpu_ms_per_image, client_cpu_ms=reading,
+        bytes=pattern.bytes_per_image, local_chain_ms=local_chain_ms, read_ahead=read_ahead))
+
+
+def _with_read_ahead(c: Costs) -> Costs:
+    """`c` with what the kernel's read-ahead hides of one chain: READ_AHEAD_HIDES of the shorter of its
+    wait and its own work per image, on a network file system's stream only."""
+    if not c.read_ahead:
+        return c
+    hidden = READ_AHEAD_HIDES * min(c.wait_ms + c.transfer_ms, c.own_ms)
+    return dataclasses.replace(c, read_ahead_hidden_ms=hidden)
 
 
 def sequential_rate(c: Costs) -> float:
@@ -704,10 +736,14 @@ def behind_one_reader_rate(c: Costs, calls: int, cores: float) -> tuple[float, f
     them while the reader waits on the next request, so the rest are decoded while the reader stands
     still: each image costs the chain's time plus that share of its decode on the cores. (benchmarks/
     advice.py, records on the emulated gs:// at 10 ms, a request per 4.7 MB shard: seed 436 images/s,
-    the decode in parallel 546, where the chain and the cores apart predicted 776.)"""
+    the decode in parallel 546, where the chain and the cores apart predicted 776.) On a network file
+    system (`Costs.read_ahead`) the images behind the reader are decoded as if by one thread, whatever
+    the calls: the seeds' records on the emulator's 2 ms mount, seed 532 images/s, the decode in
+    parallel 740 (dividing by the calls predicted 920); a bare decode map, sequential or in parallel,
+    816-822 images/s at 2 ms and 237-240 at 10 ms."""
     chain = c.wait_ms + c.transfer_ms + c.client_cpu_ms
-    own = max(0.0, c.sequential_ms - chain)
-    threads = max(1.0, min(float(calls), cores))
+    own = c.own_ms
+    threads = 1.0 if c.read_ahead else max(1.0, min(float(calls), cores))
     # the reader waits once per request, or per buffer it fills where requests are smaller (a mount's)
     per_wait = max(RECORD_READ_BUFFER_BYTES / c.bytes if c.bytes > 0 else 1.0,
                    1.0 / c.requests if c.requests > 0 else 1.0)
