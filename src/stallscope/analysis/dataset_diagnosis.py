@@ -39,7 +39,9 @@ from stallscope.pipeline.describe import (
 from stallscope.storage import request_tally
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
+from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.s3_request_plan import READ_STAGE
+from stallscope.storage.under import StorageUnder, storage_under, time_file_round_trips
 from stallscope.verdict import fmt_share
 from stallscope.workload.accelerator import EmulatedDevice, parse_accelerator
 from stallscope.workload import rundir
@@ -136,10 +138,13 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     figures, what = _storage_figures(seen, alone, options, notes, data_bytes=data_bytes, examples=examples,
                                      config=config, parts=parts, phase=phase, private_pool=private_pool)
     advice = _dataset_advice(dataset, seen, phase, parts, config, warm, options, notes, examples=examples,
-                             data_bytes=data_bytes, per_step=per_step, what=what if seen.in_store else None)
+                             data_bytes=data_bytes, per_step=per_step, what=what if seen.remote_files else None)
+    source = {"kind": "dataset", "path": _files_text(seen.files), "split": None, "examples": examples or "unknown",
+              "files": len(seen.files), "bytes": data_bytes}
+    if seen.under is not None:
+        source["storage"] = differential.storage_summary(seen.under, alone.file_trips, alone.round_trips)
     return differential.Diagnosis(
-        source={"kind": "dataset", "path": _files_text(seen.files), "split": None, "examples": examples or "unknown",
-                "files": len(seen.files), "bytes": data_bytes},
+        source=source,
         pipeline=config, accelerator=device_name, warm=warm, cold=alone.cold, pipeline_breakdown=parts,
         phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(seen.chain), storage=figures, storage_whatif=what,
@@ -158,6 +163,17 @@ class _Seen:
     served: bool          # distribute(): the pipeline runs on the service's workers
     files: list[str]
     in_store: list[str]   # the files in an object store, which every epoch reads again
+    under: StorageUnder | None = None  # the storage the files are on (None: no files known)
+
+    @property
+    def on_network_fs(self) -> list[str]:
+        """The files where they are on a network file system (every epoch reads them from it again)."""
+        return self.files if self.under is not None and self.under.kind == "network-fs" else []
+
+    @property
+    def remote_files(self) -> list[str]:
+        """The files in a store or on a network file system: read from afar, epoch after epoch."""
+        return self.in_store or self.on_network_fs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +186,9 @@ class _PipelineAlone:
     requests: Any
     round_trips: Any
     bandwidth: Any
-    reads: Any = None     # the records read alone where they are (`probes.ReadChain`), for a store's shards
+    reads: Any = None     # the records read alone where they are (`probes.ReadChain`), in a store or on a mount
+    file_trips: Any = None  # a network file system's open and read, timed one file at a time (`storage.under`)
+    server_cpu_ms_per_image: float = 0.0  # a FUSE mount's daemon on this host, measured over the warm probe
 
 
 def _require_dataset(dataset) -> None:
@@ -193,7 +211,8 @@ def _read_dataset(dataset, options: DatasetDiagnoseOptions, notes: list[str]) ->
                      "of as many examples as its first dimension; if that is an image's height, add "
                      ".batch(BATCH_SIZE) before diagnosing")
     files = list(options.files) if options.files is not None else _files_in(graph)
-    return _Seen(graph, ran, chain, ops, served, files, in_store=[f for f in files if is_remote(f)])
+    under = storage_under(files[0]) if files else None
+    return _Seen(graph, ran, chain, ops, served, files, in_store=[f for f in files if is_remote(f)], under=under)
 
 
 def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: list[str],
@@ -201,21 +220,29 @@ def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions,
     """The pipeline without the model: cold where its files can be evicted, warm, and the store's
     timing where the files are in one."""
     cold = _probe_cold(dataset, seen, options, notes, say)
+    file_trips = None
+    if seen.on_network_fs:  # as `diagnose` times it: one file at a time, nothing else in flight
+        say(differential.FILE_TIMING_STEP)
+        file_trips = time_file_round_trips(seen.on_network_fs)
     say("probe: pipeline alone, warm page cache")
     read_before = request_tally.snapshot()
+    daemons = DaemonClock().start() if seen.on_network_fs and seen.under.fuse else None
     warm = probe_dataset(dataset, cache_state="warm", files=seen.files, max_batches=options.steps,
                          budget_s=options.pipeline_budget_s)
     requests = request_tally.snapshot().since(read_before)  # what stallscope.read_files / read_records asked for
-    round_trips = bandwidth = reads = None
+    server_cpu = differential.daemon_cpu_per_image(daemons, warm.images, seen.under, notes) \
+        if daemons is not None else 0.0
+    round_trips = bandwidth = None
     if seen.in_store:
         say(TIMING_STEP)
         round_trips, bandwidth = time_store(seen.in_store)
-        reads = _records_read_alone(seen, say)
-    return _PipelineAlone(cold, warm, requests, round_trips, bandwidth, reads)
+    reads = _records_read_alone(seen, say) if seen.remote_files else None
+    return _PipelineAlone(cold, warm, requests, round_trips, bandwidth, reads, file_trips, server_cpu)
 
 
 def _records_read_alone(seen: _Seen, say):
-    """The dataset's shards in a store read by one stream with no decode, by the reader its graph uses
+    """The dataset's shards in a store or on a network file system read by one stream with no decode, by
+    the reader its graph uses
     (TF's TFRecordDataset, else stallscope's), for READS_BUDGET_S: the chain a parallel decode sits
     behind (`storage_whatif.costs`' read_chain). None where it reads no records."""
     import tensorflow as tf
@@ -224,15 +251,15 @@ def _records_read_alone(seen: _Seen, say):
     from stallscope.analysis.probes import time_record_reads
     from stallscope.analysis.storage_whatif import RECORD_READ_BUFFER_BYTES
 
-    if source_format(seen.ops, seen.in_store) != "records":
+    if source_format(seen.ops, seen.remote_files) != "records":
         return None
     say(differential.READS_STEP)
     if seen.ops & RECORD_OPS:
-        records = tf.data.TFRecordDataset(seen.in_store, buffer_size=RECORD_READ_BUFFER_BYTES)
+        records = tf.data.TFRecordDataset(seen.remote_files, buffer_size=RECORD_READ_BUFFER_BYTES)
     else:
         from stallscope.storage.own_pipeline import read_records
 
-        records = read_records(seen.in_store)
+        records = read_records(seen.remote_files)
     return time_record_reads(records.repeat(), budget_s=differential.READS_BUDGET_S, max_records=MOST_RECORDS_ALONE)
 
 
@@ -244,6 +271,11 @@ def _probe_cold(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: li
     if seen.in_store:
         notes.append(f"cold page cache not probed: the files are in a store ({seen.in_store[0]}), which every epoch "
                      "reads again, so the pipeline-alone probe already measures reads from it")
+        return None
+    if seen.on_network_fs:
+        notes.append(f"cold page cache not probed: the files are on a network file system ({seen.under.label}), "
+                     "which every epoch reads again, so the pipeline-alone probe already measures reads from it; "
+                     "the local page-cache and I/O counters do not see those reads (storage per image has them)")
         return None
     if not seen.files:
         notes.append("cold page cache not probed: the dataset's graph names no files (a dataset built from "
@@ -364,15 +396,17 @@ def _sequential_stateful_map_note(dataset, graph, config: PipelineConfig) -> lis
 def _storage_figures(seen: _Seen, alone: _PipelineAlone, options: DatasetDiagnoseOptions, notes: list[str], *,
                      data_bytes: int, examples: int | None, config: PipelineConfig, parts, phase, private_pool: int):
     """(figures, what-if) of the storage the dataset reads, where a store was named or the files are in
-    one or read through stallscope's readers; else (None, None)."""
-    if not (options.storage_scenarios or options.storage_client or seen.in_store or alone.requests.requests):
+    one, on a network file system or read through stallscope's readers; else (None, None)."""
+    if not (options.storage_scenarios or options.storage_client or seen.remote_files or alone.requests.requests):
         return None, None
     figures, what, more = dataset_storage(seen.ops, seen.files, data_bytes=data_bytes, examples=examples,
                                           config=config, warm=alone.warm, parts=parts, phase=phase,
                                           scenarios=options.storage_scenarios, client=options.storage_client,
                                           private_pool=private_pool, reads=_read_map_in(seen.graph),
                                           requests=alone.requests, round_trips=alone.round_trips,
-                                          bandwidth=alone.bandwidth, records_alone=alone.reads)
+                                          bandwidth=alone.bandwidth, records_alone=alone.reads,
+                                          under=seen.under, file_trips=alone.file_trips,
+                                          server_cpu_ms_per_image=alone.server_cpu_ms_per_image)
     notes += more
     return figures, what
 
