@@ -5,20 +5,21 @@ For each cell (storage x format) of the built-in data set, in one run against an
   and where it fell short, the candidates it tried) and each listed fix's predicted gain;
 - a search by hand over reads in flight x the private pool (x map parallelism autotune, prefetch), the
   seed's other knobs kept;
-- every config (seed, the fix, each searched one) trained for the same steps by the same harness
-  (`run_training`), so their images/s compare;
+- every config (seed, the fix, each searched one) trained by the same harness (`run_training`) until its
+  images/s is measured to the same precision (its halves within 5%), so their images/s compare;
 - the healthy variant (`tuned` on local disk, and on each storage): whether a fix is advised at all.
 
 Printed: per cell seed, fix, best found, fix / best (target >= 0.8), each listed fix's predicted vs
 measured gain (target: measured >= half the predicted), and for `tuned` on a mount its ratio to the lower
-of `tuned` on local disk and the mount's own ceiling here (32 raw readers, no decode; target >= 0.7).
+of `tuned` on local disk and the mount's own ceiling here (32 raw readers, no decode; target >= 0.7),
+and how many configs reached the precision asked (those that did not are named, with their spread).
 
 Storages: local disk, the emulator's FUSE mount and its gs:// and s3:// buckets at the latencies given (the
 emulator shares these cores with the pipeline, as a real network file system or store would not: the
 mount's ceiling is measured in the same run).
 
 usage: python benchmarks/advice.py [--stores local,mount,gcs,s3] [--mount-latency-ms 2,10] [--bucket-latency-ms 10] [--formats files,records]
-           [--images-per-class 48] [--accelerator emulated:4000] [--steps 36]
+           [--images-per-class 48] [--accelerator emulated:4000] [--precision 0.05] [--steps 36]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 
 READS_GRID = (2, 8, 16, 32)   # reads in flight searched by hand (pool: reads + cores)
 RAW_READERS = 32
+MIN_SECONDS, MAX_SECONDS = 3.0, 30.0  # of measured steps, each config measured to a precision
 
 
 def prepare(scratch: Path, images_per_class: int) -> tuple[Path, Path]:
@@ -52,13 +54,27 @@ def prepare(scratch: Path, images_per_class: int) -> tuple[Path, Path]:
     return tree, records
 
 
-def trained_rate(source: str, path: Path, config, *, accelerator: str, steps: int, run_dir: Path) -> float:
-    """images/s of `config` trained for `steps` steps (the harness every config of a cell runs under)."""
+SPREADS: list[tuple[str, float | None, bool]] = []  # (config, its halves' spread, target reached), this cell
+
+
+def trained_rate(source: str, path: Path, config, *, accelerator: str, steps: int, precision: float,
+                 run_dir: Path) -> float:
+    """images/s of `config` under the harness every config of a cell runs under: trained until the
+    images/s of its measured steps' two halves agree within `precision` (at least MIN_SECONDS, at most
+    MAX_SECONDS of measured steps), or for `steps` steps where `precision` is 0. A window of 36 steps
+    (~1.5 s at 750 images/s) moved a config by 16% between its halves: a fix's gain is measured to a
+    stated precision, or not at all."""
+    from stallscope.workload.precision import PrecisionTarget
     from stallscope.workload.train import TrainOptions, run_training
 
+    length = {"precision": PrecisionTarget(precision, min_seconds=MIN_SECONDS, max_seconds=MAX_SECONDS)} \
+        if precision else {"steps": steps}
     options = TrainOptions(source=source, dataset_path=path, pipeline=config, accelerator=accelerator,
-                           steps=steps, log_path=run_dir)
-    return run_training(options).stats.images_per_second
+                           log_path=run_dir, **length)
+    result = run_training(options)
+    reached = result.summary.get("precision", {})
+    SPREADS.append((run_dir.name, reached.get("spread"), bool(reached.get("reached"))))
+    return result.stats.images_per_second
 
 
 def raw_ceiling(folder: Path, seconds: float = 3.0) -> float:
@@ -141,7 +157,8 @@ def measure_cell(spec: dict) -> dict:
     accelerator, steps = spec["accelerator"], spec["steps"]
 
     def rate(config, name):
-        return trained_rate(fmt, path, config, accelerator=accelerator, steps=steps, run_dir=run / name)
+        return trained_rate(fmt, path, config, accelerator=accelerator, steps=steps, precision=spec["precision"],
+                            run_dir=run / name)
 
     seed = get_preset("seed")
     seed_rate = rate(seed, "seed")
@@ -177,7 +194,7 @@ def measure_cell(spec: dict) -> dict:
                            fixed=run / "tuned-fixed.json")["diagnosis"]
     tuned = {"storage": spec["label"], "format": fmt, "tuned": tuned_rate, "verdict": healthy.verdict,
              "fixes": [a.key for a in healthy.advice]}
-    return {"cell": cell, "gains": gains, "tuned": tuned}
+    return {"cell": cell, "gains": gains, "tuned": tuned, "spreads": SPREADS}
 
 
 def run_cell(spec: dict, env: dict[str, str]) -> dict:
@@ -198,7 +215,10 @@ def main() -> None:
     parser.add_argument("--formats", default="files,records")
     parser.add_argument("--images-per-class", type=int, default=48)
     parser.add_argument("--accelerator", default="emulated:4000")
-    parser.add_argument("--steps", type=int, default=36, help="training steps of each measured config")
+    parser.add_argument("--precision", type=float, default=0.05,
+                        help="train each config until its halves' images/s agree within this share "
+                             f"({MIN_SECONDS:g}-{MAX_SECONDS:g} s of steps); 0: a fixed --steps")
+    parser.add_argument("--steps", type=int, default=36, help="training steps of each config with --precision 0")
     parser.add_argument("--healthy-accelerator", default="emulated:200",
                         help="the device the healthy variant (tuned) keeps up with on every storage")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -216,7 +236,7 @@ def main() -> None:
               + [(kind, float(x)) for kind in ("gcs", "s3") for x in args.bucket_latency_ms.split(",") if x])
     stores = [(kind, latency) for kind, latency in stores if kind in kinds]
     formats = [f for f in args.formats.split(",") if f]
-    rows, gains, tuned_rows = [], [], []
+    rows, gains, tuned_rows, spreads = [], [], [], []
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         served = scratch / "served"
@@ -231,18 +251,20 @@ def main() -> None:
                     spec = {"label": label, "format": fmt,
                             "path": f"{tree_at}/train" if fmt == "files" else str(records_at),
                             "run": str(scratch / "runs" / f"{kind}-{latency:g}-{fmt}"),
-                            "accelerator": args.accelerator, "steps": args.steps,
+                            "accelerator": args.accelerator, "steps": args.steps, "precision": args.precision,
                             "healthy_accelerator": args.healthy_accelerator}
                     measured = run_cell(spec, env)
                     rows.append(measured["cell"])
                     gains += measured["gains"]
+                    spreads += [(label, fmt, *spread) for spread in measured["spreads"]]
                     if kind == "local":
                         tuned_local[fmt] = measured["tuned"]["tuned"]
                     tuned_rows.append({**measured["tuned"], "ceiling": ceiling, "tuned_local": tuned_local.get(fmt)})
                     print(f"  done: {label} {fmt}", file=sys.stderr, flush=True)
 
-    print(f"advice benchmark: {args.images_per_class * 10} JPEGs, {args.accelerator}, {args.steps} steps a config, "
-          f"{cores} cores; images/s")
+    length = (f"each config to {args.precision:.0%} ({MIN_SECONDS:g}-{MAX_SECONDS:g} s)" if args.precision
+              else f"{args.steps} steps a config")
+    print(f"advice benchmark: {args.images_per_class * 10} JPEGs, {args.accelerator}, {length}, {cores} cores; images/s")
     print(f"  {'storage':<12}{'format':<9}{'seed':>8}{'fix':>8}{'best':>8}  {'fix/best':>8}  best by hand          fix")
     for r in rows:
         knobs = ", ".join(f"{k}={v}" for k, v in r["fix_config"].items()
@@ -271,8 +293,14 @@ def main() -> None:
         ratio = f"{t['tuned'] / ref:.2f}x of {ref:,.0f}" if ref else "-"
         print(f"  {t['storage']:<12}{t['format']:<9}tuned {t['tuned']:>7,.0f}  {ratio:<18} healthy variant: {t['verdict']:<10} "
               f"fixes: {', '.join(t['fixes']) or 'none'}")
+    if args.precision:
+        short = [f"{label} {fmt} {name} ({'-' if spread is None else f'{spread:.0%}'})"
+                 for label, fmt, name, spread, reached in spreads if not reached]
+        print(f"precision: {len(spreads) - len(short)} of {len(spreads)} configs measured within {args.precision:.0%}"
+              + (f"; not: {', '.join(short)}" if short else ""))
     if args.json:
-        args.json.write_text(json.dumps({"cells": rows, "gains": gains, "tuned": tuned_rows}, indent=2))
+        args.json.write_text(json.dumps({"cells": rows, "gains": gains, "tuned": tuned_rows, "spreads": spreads},
+                                        indent=2))
 
 
 if __name__ == "__main__":
