@@ -1,4 +1,4 @@
-"""The storage emulator served `--writable`: what TF's own gs:// and s3fs write lands in the folder,
+"""The storage emulator served `--writable`: what TF's own gs:// and obstore's s3:// write lands in the folder,
 whole or not at all, and `stallscope convert` writes its shards into an emulated bucket."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_convert_writes_its_shards_into_an_emulated_bucket_and_refuses_a_read_on
     assert written == ["labels.txt", "manifest.json", "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
 
 
-def test_s3fs_writes_land_in_the_folder_and_a_read_only_store_refuses_them(tmp_path, monkeypatch):
+def test_s3_writes_land_in_the_folder_and_a_read_only_store_refuses_them(tmp_path, monkeypatch):
     served = tmp_path / "bucket"
     served.mkdir()
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.storage import location, obstore_client, paths, s3_request_plan, s3_store
+from stallscope.storage import location, obstore_client, paths, s3_request_plan
 from stallscope.storage.emulator import emulate
 from stallscope.storage.location import StorageError, list_by_folders, with_silence_limit
 
@@ -70,10 +70,10 @@ def tree(tmp_path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("kind, s3_reader", [("gcs", None), ("s3", "obstore"), ("s3", "s3fs")])
+@pytest.mark.parametrize("kind, s3_reader", [("gcs", None), ("s3", "obstore")])  # s3fs reads, obstore lists
 def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_time(tree, kind, s3_reader, monkeypatch):
     """One folder at a time at 0.15 s a request: 13 listings, about 2 s, against a limit of 1 s on
-    silence. A limit on the whole listing failed it. s3:// lists through its reader's client."""
+    silence. A limit on the whole listing failed it."""
     if s3_reader == "obstore" and not obstore_client.installed():
         pytest.skip("obstore (the storage extra) lists s3:// where installed")
     with emulate(tree.parent, kind=kind, latency_s=0.15, max_duration_s=LIMIT_S) as store:
@@ -85,14 +85,11 @@ def test_a_bucket_listing_longer_than_the_limit_that_answers_every_request_in_ti
             monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
         location.set_timeout(10)  # fresh clients, made with this endpoint
         root = location.as_path(f"{store.url}/tree")
-        # The client made, and its first request answered, before the limit is cut: a busy machine
-        # can take a second to load botocore's models for s3fs's first request.
+        # The client made, and its first request answered, before the limit is cut.
         assert (root / "top.txt").read_bytes() == b"top"
         location.forget_listings()
         monkeypatch.setattr(paths, "FOLDERS_IN_FLIGHT", 1)  # where list_by_folders reads it
-        # gs:// and s3:// through obstore (a limit on silence), s3:// through s3fs (one on each request)
-        monkeypatch.setattr(obstore_client, "deadline", lambda: 1.0)
-        monkeypatch.setattr(s3_store, "operation_limit", lambda nbytes=0: 1.0)
+        monkeypatch.setattr(obstore_client, "deadline", lambda: 1.0)  # a limit on silence
         try:
             started = time.monotonic()
             listed = {p.relative_to(root).as_posix(): p.stat().st_size for p in root.walk_files()}
@@ -123,12 +120,11 @@ def test_one_long_answer_is_waited_for_while_the_store_answers_a_probe():
         with_silence_limit(lambda heard: time.sleep(1.5), 0.5, "gs://b/tree", probe=lambda: asked.append(1))
 
 
-@pytest.mark.parametrize("kind, s3_reader", [("gcs", None), ("s3", "obstore"), ("s3", "s3fs")])
+@pytest.mark.parametrize("kind, s3_reader", [("gcs", None), ("s3", "obstore")])  # s3fs reads, obstore lists
 def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_answers(tmp_path, kind, s3_reader, monkeypatch):
     """6,000 objects in one folder at 0.4 s a request: six pages in one call, past a limit of 2 s (a
-    probe on a new connection, as gs:// makes it, takes a CONNECT and a GET: 0.8 s). s3:// lists and
-    probes through its reader's client."""
-    if s3_reader != "s3fs" and not obstore_client.installed():
+    probe on a new connection, as gs:// makes it, takes a CONNECT and a GET: 0.8 s)."""
+    if not obstore_client.installed():
         pytest.skip("obstore (the storage extra) lists gs:// and s3:// where installed")
     folder = tmp_path / "served" / "tree" / "big"
     folder.mkdir(parents=True)
@@ -146,7 +142,6 @@ def test_a_folder_whose_listing_outlasts_the_limit_is_listed_while_the_store_ans
         assert (root / "big" / "00000.jpg").read_bytes() == b""  # the client made before the limit is cut
         location.forget_listings()
         monkeypatch.setattr(obstore_client, "deadline", lambda: 2.0)
-        monkeypatch.setattr(s3_store, "operation_limit", lambda nbytes=0: 2.0)
         try:
             listed = list(root.walk_files())
         finally:

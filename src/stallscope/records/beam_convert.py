@@ -63,7 +63,7 @@ REMOTE_PROGRESS_POLL_S = 10.0
 
 def is_remote(path: str) -> bool:
     """`gs://bucket/x`, `s3://...`: read and written through stallscope's own store clients (TF's gs://,
-    s3fs), the same as every other command, so a worker needs nothing but stallscope and the store's
+    obstore), the same as every other command, so a worker needs nothing but stallscope and the store's
     usual credentials."""
     return location.is_remote(path)
 

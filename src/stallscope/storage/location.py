@@ -5,7 +5,7 @@ a pure POSIX path (so `/`, `.name`, `.suffix`, `.parent` and `relative_to` work 
 `exists`, `is_dir`, `iterdir` and `stat` answer from one recursive listing of its root, made on first
 use and kept for the life of the process: a tree is listed once per run, not per epoch or per question.
 Bytes go through each store's own client: gs:// through TensorFlow's file system (`tf.io.gfile`, built
-into TF 2.21), s3:// through fsspec/s3fs (TF 2.21 has no s3://). Credentials come from each store's
+into TF 2.21), s3:// through obstore (TF 2.21 has no s3://). Credentials come from each store's
 usual environment (Application Default Credentials for gs://; AWS_* variables, ~/.aws or
 AWS_ENDPOINT_URL for s3://).
 
@@ -81,7 +81,8 @@ def delete(path: RemotePath) -> None:
 
 
 def backend(path: RemotePath) -> "Store":
-    """The client of `path`'s store, made on first use (s3fs is imported only for s3://)."""
+    """The client of `path`'s store, made on first use (obstore and botocore are imported only for a
+    store's first request)."""
     if path.scheme not in _STORES:
         if path.scheme == "gs":
             from stallscope.storage.gcs_store import GcsStore as store_class

@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 
 from stallscope.errors import UsageError
-from stallscope.extras import install_line
-from stallscope.storage.obstore_client import installed
 
-# Which reader fetches whole s3:// objects (JPEGs): obstore where installed, unless this says s3fs.
+# Which reader fetches s3:// objects (JPEGs, shards' blocks): obstore, unless this says s3fs.
 READER_ENV = "STALLSCOPE_S3_READER"
 READERS = ("obstore", "s3fs")
 
@@ -45,15 +43,9 @@ def groups_in_flight(requests: int) -> int:
 
 
 def reader_name() -> str:
-    """The reader s3:// objects are read with: obstore where installed, unless STALLSCOPE_S3_READER
-    says s3fs (the reader that runs, and the one the what-if models)."""
+    """The reader s3:// objects are read with: obstore, unless STALLSCOPE_S3_READER says s3fs (the
+    reader that runs, and the one the what-if models). Listings and writes are obstore's either way."""
     wanted = os.environ.get(READER_ENV, "").strip().lower()
     if wanted and wanted not in READERS:
         raise UsageError(f"{READER_ENV}: expected one of {', '.join(READERS)}, got {wanted!r}")
-    if wanted == "s3fs":
-        return "s3fs"
-    if not installed():
-        if wanted == "obstore":
-            raise UsageError(f"{READER_ENV}=obstore needs the obstore package: {install_line('stores')}")
-        return "s3fs"
-    return "obstore"
+    return "s3fs" if wanted == "s3fs" else "obstore"

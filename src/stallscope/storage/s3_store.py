@@ -1,19 +1,22 @@
-"""s3:// through fsspec/s3fs (TF 2.21 has no s3://; tensorflow-io does not load against it): listings
-and writes, and reads where obstore is not the reader (`s3_obstore` reads otherwise).
+"""s3:// through obstore (TF 2.21 has no s3://; tensorflow-io does not load against it): listings,
+reads, writes, uploads, renames (a copy, then a delete) and deletes, one client for every use
+(`s3_obstore` makes its stores). STALLSCOPE_S3_READER=s3fs reads objects through fsspec/s3fs instead
+(the s3fs extra), for comparing with a program of your own that reads with s3fs; listings and writes
+stay on obstore.
 
-One client per process (made again in a forked child), with botocore's connect and read timeouts set
-to the storage timeout, two attempts, and enough pooled connections for a pipeline's requests in
-flight. Each operation, its retries included (botocore's attempts, s3fs's retries), has one deadline
-(`operation_limit`): a store that accepts connections and never answers fails within about
---storage-timeout, not after every retry waited the whole timeout (23-29 s at 3 s, minutes at 30 s). Credentials and the endpoint come from the usual AWS environment (AWS_ACCESS_KEY_ID,
-AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
+Each request has the storage timeout (connect, and the whole request), one retry within it: a store
+that accepts connections and never answers fails each operation within about --storage-timeout. A
+transfer may take the timeout plus its bytes at SLOWEST_BYTES_PER_S (`operation_limit`): a shard's
+upload is not cut off by the deadline of a small request. Through s3fs each operation, its retries
+included (botocore's attempts, s3fs's retries), has that one deadline too, not every retry waiting the
+whole timeout (23-29 s at 3 s, minutes at 30 s). Credentials and the endpoint come from the usual
+AWS environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws, AWS_ENDPOINT_URL).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
 import functools
 import inspect
 import logging
@@ -27,17 +30,25 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
 from stallscope.storage import s3_obstore
-from stallscope.storage.deadlines import StorageError, short, storage_timeout, with_silence_limit
-from stallscope.storage.paths import Listing, ObjectInfo, RemotePath, Store, list_by_folders, listed_size
-from stallscope.storage.obstore_client import list_tree, storage_error_text
-from stallscope.storage.s3_request_plan import reader_name
+from stallscope.storage.deadlines import StorageError, short, storage_timeout
+from stallscope.storage.obstore_client import installed, list_tree, storage_error_text
+from stallscope.storage.paths import Listing, RemotePath, Store, listed_size
+from stallscope.storage.s3_request_plan import READER_ENV, reader_name
 
 logger = logging.getLogger(__name__)
 
-S3_CONNECTIONS = 64  # open connections the client keeps, so requests in flight do not queue for one
+S3_CONNECTIONS = 64  # open connections s3fs's client keeps, so requests in flight do not queue for one
 # A transfer may take the timeout plus its bytes at this rate: a shard's upload is not cut off by the
 # deadline of a small request, and a store slower than this past the timeout counts as not answering.
 SLOWEST_BYTES_PER_S = 1 << 20
+# Operations that move at most this many bytes go through the bucket's kept store (requests of the
+# storage timeout: at SLOWEST_BYTES_PER_S these bytes add 0.06 s); larger ones get a store of their own.
+SMALL_TRANSFER = 64 * 1024
+# An upload of at least this many bytes goes in parts (s3fs's put_file sends up to twice its 50 MiB
+# block as one PUT), this many bytes each, this many at once.
+MULTIPART_FROM = 100 * 1024 * 1024
+MULTIPART_PART_BYTES = 16 * 1024 * 1024
+MULTIPART_IN_FLIGHT = 4
 
 T = TypeVar("T")
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
@@ -81,10 +92,10 @@ def _untrusted_certificate(exc: BaseException) -> str | None:
 
 
 class S3Store(Store):
-    """s3:// through fsspec/s3fs; one client per process, made on first use, with an event loop of its
-    own: requests a failed run left behind (a pipeline's reads, retrying a store that went away) stay
-    on the loop of the client they were made by, not on fsspec's shared one, where they held up the
-    next client's requests."""
+    """s3:// through obstore (`objects`: one store per bucket and process), and through fsspec/s3fs
+    for reads where STALLSCOPE_S3_READER=s3fs asks (`fs`: one client per process, with an event loop
+    of its own: requests a failed run left behind stay on the loop of the client they were made by,
+    not on fsspec's shared one, where they held up the next client's requests)."""
 
     def __init__(self) -> None:
         self._fs = None
@@ -93,24 +104,13 @@ class S3Store(Store):
         self._objects: s3_obstore.ObjectReader | None = None
 
     def objects(self) -> s3_obstore.ObjectReader:
-        """The obstore reader of whole objects (one per store; it remakes itself after a fork)."""
+        """The obstore stores (one reader per store; it remakes itself after a fork)."""
+        if not installed():
+            raise UsageError(f"s3:// needs the obstore package: {install_line('stores')}")
         with self._lock:
             if self._objects is None:
-                self._objects = s3_obstore.ObjectReader(self._bucket_region)
+                self._objects = s3_obstore.ObjectReader()
             return self._objects
-
-    def _bucket_region(self, bucket: str) -> str | None:
-        """The bucket's region as S3 names it in a HEAD of the bucket (None where it cannot be had)."""
-        seconds = operation_limit()
-        try:
-            found = self.fs().call_s3("head_bucket", Bucket=bucket, timeout=seconds)
-            return found["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
-        except TimeoutError as exc:  # silent: the read it is made for would wait as long again
-            if _is_deadline(exc):
-                raise TimeoutError(f"no answer to a HEAD of bucket {bucket!r} in {seconds:.0f} s") from None
-            return None
-        except Exception:  # refused, missing or unreachable: the reads themselves then say so in one line
-            return None
 
     def fs(self):
         with self._lock:  # tf.data threads ask at once on the first read
@@ -123,7 +123,7 @@ class S3Store(Store):
         try:
             import s3fs
         except ImportError:
-            raise UsageError(f"s3:// needs the s3fs package: {install_line('stores')}") from None
+            raise UsageError(f"{READER_ENV}=s3fs needs the s3fs package: {install_line('s3fs')}") from None
         loop = asyncio.new_event_loop()
         threading.Thread(target=loop.run_forever, name="s3-io", daemon=True).start()
         seconds = storage_timeout()
@@ -184,9 +184,9 @@ class S3Store(Store):
     def _call(self, path: RemotePath, fn: Callable[[], T], action: str = "read") -> T:
         try:
             return fn()
-        except StorageError:
+        except UsageError:  # a StorageError already, or a missing package's install line
             raise
-        except Exception as exc:  # botocore, aiohttp and OSError kinds: all one line
+        except Exception as exc:  # obstore's, botocore's, aiohttp's and OSError kinds: all one line
             raise self.error(path, exc, action) from None
 
     def _do(self, path: RemotePath, action: str, method: str, *args, nbytes: int = 0, **kwargs):
@@ -197,56 +197,24 @@ class S3Store(Store):
 
     def list(self, root: RemotePath) -> Listing:
         """Every object under `root`, its folders listed several at a time (`list_by_folders`),
-        folder placeholders ("a/") left out: through obstore where it is the reader (ImageNet train's
+        folder placeholders ("a/") left out, through obstore whichever reader reads (ImageNet train's
         1.28 million objects from the emulated store, listed and planned: 19 s of CPU, against 104 s
-        through s3fs), else through s3fs."""
-        fs = self.fs()
-        if reader_name() == "obstore":
-            try:
-                files = list_tree(self.objects().store(root.bucket), root.key.strip("/"), str(root))
-            except StorageError:
-                raise
-            except Exception as exc:  # obstore's failures, one line
-                raise self.error(root, exc) from None
-            if not files:
-                self._do(root, "read", "ls", root.bucket, detail=False, refresh=True)  # NoSuchBucket, or refused, names itself
-            logger.info("%s: listed %d objects", root, len(files))
-            return Listing(root, files)
-        key = f"{root.bucket}/{root.key}".rstrip("/")
-
-        def folder(prefix: str) -> tuple[list, list[str]]:
-            try:
-                # no limit on the whole call: a folder of many pages may take longer, page by page; the
-                # silence limit below ends a listing once the store stops answering
-                entries = fs.ls(prefix, detail=True, refresh=True)
-            except FileNotFoundError:  # nothing under the prefix
-                return [], []
-            return ([e for e in entries if e["type"] != "directory"],
-                    [e["name"].rstrip("/") for e in entries if e["type"] == "directory"])
-
-        files: dict[str, ObjectInfo] = {}
-
-        def walk(heard: Callable[[], None]) -> None:
-            for objects in list_by_folders(folder, key, heard):  # each folder's, kept as sizes and times only
-                for info in objects:
-                    modified = info.get("LastModified")
-                    mtime = int(modified.timestamp() * 1e9) if isinstance(modified, datetime.datetime) else 0
-                    files[info["name"][len(key):].lstrip("/")] = ObjectInfo(int(info.get("size") or info.get("Size") or 0), mtime)
-
-        def probe() -> None:  # a HEAD the store answers, found, missing or refused, while a large folder is listed
-            try:
-                fs.call_s3("head_object", Bucket=root.bucket, Key=f"{root.key}/.stallscope-probe".lstrip("/"),
-                           timeout=operation_limit())
-            except (FileNotFoundError, PermissionError):
-                pass
-
-        # silent for the timeout: each page is one operation, so a silent store fails as one request does
-        with_silence_limit(lambda heard: self._call(root, lambda: walk(heard)), operation_limit(), str(root), probe)
-        if not files:
-            self._do(root, "read", "ls", root.bucket, detail=False, refresh=True)  # NoSuchBucket, or refused, names itself
-            return Listing(root, {})  # an empty prefix: it does not exist (yet)
+        through s3fs). A missing bucket, or a listing refused, is the store's own error, in one line."""
+        files = self._obstore(root, "read", lambda store: list_tree(store, root.key.strip("/"), str(root)))
         logger.info("%s: listed %d objects", root, len(files))
         return Listing(root, files)
+
+    def _obstore(self, path: RemotePath, action: str, fn: Callable[[object], T], nbytes: int = 0) -> T:
+        """`fn(store)` with `path`'s bucket's obstore store, its failures one line naming `path`. An
+        operation that moves `nbytes` past SMALL_TRANSFER gets a store whose requests may take
+        `operation_limit(nbytes)`; the others, the bucket's kept store (requests of the storage timeout)."""
+        def call() -> T:
+            objects = self.objects()
+            if nbytes > SMALL_TRANSFER:
+                return fn(objects.store_for_transfer(path.bucket, operation_limit(nbytes)))
+            return fn(objects.store(path.bucket))
+
+        return self._call(path, call, action)
 
     def _key(self, path: RemotePath) -> str:
         return f"{path.bucket}/{path.key}"
@@ -287,15 +255,36 @@ class S3Store(Store):
         return asyncio.run_coroutine_threadsafe(request, fs.loop)
 
     def write(self, path: RemotePath, data: bytes) -> None:
-        self._do(path, "write", "pipe_file", self._key(path), data, nbytes=len(data))
+        """One PUT of `data` (a manifest, a lease, a run's state)."""
+        self._obstore(path, "write", lambda store: obstore_put(store, path.key, data, use_multipart=False),
+                      nbytes=len(data))
 
     def upload(self, local: Path, path: RemotePath) -> None:
-        self._do(path, "write", "put_file", str(local), self._key(path), nbytes=local.stat().st_size)
+        """A local file (a shard) as one PUT up to MULTIPART_FROM bytes, as s3fs's put_file sends it;
+        a larger one in parts of MULTIPART_PART_BYTES, which a store that refuses multipart uploads
+        (the emulator) cannot take."""
+        size = local.stat().st_size
+        self._obstore(path, "write", lambda store: obstore_put(
+            store, path.key, local, use_multipart=size >= MULTIPART_FROM, chunk_size=MULTIPART_PART_BYTES,
+            max_concurrency=MULTIPART_IN_FLIGHT), nbytes=size if size < MULTIPART_FROM else MULTIPART_PART_BYTES)
 
     def rename(self, src: RemotePath, dst: RemotePath) -> None:
-        # a copy and a delete, each with its deadline (fsspec's mv takes none: 3 minutes against a silent store)
-        self._do(dst, "write", "cp_file", self._key(src), self._key(dst), nbytes=listed_size(src) or 0)
-        self._do(src, "delete", "rm_file", self._key(src))
+        """A copy within the store and a delete, each its own request: a failed copy names `dst`, a
+        failed delete `src`."""
+        import obstore
+
+        self._obstore(dst, "write", lambda store: obstore.copy(store, src.key, dst.key),
+                      nbytes=listed_size(src) or 0)
+        self.delete(src)
 
     def delete(self, path: RemotePath) -> None:
-        self._do(path, "delete", "rm_file", self._key(path))
+        """The object removed (S3 answers a delete of a missing key as done)."""
+        import obstore
+
+        self._obstore(path, "delete", lambda store: obstore.delete(store, path.key))
+
+
+def obstore_put(store, key: str, data, **options) -> None:
+    import obstore
+
+    obstore.put(store, key, data, **options)

@@ -184,10 +184,13 @@ class S3Handler(CountingHandler):
         self.send_body(204, {}, b"", 0)
 
     def do_POST(self) -> None:  # noqa: N802
-        """DeleteObjects (`POST /BUCKET?delete`, s3fs's rm); anything else posted is refused."""
+        """DeleteObjects (`POST /BUCKET?delete`: obstore's delete, s3fs's rm); anything else posted is refused."""
         name, key, query = self._object_key()
-        if key or "delete" not in query or name != self.server.bucket.name:
+        if key or "delete" not in query:
             return self._refuse_write()
+        if name != self.server.bucket.name:
+            self.drain_body()
+            return self._error(404, "NoSuchBucket", "The specified bucket does not exist", name, False)
         try:
             keys = [element.text or "" for element in ElementTree.fromstring(self.read_body()).iter()
                     if element.tag.rpartition("}")[2] == "Key"]
