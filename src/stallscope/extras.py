@@ -23,6 +23,7 @@ EXTRAS = {
     "report": "plots in HTML reports",
     "xprof": "TensorBoard's Profile tab and analyze's cross-check with it",
     "stores": "s3:// and pooled gs:// readers",
+    "s3fs": "s3:// read through s3fs (STALLSCOPE_S3_READER=s3fs)",
     "emulator": "the storage emulator",
     "beam": "Apache Beam",
 }
