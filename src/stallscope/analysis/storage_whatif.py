@@ -233,7 +233,7 @@ def client_named(name: str) -> StorageClient:
 
 def client_for_path(path: str, gcs_reader: str = "tf") -> str:
     """The object-store client a data set path is read with: s3:// through the reader that runs here
-    (obstore where installed, else s3fs), anything else (gs://, or local data whose what-if asks about
+    (obstore, or s3fs where STALLSCOPE_S3_READER says so), anything else (gs://, or local data whose what-if asks about
     an object store) through the gs:// reader `gcs_reader` names (obstore for "pooled" where
     installed, as `tuned_for_store` falls back, else TF's own)."""
     if str(path).startswith("s3://"):

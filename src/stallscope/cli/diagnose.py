@@ -106,7 +106,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         "GCS_READ_CACHE_BLOCK_SIZE_MB, default 64, a connection per request), obstore-gcs "
                         "(stallscope's pooled gs:// reader, --gcs-reader pooled), s3fs (pooled connections, "
                         "~2.5 ms of CPU per request) or obstore (~0.25 ms per request) (default: s3:// data's "
-                        "reader, obstore where installed; else the pipeline's --gcs-reader)")
+                        "reader, obstore unless STALLSCOPE_S3_READER=s3fs; else the pipeline's --gcs-reader)")
     flags.add_flag(storage, "storage_counters", type=flags.existing_file, default=None, metavar="FILE",
                    help='a store\'s counters, {"requests": N, "connections": N, "bytes": N} (written by '
                         "`stallscope storage serve`): requests and connections per image are then measured by "
