@@ -11,6 +11,7 @@ from stallscope.tfimport import import_tensorflow
 import_tensorflow()
 
 import io
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -199,17 +200,58 @@ def silent_port():
 # fires) is marked `whole_machine`: it waits for the other worker's current test to end and holds it
 # off while it runs. Every test takes the gate shared; a whole_machine test takes it exclusively first, so
 # the others cannot keep it waiting for ever. Without -n there is one worker and the locks cost nothing.
+# Under --dist loadscope the whole_machine tests of every file are one unit of work, handed out first
+# (`pytest_xdist_make_scheduler`): one worker runs them back to back at the start, holding the machine
+# from the first to the last, instead of each file's few waiting for whatever long test the other worker
+# had just begun (ten such waits, a test's length each, in a run that scattered them).
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "whole_machine: runs while no other test does (pytest -n): it times or "
                                        "measures CPU use that another test beside it would skew")
 
 
+WHOLE_MACHINE_UNIT = "whole_machine tests"  # the scheduler's name for the unit of them all
+WHOLE_MACHINE_LIST = "whole_machine.json"    # the workers' list of them, in the folder the run shares
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test under a CPU quota of its own (the cpu_cgroup fixture) measures its throttling: whole_machine."""
+    """A test under a CPU quota of its own (the cpu_cgroup fixture) measures its throttling: whole_machine.
+    A worker of pytest -n writes the node ids of the whole_machine tests for the scheduler (each worker
+    collects the same tests, so either's list will do)."""
     for item in items:
         if "cpu_cgroup" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.whole_machine)
+    folder = _machine_lock_folder(config)
+    if folder is not None:
+        mine = folder / f"{WHOLE_MACHINE_LIST}.{os.environ['PYTEST_XDIST_WORKER']}"
+        mine.write_text(json.dumps([item.nodeid for item in items if _whole_machine(item)]))
+        os.replace(mine, folder / WHOLE_MACHINE_LIST)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown where xdist is not loaded
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope, with the whole_machine tests of every file taken out of their files' units into
+    one unit, which the first worker to ask for work gets (see above); every other file stays one unit,
+    its module fixtures made once. Other --dist modes are xdist's own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeMachineFirst(LoadScopeScheduling):
+        whole_machine: set | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.whole_machine is None:  # asked once every worker has collected, so their list is there
+                listed = Path(config._tmp_path_factory.getbasetemp()) / WHOLE_MACHINE_LIST  # noqa: SLF001
+                self.whole_machine = set(json.loads(listed.read_text())) if listed.exists() else set()
+            return WHOLE_MACHINE_UNIT if nodeid in self.whole_machine else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if WHOLE_MACHINE_UNIT in self.workqueue:
+                self.workqueue.move_to_end(WHOLE_MACHINE_UNIT, last=False)
+            super()._assign_work_unit(node)
+
+    return WholeMachineFirst(config, log)
 
 
 def _machine_lock_folder(config) -> Path | None:
