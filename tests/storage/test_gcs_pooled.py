@@ -118,17 +118,23 @@ def test_tuned_records_in_a_store_repeat_their_shard_list_before_the_reader(serv
     """Training by steps over shards in a store repeats the list of shards, not the records read from
     them, so each epoch's first shards are known, and asked for, while the last ones are read; from
     local disk the records repeat, as before."""
-    ran = {}
+    ran, training = {}, {}
     with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
-        for where, path in (("store", f"{store.url}/records"), ("local", str(served / "records"))):
-            run = tmp_path / where
-            done = subprocess.run(
-                [sys.executable, "-m", "stallscope", "train", "--source", "records", "--dataset_path", path,
-                 "--pipeline", "tuned", "--batch-size", "4", "--image-size", "32", "--steps", "18",
-                 "--accelerator", "emulated:2000", "--log-path", str(run)],
-                capture_output=True, text=True, timeout=LIMIT_S, env=child_environment(store.env))
-            assert done.returncode == 0, done.stderr[-3000:]
-            ran[where] = json.loads((run / "pipeline.json").read_text())["ran"]
+        try:
+            for where, path in (("store", f"{store.url}/records"), ("local", str(served / "records"))):  # side by side
+                training[where] = subprocess.Popen(
+                    [sys.executable, "-m", "stallscope", "train", "--source", "records", "--dataset_path", path,
+                     "--pipeline", "tuned", "--batch-size", "4", "--image-size", "32", "--steps", "18",
+                     "--accelerator", "emulated:2000", "--log-path", str(tmp_path / where)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_environment(store.env))
+            for where, done in training.items():
+                _, err = done.communicate(timeout=LIMIT_S)
+                assert done.returncode == 0, err[-3000:]
+                ran[where] = json.loads((tmp_path / where / "pipeline.json").read_text())["ran"]
+        finally:
+            for done in training.values():
+                done.kill()
+                done.wait()
     def under(stages, upper, lower):  # `lower` sits below `upper` in the chain as run (outermost first)
         return stages.index(upper) < max(i for i, name in enumerate(stages) if name == lower)
     assert under(ran["store"], "ParallelInterleave", "ShuffleAndRepeat"), ran["store"]
@@ -196,25 +202,45 @@ def test_pooled_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, monke
     assert time.monotonic() - started < 30
 
 
-def _train(store, run: Path, *flags: str):
-    done = subprocess.run(
+def _start_train(store, run: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-m", "stallscope", "train", "--dataset_path", f"{store.url}/tree", "--pipeline", "tuned",
          "--batch-size", "4", "--image-size", "32", "--accelerator", "emulated:2000", "--log-path", str(run), *flags],
-        capture_output=True, text=True, timeout=LIMIT_S, env=child_environment(store.env))
-    assert done.returncode == 0, done.stderr[-3000:]
-    reader = next(line for line in done.stdout.splitlines() if line.startswith("reader"))
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(store.env))
+
+
+def _finish_train(training: subprocess.Popen, store, run: Path):
+    try:
+        out, err = training.communicate(timeout=LIMIT_S)
+    finally:
+        training.kill()
+        training.wait()
+    assert training.returncode == 0, err[-3000:]
+    reader = next(line for line in out.splitlines() if line.startswith("reader"))
     return reader, json.loads((run / "pipeline.json").read_text())["requested"], store.counters()
+
+
+def _train(store, run: Path, *flags: str):
+    return _finish_train(_start_train(store, run, *flags), store, run)
 
 
 def test_tuned_reads_gs_jpegs_through_the_pooled_reader_and_tf_on_request(served, tmp_path):
     """`tuned` fetches gs:// JPEGs in groups, 128 in flight, and says so on its reader line;
-    `--gcs-reader tf` keeps TF's own client, 32 reads in flight on a private pool."""
-    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
-        reader, requested, _ = _train(store, tmp_path / "pooled", "--steps", "4")
-    assert reader.endswith("obstore on gs:// (128 in flight)"), reader
-    assert requested["gcs_reader"] == "pooled" and requested["read_parallelism"] == 128
-    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as store:
-        reader, requested, counted = _train(store, tmp_path / "tf", "--gcs-reader", "tf", "--steps", "4")
+    `--gcs-reader tf` keeps TF's own client, 32 reads in flight on a private pool. The two runs go side
+    by side, each on a store of its own (most of a run is TF's start-up)."""
+    with emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as pooled_store, \
+            emulate(served, kind="gcs", latency_s=0.002, max_duration_s=LIMIT_S) as tf_store:
+        runs = [(_start_train(pooled_store, tmp_path / "pooled", "--steps", "4"), pooled_store, tmp_path / "pooled")]
+        try:
+            runs.append((_start_train(tf_store, tmp_path / "tf", "--gcs-reader", "tf", "--steps", "4"), tf_store,
+                         tmp_path / "tf"))
+            (pooled_reader, pooled_requested, _), (reader, requested, counted) = [_finish_train(*run) for run in runs]
+        finally:
+            for training, _, _ in runs:
+                training.kill()
+                training.wait()
+    assert pooled_reader.endswith("obstore on gs:// (128 in flight)"), pooled_reader
+    assert pooled_requested["gcs_reader"] == "pooled" and pooled_requested["read_parallelism"] == 128
     assert "TF gs:// (32 reads in flight on a private pool of " in reader, reader
     assert requested["gcs_reader"] == "tf" and requested["read_parallelism"] == 32
     assert counted.connections >= counted.requests - counted.lists  # a connection per request
