@@ -19,6 +19,15 @@ from .conftest import BUCKET  # noqa: E402
 BEAM = ["--runner", "beam", "--beam-option", "--direct_running_mode=in_memory"]
 
 
+@pytest.fixture
+def s3_env(s3_env):
+    """The storage timeout at the product's default (30 s), not the 10 s the shared fixture sets: no test
+    here waits for it to fire, and a shard's PUT on a fresh client (one per test) once took all of 10 s
+    under a full suite on 2 loaded cores (the writer's test), failing a test that asserts nothing of time."""
+    location.set_timeout(location.DEFAULT_TIMEOUT_S)
+    return s3_env
+
+
 def _keys(client, prefix: str) -> list[str]:
     location.forget_listings()
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/").get("Contents", [])
