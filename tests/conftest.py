@@ -212,6 +212,11 @@ def pytest_configure(config):
 
 WHOLE_MACHINE_UNIT = "whole_machine tests"  # the scheduler's name for the unit of them all
 WHOLE_MACHINE_LIST = "whole_machine.json"    # the workers' list of them, in the folder the run shares
+# Files of few tests that take 20 s or more: xdist hands out files by their number of tests, most first,
+# which left these to the end, where one worker ran its last one while the other had finished (29 s for
+# the emulated what-if's one test). Handed out next after the whole_machine unit instead; only an order.
+LONG_FEW = ("tests/analysis/test_storage_whatif_emulated.py", "tests/sweep/test_store_axis.py",
+            "tests/faults/test_service.py", "tests/service/test_lifetimes.py", "tests/storage/test_stuck_calls.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -231,8 +236,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown where xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadscope, with the whole_machine tests of every file taken out of their files' units into
-    one unit, which the first worker to ask for work gets (see above); every other file stays one unit,
-    its module fixtures made once. Other --dist modes are xdist's own."""
+    one unit, which the first worker to ask for work gets (see above), then the LONG_FEW files; every
+    other file stays one unit, its module fixtures made once. Other --dist modes are xdist's own."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -247,8 +252,9 @@ def pytest_xdist_make_scheduler(config, log):
             return WHOLE_MACHINE_UNIT if nodeid in self.whole_machine else super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if WHOLE_MACHINE_UNIT in self.workqueue:
-                self.workqueue.move_to_end(WHOLE_MACHINE_UNIT, last=False)
+            for scope in reversed((WHOLE_MACHINE_UNIT, *LONG_FEW)):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     return WholeMachineFirst(config, log)
@@ -267,6 +273,30 @@ def _whole_machine(item) -> bool:
 
 
 _HELD: list = []  # the gate and lock files, held exclusively from one whole_machine test into the next
+_STARTED: list = []  # one entry once this worker has run a test
+FIRST_WAIT_S = 3.0   # how long the first shared test of a worker lets the whole_machine unit go first
+
+
+def _let_the_whole_machine_unit_start(folder: Path, gate) -> None:
+    """Both workers start at once, one with the whole_machine unit (see above): a shared test that took
+    the gate first would keep that unit, and so both workers, waiting for its whole length. The first
+    shared test of a worker waits (up to FIRST_WAIT_S) for the other to take the gate, where the run has
+    whole_machine tests."""
+    import fcntl
+    import time
+
+    _STARTED.append(True)
+    listed = folder / WHOLE_MACHINE_LIST
+    if not listed.exists() or not json.loads(listed.read_text()):
+        return
+    deadline = time.monotonic() + FIRST_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # taken exclusively: the unit has started
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        time.sleep(0.05)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -281,6 +311,8 @@ def pytest_runtest_protocol(item, nextitem):
     if folder is None:
         return (yield)
     exclusive = _whole_machine(item)
+    if exclusive:
+        _STARTED.append(True)
     if _HELD and not exclusive:  # not expected (the last one looked ahead), but never hold it for a shared test
         _release(*_HELD)
         _HELD.clear()
@@ -293,6 +325,8 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(lock, fcntl.LOCK_EX)
         else:
+            if not _STARTED:
+                _let_the_whole_machine_unit_start(folder, gate)
             fcntl.flock(gate, fcntl.LOCK_SH)   # waits while a whole_machine test is waiting or running
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
