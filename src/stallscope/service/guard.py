@@ -61,6 +61,8 @@ class PortGuard:
         self.unguarded: list[str] = []  # addresses that could not be taken (the server would answer there)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wake, self._waker = socket.socketpair()  # stop() writes to it: the thread ends now, not on its next rescan
+        self._selector.register(self._wake, selectors.EVENT_READ, data="wake")
 
     @property
     def guarded(self) -> list[str]:
@@ -75,12 +77,18 @@ class PortGuard:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self._waker.send(b"x")
+        except OSError:  # stopped already
+            pass
         if self._thread is not None:
             self._thread.join(RESCAN_S + 1)
         for sock in self._sockets.values():
             sock.close()
         self._sockets.clear()
         self._selector.close()
+        self._wake.close()
+        self._waker.close()
 
     def _rescan(self) -> None:
         wanted = set(self._addresses())
@@ -100,6 +108,8 @@ class PortGuard:
     def _run(self) -> None:
         while not self._stop.is_set():
             for key, _ in self._selector.select(timeout=RESCAN_S):
+                if key.data == "wake":
+                    continue
                 try:
                     conn, peer = key.fileobj.accept()
                 except OSError:
