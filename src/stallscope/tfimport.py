@@ -58,10 +58,27 @@ def import_tensorflow():
             import tensorflow
         # Keras and the first device query print more notices; trigger them here too.
         tensorflow.config.list_physical_devices()
-    # TF's import leaves a few hundred thousand objects that live as long as the process; the cyclic
-    # collector walked them all in each full collection and once more at exit (about 1 s of CPU at the end
-    # of every process that imported TF). Collected once here, then kept out of its sight: what the
-    # program makes from now on is collected as before.
+    if _FREEZE_AFTER_IMPORT:
+        _freeze_collector()
+    return tensorflow
+
+
+_FREEZE_AFTER_IMPORT = False
+
+
+def freeze_collector_after_import() -> None:
+    """For a process that is stallscope's own (the command line): TF's import leaves a few hundred
+    thousand objects that live as long as the process, and the cyclic collector walked them all in each
+    full collection and once more at exit (about 1 s of CPU at the end of every process that imported TF).
+    Collected once after the import, then kept out of its sight; what the process makes later is collected
+    as before. Not in a program of the user's (the Python API): freezing there would keep every object
+    the program holds at that moment out of the collector's sight for good, a model dropped later too."""
+    global _FREEZE_AFTER_IMPORT
+    _FREEZE_AFTER_IMPORT = True
+    if "tensorflow" in sys.modules:
+        _freeze_collector()
+
+
+def _freeze_collector() -> None:
     gc.collect()
     gc.freeze()
-    return tensorflow

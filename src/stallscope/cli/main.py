@@ -12,7 +12,7 @@ import sys
 from stallscope.version import __version__
 from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed, watch_network_file_calls
 from stallscope.errors import StallscopeError
-from stallscope.tfimport import import_tensorflow
+from stallscope.tfimport import freeze_collector_after_import, import_tensorflow
 
 # (name, module, one-line help). Modules are imported to register their flags; they keep
 # TensorFlow imports inside `run`, so `--help` stays fast.
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
         if args.command in WATCHES_FILE_CALLS and process_entry:
             watch = watch_network_file_calls(args, give_up)
+        if process_entry:  # this process is stallscope's own: its collector may forget TF's import
+            freeze_collector_after_import()
         if args.command in NEEDS_TENSORFLOW or (args.command == "verify" and not args.no_decode):
             import_tensorflow()
         return int(args.handler(args) or 0)
