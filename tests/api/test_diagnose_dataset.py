@@ -24,6 +24,7 @@ import pipelines  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
+@pytest.mark.whole_machine  # the healthy verdict: a cached, prefetched pipeline keeps up only with its cores free
 def test_verdict_differs_between_a_stalled_and_a_healthy_dataset():
     stalled = stallscope.diagnose(pipelines.dataset("stalled"), model=pipelines.model(), steps=8)
     healthy = stallscope.diagnose(pipelines.dataset("healthy"), model=pipelines.model(), steps=8)
