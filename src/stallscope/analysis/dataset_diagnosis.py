@@ -37,9 +37,9 @@ from stallscope.pipeline.describe import (
     chain_in, decodes_images, given_name, graph_as_run, map_parallelism_in, pipeline_record,
 )
 from stallscope.storage import request_tally
+from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.location import as_path, is_remote, listed_size
 from stallscope.storage.round_trips import TIMING_STEP, time_store
-from stallscope.storage.fuse_daemons import DaemonClock
 from stallscope.storage.s3_request_plan import READ_STAGE
 from stallscope.storage.under import StorageUnder, storage_under, time_file_round_trips
 from stallscope.verdict import fmt_share
@@ -217,8 +217,8 @@ def _read_dataset(dataset, options: DatasetDiagnoseOptions, notes: list[str]) ->
 
 def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions, notes: list[str],
                           say) -> _PipelineAlone:
-    """The pipeline without the model: cold where its files can be evicted, warm, and the store's
-    timing where the files are in one."""
+    """The pipeline without the model: cold where its files can be evicted, warm, and the storage's
+    timing where the files are in a store or on a network file system (with its FUSE daemon's CPU)."""
     cold = _probe_cold(dataset, seen, options, notes, say)
     file_trips = None
     if seen.on_network_fs:  # as `diagnose` times it: one file at a time, nothing else in flight
@@ -241,10 +241,9 @@ def _probe_pipeline_alone(dataset, seen: _Seen, options: DatasetDiagnoseOptions,
 
 
 def _records_read_alone(seen: _Seen, say):
-    """The dataset's shards in a store or on a network file system read by one stream with no decode, by
-    the reader its graph uses
-    (TF's TFRecordDataset, else stallscope's), for READS_BUDGET_S: the chain a parallel decode sits
-    behind (`storage_whatif.costs`' read_chain). None where it reads no records."""
+    """The dataset's shards in a store or on a network file system read by one stream with no decode,
+    by the reader its graph uses (TF's TFRecordDataset, else stallscope's), for READS_BUDGET_S: the chain
+    a parallel decode sits behind (`storage_whatif.costs`' read_chain). None where it reads no records."""
     import tensorflow as tf
 
     from stallscope.analysis.dataset_storage import RECORD_OPS, source_format
