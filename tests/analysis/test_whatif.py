@@ -23,6 +23,21 @@ def test_overlapped_step_is_the_slower_of_compute_and_pipeline():
     assert slow_device.verdict == "not"
 
 
+def test_the_part_no_prefetch_hides_adds_to_the_overlapped_step():
+    """A shuffle that takes in a whole epoch from storage reads before the epoch's first batch: that
+    part of the pipeline's time adds to the step, the rest overlaps the device's."""
+    fast = whatif.predict(compute_ms=8.0, pipeline_ms=20.0, batch_size=32, overlapped=True, unhidden_ms=5.0)
+    assert fast.step_ms == pytest.approx(20.0) and fast.unhidden_ms == 5.0
+    slow = whatif.predict(compute_ms=20.0, pipeline_ms=20.0, batch_size=32, overlapped=True, unhidden_ms=5.0)
+    assert slow.step_ms == pytest.approx(25.0) and slow.input_wait_ms == pytest.approx(5.0)
+    assert whatif.predict(compute_ms=20.0, pipeline_ms=20.0, batch_size=32, overlapped=False,
+                          unhidden_ms=5.0).step_ms == pytest.approx(40.0)
+    all_of_it = whatif.predict(compute_ms=1.0, pipeline_ms=4.0, batch_size=32, overlapped=True, unhidden_ms=9.0)
+    assert all_of_it.unhidden_ms == 4.0 and all_of_it.step_ms == pytest.approx(5.0)  # at most the pipeline's time
+    with pytest.raises(UsageError, match="unhidden_ms"):
+        whatif.predict(compute_ms=1.0, pipeline_ms=4.0, batch_size=32, overlapped=True, unhidden_ms=-1.0)
+
+
 def test_serial_step_adds_pipeline_to_compute():
     result = whatif.predict(compute_ms=90.0, pipeline_ms=10.0, batch_size=10, overlapped=False)
     assert result.step_ms == 100.0

@@ -593,13 +593,15 @@ def predict_config(phase: PhaseDiagnosis, parts: PipelineBreakdown, new: Pipelin
     row = as_read_row(what)
     if row is None:
         return predict_fixed(phase, parts, new, cores=cores, examples=examples)
-    pipeline_ms = predict_storage_config(what, row, new).prediction.pipeline_ms
+    stored = predict_storage_config(what, row, new).prediction
+    pipeline_ms, unhidden_ms = stored.pipeline_ms, stored.unhidden_ms
     if new.cache != "none":  # only the first epoch of the probe's window reads the storage
         from_store = min(1.0, _steps_per_epoch(new, what.workload.examples) / max(1, phase.end_to_end.steps))
         decoded = new.batch_size * sustained_cpu_ms(what.workload) / max(what.workload.cores, 1e-9)
         pipeline_ms = from_store * pipeline_ms + (1.0 - from_store) * decoded
-    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms,
-                          batch_size=new.batch_size, overlapped=overlaps(phase, new, examples))
+        unhidden_ms *= from_store
+    return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=pipeline_ms, batch_size=new.batch_size,
+                          overlapped=overlaps(phase, new, examples), unhidden_ms=unhidden_ms)
 
 
 def predict_change(phase: PhaseDiagnosis, parts: PipelineBreakdown, config: PipelineConfig, new: PipelineConfig,
@@ -615,7 +617,8 @@ def predict_change(phase: PhaseDiagnosis, parts: PipelineBreakdown, config: Pipe
     changed = predict_config(phase, parts, new, cores=cores, what=what, examples=examples)
     scale = parts.warm_ms / now.pipeline_ms if now.pipeline_ms > 0 and parts.warm_ms > 0 else 1.0
     return whatif.predict(compute_ms=phase.compute_ms, pipeline_ms=changed.pipeline_ms * scale,
-                          batch_size=new.batch_size, overlapped=overlaps(phase, new, examples))
+                          batch_size=new.batch_size, overlapped=overlaps(phase, new, examples),
+                          unhidden_ms=changed.unhidden_ms * scale)
 
 
 def predicted_gain(phase: PhaseDiagnosis, parts: PipelineBreakdown, predicted: whatif.Prediction) -> float:

@@ -41,24 +41,31 @@ class Prediction:
     input_share: float
     images_per_second: float
     verdict: str
+    # The part of pipeline_ms no prefetch hides (`predict`'s unhidden_ms).
+    unhidden_ms: float = 0.0
 
     def to_dict(self) -> dict[str, float | str]:
         return dataclasses.asdict(self)
 
 
-def predict(*, compute_ms: float, pipeline_ms: float, batch_size: int, overlapped: bool) -> Prediction:
+def predict(*, compute_ms: float, pipeline_ms: float, batch_size: int, overlapped: bool,
+            unhidden_ms: float = 0.0) -> Prediction:
     """Step time, input wait and share for a device step of compute_ms fed by a pipeline that
-    needs pipeline_ms per batch; overlapped when a prefetch lets the two run at the same time."""
+    needs pipeline_ms per batch; overlapped when a prefetch lets the two run at the same time.
+    unhidden_ms: the part of pipeline_ms that runs while no step does even with a prefetch (a shuffle
+    buffer that takes in a whole epoch from storage before the epoch's first batch, per batch)."""
     _require_non_negative("compute_ms", compute_ms)
     _require_non_negative("pipeline_ms", pipeline_ms)
     _require_positive("batch_size", batch_size)
-    step = max(compute_ms, pipeline_ms) if overlapped else compute_ms + pipeline_ms
+    _require_non_negative("unhidden_ms", unhidden_ms)
+    unhidden = min(unhidden_ms, pipeline_ms)
+    step = unhidden + max(compute_ms, pipeline_ms - unhidden) if overlapped else compute_ms + pipeline_ms
     wait = step - compute_ms
     share = wait / step if step > 0 else 0.0
     return Prediction(
         compute_ms=compute_ms, pipeline_ms=pipeline_ms, step_ms=step, input_wait_ms=wait,
         input_share=share, images_per_second=batch_size * 1000.0 / step if step > 0 else math.inf,
-        verdict=verdict_for(share),
+        verdict=verdict_for(share), unhidden_ms=unhidden,
     )
 
 

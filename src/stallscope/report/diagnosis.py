@@ -190,8 +190,10 @@ def _cores(phase) -> str:
 
 
 def fix_lines(result) -> list[str]:
-    lines = [f"fix applied: {', '.join(a.key for a in result.applied)} ({fmt_knobs(result.config_changes)})",
-             "predicted: the what-if model above (the same free cores), for the fixed pipeline"]
+    lines = [f"fix applied: {', '.join(a.key for a in result.applied)} ({fmt_knobs(result.config_changes)})"]
+    lines += [f"left out: {item.advice.key} (with the rest applied, the model predicts {item.without:,.0f} images/s "
+              f"without it and {item.with_it:,.0f} with it)" for item in result.left_out]
+    lines.append("predicted: the what-if model above (the same free cores), for the fixed pipeline")
     header = f"  {'':16}{'before':>12}{'predicted':>12}{'after':>12}"
     for phase in result.phases:
         lines += [
