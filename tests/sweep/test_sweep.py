@@ -192,6 +192,29 @@ def _stores_serving(folder: Path) -> list[int]:
     return pids
 
 
+def test_a_sweep_run_again_says_which_cells_fall_inside_the_earlier_intervals(swept, data, tmp_path, capsys):
+    """`--against EARLIER`: rerun.csv, a table and a line; here the same runs resumed, one repeat each, so
+    every median is the earlier's and no cell has an interval to fall inside."""
+    out = tmp_path / "again"
+    shutil.copytree(swept, out)
+    capsys.readouterr()
+    assert run_cli(sweep_args(data, out, "--against", str(swept))) == 0
+    printed = capsys.readouterr().out
+    line = (f"re-run against {swept}: 0 of 0 medians inside the earlier sweep's 95% intervals, 4 of 4 within 5% "
+            "of its medians (4 earlier cell(s) had no interval: one repeat)")
+    assert line in printed and line in (out / "results.md").read_text(encoding="utf-8")
+    rows = csv_rows(out, "rerun.csv")
+    assert len(rows) == 4 and all(float(r["apart_pct"]) == 0.0 and r["within_interval"] == "" for r in rows)
+
+
+def test_against_a_folder_without_a_sweep_or_the_same_folder_is_one_line(swept, data, tmp_path, capsys):
+    capsys.readouterr()
+    assert run_cli(sweep_args(data, tmp_path / "new", "--against", str(tmp_path))) == 2
+    assert "--against: expected a sweep folder holding summary.csv" in capsys.readouterr().err
+    assert run_cli(sweep_args(data, swept, "--against", str(swept))) == 2
+    assert "--against: expected an earlier sweep's folder, got --out" in capsys.readouterr().err
+
+
 def test_a_run_is_complete_only_when_its_record_says_so(tmp_path):
     import json
 

@@ -64,6 +64,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(where, "split", default="train", help="split to train on (default: train)")
     flags.add_flag(where, "shards", type=flags.positive_int, default=None, metavar="N",
                    help="shards per split for the records format (default: convert's, 50 MiB per shard)")
+    flags.add_flag(where, "against", type=flags.existing_dir, default=None, metavar="EARLIER_SWEEP_DIR",
+                   help="an earlier sweep of the same grid: say which cells' medians fall inside its 95%% intervals "
+                        "(rerun.csv, the table and a line in results.md)")
     flags.add_flag(where, "replace_grid", action="store_true",
                    help="SWEEP_DIR holds another grid: run this one there (its cells with the same settings are kept)")
     axes = parser.add_argument_group("axes (comma-separated values; every combination is a cell)")
@@ -260,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.records.manifest import write_json_atomic
     from stallscope.report.sweep import write_sweep_report
     from stallscope.sweep.hparams import write_hparams
+    from stallscope.sweep.rerun import RERUN_NAME, compare, rerun_summary, rerun_table, summary_path, write_rerun_csv
     from stallscope.sweep.results import sweep_results
     from stallscope.sweep.runner import GRID_NAME, Sweep
     from stallscope.sweep.storage import require_emulator
@@ -274,6 +278,9 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve().is_relative_to(Path(args.dataset_path).resolve()):
         raise UsageError(f"--out: expected a folder outside --data {str(args.dataset_path)!r} (its runs and records "
                          f"would be read as images), got {str(out)!r}")
+    earlier = summary_path(args.against) if args.against is not None else None
+    if earlier is not None and Path(args.against).resolve() == out.resolve():
+        raise UsageError(f"--against: expected an earlier sweep's folder, got --out {str(out)!r} itself")
     command = resume_command(grid, out)
     _check_folder(out, grid, args.replace_grid)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,6 +312,11 @@ def run(args: argparse.Namespace) -> int:
                          "images trained")
         write_csv(out / CSV_NAME, results)
         write_summary_csv(out / SUMMARY_NAME, results)
+        rerun = None
+        if earlier is not None:
+            rerun, missing = compare(earlier, out / SUMMARY_NAME)
+            write_rerun_csv(out / RERUN_NAME, rerun)
+            notes.append(rerun_summary(rerun, args.against, missing))
         write_markdown(out / MARKDOWN_NAME, results, title="stallscope sweep", notes=notes)
         hparams = write_hparams(out, grid, results)
         report = write_sweep_report(out, results, repeats=grid.repeats, steps=grid.shared["steps"], command=command,
@@ -312,8 +324,12 @@ def run(args: argparse.Namespace) -> int:
     ran = sum(1 for o in outcomes if o.ran)
     failed = [o for o in outcomes if o.failure]
     print("\n".join(markdown_table(results)))
+    if rerun is not None:
+        print("\n".join(rerun_table(rerun)))
+        print(notes[-1])
     print(f"runs: {ran} ran, {len(outcomes) - ran} already complete, {len(failed)} failed")
-    print(f"table    {out / CSV_NAME} (per run)  {out / SUMMARY_NAME} (per cell)  {out / MARKDOWN_NAME}")
+    print(f"table    {out / CSV_NAME} (per run)  {out / SUMMARY_NAME} (per cell)  {out / MARKDOWN_NAME}"
+          + (f"  {out / RERUN_NAME} (against {args.against})" if rerun is not None else ""))
     print(f"report   {report}  (figures as PNG and PDF in {report.parent / 'figures'})")
     print(f"hparams  tensorboard --logdir {shlex.quote(str(hparams))}  (HParams tab)")
     if failed:

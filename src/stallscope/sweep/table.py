@@ -144,7 +144,7 @@ def markdown_cells(result: CellResult) -> list[str]:
             _num(result.request_ms_median), precision_text(result), f"{result.repeats}/{result.repeats_asked}"]
 
 
-def _write_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+def write_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
@@ -156,12 +156,12 @@ def _write_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]])
 
 def write_csv(path: Path, results: list[CellResult]) -> None:
     """results.csv: one row per complete run."""
-    _write_rows(path, RUN_FIELDS, [run_row(r.cell, run) for r in results for run in r.runs])
+    write_rows(path, RUN_FIELDS, [run_row(r.cell, run) for r in results for run in r.runs])
 
 
 def write_summary_csv(path: Path, results: list[CellResult]) -> None:
     """summary.csv: one row per cell, a cell without a complete run included (its figures empty)."""
-    _write_rows(path, SUMMARY_FIELDS, [summary_row(r) for r in results])
+    write_rows(path, SUMMARY_FIELDS, [summary_row(r) for r in results])
 
 
 def markdown_table(results: list[CellResult]) -> list[str]:
