@@ -37,3 +37,15 @@ def test_interval_matches_scipy():
     low, high = stats.t.interval(0.95, len(values) - 1, loc=statistics.fmean(values), scale=stats.sem(values))
     interval = t_interval(values)
     assert (interval.low, interval.high) == pytest.approx((low, high), rel=1e-4)
+
+
+def test_the_difference_of_two_sweeps_means_has_a_welch_interval():
+    from stallscope.sweep.interval import difference_interval
+
+    # variances 1 and 1 over 3 runs each: 4 degrees of freedom, t = 2.7764, half = t * sqrt(2/3)
+    d = difference_interval([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert d.mean == pytest.approx(1.0) and d.low == pytest.approx(1.0 - 2.2669, abs=1e-3)
+    assert d.high == pytest.approx(1.0 + 2.2669, abs=1e-3) and d.n == 6
+    assert difference_interval([5.0], [5.0, 6.0]) is None
+    same = difference_interval([7.0, 7.0], [8.0, 8.0])
+    assert same.low == same.high == pytest.approx(1.0)

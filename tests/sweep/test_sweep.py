@@ -200,11 +200,13 @@ def test_a_sweep_run_again_says_which_cells_fall_inside_the_earlier_intervals(sw
     capsys.readouterr()
     assert run_cli(sweep_args(data, out, "--against", str(swept))) == 0
     printed = capsys.readouterr().out
-    line = (f"re-run against {swept}: 0 of 0 medians inside the earlier sweep's 95% intervals, 4 of 4 within 5% "
-            "of its medians (4 earlier cell(s) had no interval: one repeat)")
+    line = (f"re-run against {swept}: 0 of 0 cells agree (the 95% interval of the difference of the two sweeps' "
+            "means holds 0), 0 of 0 medians inside the earlier sweep's 95% intervals, 4 of 4 within 5% of its medians "
+            "(4 earlier cell(s) had no interval: one repeat)")
     assert line in printed and line in (out / "results.md").read_text(encoding="utf-8")
     rows = csv_rows(out, "rerun.csv")
-    assert len(rows) == 4 and all(float(r["apart_pct"]) == 0.0 and r["within_interval"] == "" for r in rows)
+    assert len(rows) == 4 and all(float(r["apart_pct"]) == 0.0 and r["within_interval"] == "" and r["agree"] == ""
+                                  for r in rows)
 
 
 def test_against_a_folder_without_a_sweep_or_the_same_folder_is_one_line(swept, data, tmp_path, capsys):

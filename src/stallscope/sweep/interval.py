@@ -57,3 +57,20 @@ def t_interval(values: list[float], *, floor: float | None = None, ceiling: floa
     low, high = mean - half, mean + half
     return Interval(mean=mean, low=low if floor is None else max(low, floor),
                     high=high if ceiling is None else min(high, ceiling), n=len(values))
+
+
+def difference_interval(earlier: list[float], later: list[float]) -> Interval | None:
+    """The 95% Welch t-interval of mean(later) - mean(earlier): whether two sweeps' repeats of one cell
+    agree within the noise both show (it holds 0). The earlier sweep's own interval is of its mean
+    alone; a re-run's mean falls inside that less often than 95% even where nothing changed (about 83%
+    for many repeats), so it is the wrong test of a re-run. None with fewer than two values in either."""
+    if len(earlier) < 2 or len(later) < 2:
+        return None
+    va, vb = statistics.variance(earlier) / len(earlier), statistics.variance(later) / len(later)
+    difference = statistics.fmean(later) - statistics.fmean(earlier)
+    if va + vb == 0:
+        return Interval(mean=difference, low=difference, high=difference, n=len(earlier) + len(later))
+    # Welch-Satterthwaite degrees of freedom, rounded down: the table's quantile is then a little wide
+    df = (va + vb) ** 2 / (va ** 2 / (len(earlier) - 1) + vb ** 2 / (len(later) - 1))
+    half = t_quantile_975(max(1, math.floor(df))) * math.sqrt(va + vb)
+    return Interval(mean=difference, low=difference - half, high=difference + half, n=len(earlier) + len(later))
