@@ -205,3 +205,31 @@ def test_a_pause_between_steps_is_left_out_of_the_cpu_over_the_steps():
     assert window.mean_percent == pytest.approx(95.0) and window.samples == 8
     assert window.start_s == pytest.approx(0.02) and window.end_s == pytest.approx(4.0)
     assert window.process_cores == pytest.approx(1.5)
+
+
+def test_a_step_of_several_batches_is_priced_per_batch_as_the_pipeline_is():
+    """Keras' steps_per_execution=4: a step of fit's train function is 4 batches, the pipeline's figures
+    one batch each. Set side by side, a parallel decode was priced at +124% where it gained +53%
+    (benchmarks/advice_programs.py; one batch a step: +75% / +60%). Split per batch, the same program
+    is priced as the one-batch program with the same figures is."""
+    from stallscope.analysis.advice import Advice
+    from stallscope.analysis.differential import PipelineBreakdown, attribute, price_advice
+    from stallscope.pipeline.config import PipelineConfig
+
+    from .conftest import loop_probe
+
+    parts = PipelineBreakdown(warm_ms=26.0, cold_ms=None, cpu_ms=26.0, waiting_ms=0.0, storage_ms=0.0, threads=1.0,
+                              cpu_ms_per_image=26.0 / 32)
+    config = PipelineConfig(batch_size=32)
+    decode = Advice("parallel_map", "Decode in parallel", {"map_parallelism": -1}, "", "", "")
+    four = attribute(compute=loop_probe("compute", 8.0, 0.0, 8.0), end_to_end=loop_probe("end_to_end", 112.0, 104.0, 8.0),
+                     parts=parts, batch_size=32, cores=2.0, phase="train", batches_per_step=4)
+    one = attribute(compute=loop_probe("compute", 2.0, 0.0, 2.0), end_to_end=loop_probe("end_to_end", 28.0, 26.0, 2.0),
+                    parts=parts, batch_size=32, cores=2.0, phase="train")
+    assert four.compute_ms == pytest.approx(2.0) and four.step_ms == pytest.approx(28.0)
+    assert four.input_wait_ms == pytest.approx(26.0) and four.input_share == pytest.approx(one.input_share)
+    assert four.overlapped == one.overlapped is False
+    (priced_four,), _ = price_advice([decode], (four,), parts, config, cores=2.0)
+    (priced_one,), _ = price_advice([decode], (one,), parts, config, cores=2.0)
+    assert priced_four.predicted_gain == pytest.approx(priced_one.predicted_gain)
+    assert 0.5 < priced_four.predicted_gain < 1.0  # 28 ms in turn -> 2 + 13 ms

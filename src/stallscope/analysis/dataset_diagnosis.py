@@ -131,14 +131,17 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
                                                     notes, say, per_step=per_step)
     phase = differential.attribute(compute=compute, end_to_end=end_to_end, parts=parts,
                                    batch_size=config.batch_size, cores=differential.free_cores(warm), phase="train",
-                                   steady_cache=steady)
+                                   steady_cache=steady, batches_per_step=per_step)
+    if per_step > 1:
+        notes.append(f"a step of the model's train function runs {per_step} batches (steps_per_execution={per_step}): "
+                     "the step, wait and compute figures and every prediction are per batch, the pipeline's unit")
     if analysis is not None and analysis.verdict is not None and analysis.verdict != phase.verdict:
         notes.append(_verdicts_differ_note(phase, analysis))
     examples = dataset_passes.steps * config.batch_size if dataset_passes.steps else None
     figures, what = _storage_figures(seen, alone, options, notes, data_bytes=data_bytes, examples=examples,
                                      config=config, parts=parts, phase=phase, private_pool=private_pool)
     advice = _dataset_advice(dataset, seen, phase, parts, config, warm, options, notes, examples=examples,
-                             data_bytes=data_bytes, per_step=per_step, what=what if seen.remote_files else None)
+                             data_bytes=data_bytes, what=what if seen.remote_files else None)
     source = {"kind": "dataset", "path": _files_text(seen.files), "split": None, "examples": examples or "unknown",
               "files": len(seen.files), "bytes": data_bytes}
     if seen.under is not None:
@@ -309,7 +312,7 @@ def _probe_training(dataset, feed, take_step, seen: _Seen, dataset_passes: Passe
 
 def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, warm,
                     options: DatasetDiagnoseOptions, notes: list[str], *, examples: int | None, data_bytes: int,
-                    per_step: int, what=None) -> list[Advice]:
+                    what=None) -> list[Advice]:
     """`recommend`'s fixes less those the graph rules out, the reader's first where the step waits for
     input, priced (those that gain too little become notes) by the model of every figure of the report
     (the storage what-if of the store as read, `what`, for files in a store), and the tf.data service's
@@ -328,9 +331,10 @@ def _dataset_advice(dataset, seen: _Seen, phase, parts, config: PipelineConfig, 
     if seen.served:  # what the workers do is theirs to change: only a prefetch after distribute() helps here
         notes.append(SERVED_NOTE)
         return [a for a in advice if a.key == "prefetch"]
+    # the phase's figures are per batch already (`attribute`'s batches_per_step)
     service = service_advice(phase, parts, batch_size=config.batch_size, cores=differential.free_cores(warm),
                              bytes_per_element=element_bytes(dataset, config.batch_size), own_workload=False,
-                             batches_per_step=per_step, assumptions=options.service)
+                             assumptions=options.service)
     return differential.with_service(advice, service, notes)
 
 

@@ -346,16 +346,21 @@ def parallel_pipeline_ms(parts: PipelineBreakdown, config: PipelineConfig, *, co
 
 
 def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreakdown, batch_size: int,
-              cores: float, phase: str, steady_cache: str = "warm") -> PhaseDiagnosis:
+              cores: float, phase: str, steady_cache: str = "warm", batches_per_step: int = 1) -> PhaseDiagnosis:
     """The per-step split of one phase (pure arithmetic on measured figures).
 
     `cores`: the cores free for the pipeline (`free_cores`), where the more-cores what-if starts.
+    `batches_per_step`: batches a loop step takes (Keras' steps_per_execution); the split and every
+    prediction are per batch, the unit of the pipeline's figures: a step of 4 batches set beside the
+    pipeline's time for one priced a parallel decode under steps_per_execution=4 at +124% where it
+    gained +53% (benchmarks/advice_programs.py; one batch a step: +75% / +60%).
 
     The end-to-end wait (measured with a warm cache) is split by the warm pipeline's share of CPU
     work and waiting; a cold cache adds the storage reads as far as the overlap model says they
     would show as wait. The verdict and cause are judged in the steady cache state."""
-    compute_ms = compute.step_ms
-    step_ms, wait_ms = end_to_end.step_ms, end_to_end.input_wait_ms
+    per_step = max(1, batches_per_step)
+    compute_ms = compute.step_ms / per_step
+    step_ms, wait_ms = end_to_end.step_ms / per_step, end_to_end.input_wait_ms / per_step
     serial = compute_ms + parts.warm_ms
     overlapped = abs(step_ms - max(compute_ms, parts.warm_ms)) <= abs(step_ms - serial)
     fetch_warm = wait_ms * parts.fetch_fraction
