@@ -65,7 +65,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     flags.add_flag(where, "shards", type=flags.positive_int, default=None, metavar="N",
                    help="shards per split for the records format (default: convert's, 50 MiB per shard)")
     flags.add_flag(where, "against", type=flags.existing_dir, default=None, metavar="EARLIER_SWEEP_DIR",
-                   help="an earlier sweep of the same grid: say which cells' medians fall inside its 95%% intervals "
+                   help="an earlier sweep of the same grid: say which cells agree with it (the 95%% interval of the "
+                        "difference of their means holds 0) and which medians fall inside its 95%% intervals "
                         "(rerun.csv, the table and a line in results.md)")
     flags.add_flag(where, "replace_grid", action="store_true",
                    help="SWEEP_DIR holds another grid: run this one there (its cells with the same settings are kept)")
@@ -312,11 +313,12 @@ def run(args: argparse.Namespace) -> int:
                          "images trained")
         write_csv(out / CSV_NAME, results)
         write_summary_csv(out / SUMMARY_NAME, results)
-        rerun = None
+        rerun = rerun_line = None
         if earlier is not None:
             rerun, missing = compare(earlier, out / SUMMARY_NAME)
             write_rerun_csv(out / RERUN_NAME, rerun)
-            notes.append(rerun_summary(rerun, args.against, missing))
+            rerun_line = rerun_summary(rerun, args.against, missing)
+            notes.append(rerun_line)
         write_markdown(out / MARKDOWN_NAME, results, title="stallscope sweep", notes=notes)
         hparams = write_hparams(out, grid, results)
         report = write_sweep_report(out, results, repeats=grid.repeats, steps=grid.shared["steps"], command=command,
@@ -326,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(markdown_table(results)))
     if rerun is not None:
         print("\n".join(rerun_table(rerun)))
-        print(notes[-1])
+        print(rerun_line)
     print(f"runs: {ran} ran, {len(outcomes) - ran} already complete, {len(failed)} failed")
     print(f"table    {out / CSV_NAME} (per run)  {out / SUMMARY_NAME} (per cell)  {out / MARKDOWN_NAME}"
           + (f"  {out / RERUN_NAME} (against {args.against})" if rerun is not None else ""))

@@ -58,11 +58,12 @@ class RerunCell:
         return abs(self.later - self.earlier) / self.earlier if self.earlier > 0 else float("inf")
 
     def row(self) -> dict[str, object]:
+        d = self.difference
         return {"cell": self.cell, "earlier_images_per_second_median": self.earlier, "earlier_ci95_low": self.low,
                 "earlier_ci95_high": self.high, "images_per_second_median": self.later,
                 "within_interval": self.within, "apart_pct": self.apart * 100.0,
-                "difference_ci95_low": self.difference.low if self.difference else None,
-                "difference_ci95_high": self.difference.high if self.difference else None, "agree": self.agree}
+                "difference_ci95_low": d.low if d else None, "difference_ci95_high": d.high if d else None,
+                "agree": self.agree}
 
 
 def summary_path(folder: Path) -> Path:
