@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from stallscope.cli.main import main
-from stallscope.sweep.interval import METHOD, t_interval
+from stallscope.sweep.interval import METHOD, log_interval
+from stallscope.sweep.table import interval_text
 
 from .helpers import TINY_KNOBS, csv_rows, summary_rows
 
@@ -61,7 +62,8 @@ def test_results_csv_has_one_row_per_run_with_units_in_its_columns(swept):
         assert float(row["input_share_pct"]) == pytest.approx(stats.input_share * 100)
 
 
-def test_summary_has_the_median_and_a_95_percent_interval_per_cell(swept):
+def test_summary_has_the_median_a_95_percent_interval_and_a_rerun_interval_per_cell(swept):
+    """Two cells are too few to pool their spreads: each interval is the cell's own, on the log scale."""
     runs = csv_rows(swept)
     cells = summary_rows(swept)
     assert len(cells) == 2
@@ -69,14 +71,18 @@ def test_summary_has_the_median_and_a_95_percent_interval_per_cell(swept):
     assert METHOD in markdown
     for cell in cells:
         mine = [float(r["images_per_second"]) for r in runs if r["cell"] == cell["cell"]]
-        interval = t_interval(mine, floor=0.0)
+        interval, rerun = log_interval(mine), log_interval(mine, rerun_repeats=2)
         assert cell["repeats"] == "2" and cell["interval_method"] == METHOD
         assert float(cell["images_per_second_median"]) == pytest.approx(sum(mine) / 2)
+        assert float(cell["images_per_second_mean"]) == pytest.approx(sum(mine) / 2)
+        assert float(cell["images_per_second_geometric_mean"]) == pytest.approx((mine[0] * mine[1]) ** 0.5)
         assert float(cell["images_per_second_ci95_low"]) == pytest.approx(interval.low)
         assert float(cell["images_per_second_ci95_high"]) == pytest.approx(interval.high)
+        assert float(cell["images_per_second_rerun95_low"]) == pytest.approx(rerun.low) and rerun.low < interval.low
+        assert float(cell["images_per_second_rerun95_high"]) == pytest.approx(rerun.high) and rerun.high > interval.high
         assert 0.0 <= float(cell["input_share_pct_ci95_low"]) <= float(cell["input_share_pct_median"]) \
             <= float(cell["input_share_pct_ci95_high"]) <= 100.0
-        assert f"| {interval.low:,.1f} to {interval.high:,.1f} |" in markdown
+        assert f"| {interval_text(interval, 2)} | {interval_text(rerun, 2)} |" in markdown
     assert (swept / "figures" / "throughput_vs_latency.pdf").exists()
 
 

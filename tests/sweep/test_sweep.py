@@ -192,7 +192,7 @@ def _stores_serving(folder: Path) -> list[int]:
     return pids
 
 
-def test_a_sweep_run_again_says_which_cells_fall_inside_the_earlier_intervals(swept, data, tmp_path, capsys):
+def test_a_sweep_run_again_says_which_cells_fall_inside_the_earlier_rerun_intervals(swept, data, tmp_path, capsys):
     """`--against EARLIER`: rerun.csv, a table and a line; here the same runs resumed, one repeat each, so
     every median is the earlier's and no cell has an interval to fall inside."""
     out = tmp_path / "again"
@@ -200,12 +200,12 @@ def test_a_sweep_run_again_says_which_cells_fall_inside_the_earlier_intervals(sw
     capsys.readouterr()
     assert run_cli(sweep_args(data, out, "--against", str(swept))) == 0
     printed = capsys.readouterr().out
-    line = (f"re-run against {swept}: 0 of 0 cells agree (the 95% interval of the difference of the two sweeps' "
-            "means holds 0), 0 of 0 medians inside the earlier sweep's 95% intervals, 4 of 4 within 5% of its medians "
+    line = (f"re-run against {swept}: 0 of 0 cells inside the earlier sweep's 95% re-run intervals, 0 of 0 agree "
+            "(the 95% interval of the difference of the two sweeps' means holds 0), 4 of 4 within 5% of its means "
             "(4 earlier cell(s) had no interval: one repeat)")
     assert line in printed and line in (out / "results.md").read_text(encoding="utf-8")
     rows = csv_rows(out, "rerun.csv")
-    assert len(rows) == 4 and all(float(r["apart_pct"]) == 0.0 and r["within_interval"] == "" and r["agree"] == ""
+    assert len(rows) == 4 and all(float(r["apart_pct"]) == 0.0 and r["within_rerun_interval"] == "" and r["agree"] == ""
                                   for r in rows)
 
 

@@ -269,8 +269,8 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.runner import GRID_NAME, Sweep
     from stallscope.sweep.storage import require_emulator
     from stallscope.tfimport import import_tensorflow
-    from stallscope.sweep.table import (CSV_NAME, MARKDOWN_NAME, SUMMARY_NAME, markdown_table, write_csv,
-                                        write_markdown, write_summary_csv)
+    from stallscope.sweep.table import (CSV_NAME, MARKDOWN_NAME, SUMMARY_NAME, markdown_table, pooling_note,
+                                        write_csv, write_markdown, write_summary_csv)
 
     grid = build_grid(args)
     for store in grid.axes.emulated:
@@ -303,6 +303,9 @@ def run(args: argparse.Namespace) -> int:
         import_tensorflow()
         results = sweep_results(out, grid)
         notes = run_notes(grid) + precision_notes(results, grid.shared.get("precision"))
+        pooling = pooling_note(results)
+        if pooling:
+            notes.append(pooling)
         if len(grid.axes.accelerators) > 1:
             notes.append("accelerator speed on the input-share plot: an emulated device's set speed, a real one's "
                          "batch / median compute time per step")

@@ -20,7 +20,7 @@ FIGURES_DIR = "figures"
 # The sweep's table is wide (16 columns): the page takes the window's width, and the table scrolls
 # inside its own box on a narrower one instead of being cut off at the page's edge.
 _WIDE = ("body{max-width:none;margin:1.5em}.scroll{overflow-x:auto;max-width:100%}#cells{font-size:90%}"
-         "#cells td,#cells th{white-space:nowrap}figure{margin:1em 0}figcaption{font-size:90%;color:#444}")
+         "#cells td{white-space:nowrap}#cells th{vertical-align:bottom}figure{margin:1em 0}figcaption{font-size:90%;color:#444}")
 
 
 def _axes_rows(results: list[CellResult]) -> list[list[str]]:

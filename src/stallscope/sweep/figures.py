@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from stallscope.sweep.interval import Interval
+from stallscope.sweep.pooled_variance import VariancePrior
 
 LOCAL = "local"           # the store that is the folder on local disk (and its latency: none added)
 EMULATED_STORES = ("gcs", "s3", "mount")
@@ -107,8 +108,9 @@ class RunFigures:
 
 @dataclasses.dataclass(frozen=True)
 class CellResult:
-    """A cell's runs and their summary: medians over the complete repeats, and a 95% t-interval where
-    there are two or more."""
+    """A cell's runs and their summary: medians over the complete repeats; where there are two or more,
+    the 95% interval of their geometric mean and the one a re-run's falls in (`images_per_second_rerun`),
+    both with the cell's spread pooled with the sweep's (`variance_prior`; None: its own)."""
 
     cell: Cell
     repeats_asked: int
@@ -129,6 +131,8 @@ class CellResult:
     bytes_per_image: float | None
     request_ms_median: float | None = None  # stallscope's reader: medians over repeats of each run's own
     request_ms_p90: float | None = None
+    images_per_second_rerun: Interval | None = None
+    variance_prior: VariancePrior | None = None
 
     @property
     def repeats(self) -> int:

@@ -1,5 +1,6 @@
-"""A sweep's figures: per run from its run directory, per cell the median over its repeats and a 95%
-t-interval (sweep/interval.py).
+"""A sweep's figures: per run from its run directory, per cell the median over its repeats, a 95%
+interval of their geometric mean and the interval a re-run falls in, each cell's spread pooled with
+the sweep's other cells (sweep/interval.py, sweep/pooled_variance.py).
 
 A run's figures come from its steps.csv with the same arithmetic as `stallscope train`'s summary
 (`summarize_steps`), leaving out the warm-up steps and the profiled ones (the profiler's own work
@@ -16,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ from typing import Any
 from stallscope.errors import StallscopeError
 from stallscope.sweep.figures import CellResult, RunFigures
 from stallscope.sweep.grid import Cell, Grid
-from stallscope.sweep.interval import t_interval
+from stallscope.sweep.interval import log_interval, t_interval
+from stallscope.sweep.pooled_variance import VariancePrior, fit_prior
 from stallscope.sweep.runner import CELLS_DIR, STORAGE_NAME, profile_window, repeat_complete, repeat_dir
 from stallscope.verdict import VERDICTS, verdict_for
 from stallscope.workload import rundir
@@ -31,7 +34,7 @@ from stallscope.workload.accelerator import parse_accelerator
 from stallscope.workload.precision import PrecisionTarget, measure_precision
 from stallscope.workload.timing import summarize_steps
 
-__all__ = ["CellResult", "RunFigures", "cell_result", "load_grid_dict", "run_figures", "sweep_results"]
+__all__ = ["CellResult", "RunFigures", "cell_result", "load_grid_dict", "run_figures", "sweep_results", "variance_prior"]
 
 log = logging.getLogger(__name__)
 _INPUT_BOUND = VERDICTS[:2]  # 'highly', 'moderately'
@@ -116,11 +119,30 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
+def _complete_figures(out: Path, grid: Grid, cell: Cell) -> list[RunFigures]:
     folder = Path(out) / CELLS_DIR / cell.name
     runs = [repeat_dir(folder, r) for r in range(1, grid.repeats + 1)]
-    complete = [r for r in runs if repeat_complete(r, grid.shared["steps"])]
-    figures = [run_figures(r, grid.shared, out=Path(out)) for r in complete]
+    return [run_figures(r, grid.shared, out=Path(out)) for r in runs if repeat_complete(r, grid.shared["steps"])]
+
+
+def _log_variance(figures: list[RunFigures]) -> tuple[float, int]:
+    """(sample variance of the runs' log images/s, its degrees of freedom); df 0 where it has none."""
+    rates = [f.images_per_second for f in figures]
+    if len(rates) < 2 or min(rates) <= 0:
+        return 0.0, 0
+    return statistics.variance([math.log(r) for r in rates]), len(rates) - 1
+
+
+def variance_prior(figures_by_cell: list[list[RunFigures]]) -> VariancePrior | None:
+    """What the sweep's cells say of a cell's run-to-run spread (sweep/pooled_variance.py)."""
+    return fit_prior([_log_variance(figures) for figures in figures_by_cell])
+
+
+def cell_result(out: Path, grid: Grid, cell: Cell, *, prior: VariancePrior | None = None,
+                figures: list[RunFigures] | None = None) -> CellResult:
+    """A cell's summary over its complete runs; its images/s intervals pooled with `prior` (None: its own)."""
+    if figures is None:
+        figures = _complete_figures(out, grid, cell)
     ips = [f.images_per_second for f in figures]
     share = _median([f.input_share for f in figures])
     compute = _median([f.compute_ms for f in figures])
@@ -129,7 +151,8 @@ def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
     batch = figures[0].batch_size if figures else None
     return CellResult(
         cell=cell, repeats_asked=grid.repeats, runs=tuple(figures), images_per_second=_median(ips),
-        images_per_second_interval=t_interval(ips, floor=0.0),
+        images_per_second_interval=log_interval(ips, prior=prior),
+        images_per_second_rerun=log_interval(ips, prior=prior, rerun_repeats=grid.repeats),
         step_time_ms=_median([f.step_time_ms for f in figures]), input_wait_ms=_median([f.input_wait_ms for f in figures]),
         compute_ms=compute, input_share=share, input_share_interval=t_interval([f.input_share for f in figures], floor=0.0, ceiling=1.0),
         verdict=None if share is None else verdict_for(share),
@@ -141,6 +164,7 @@ def cell_result(out: Path, grid: Grid, cell: Cell) -> CellResult:
         bytes_per_image=_median([f.bytes_per_image for f in figures]),
         request_ms_median=_median([f.request_ms_median for f in figures]),
         request_ms_p90=_median([f.request_ms_p90 for f in figures]),
+        variance_prior=prior,
     )
 
 
@@ -157,7 +181,11 @@ def _device_speed(accelerator: str, batch: int | None, compute_ms: float | None)
 
 
 def sweep_results(out: Path, grid: Grid) -> list[CellResult]:
-    return [cell_result(out, grid, cell) for cell in grid.cells()]
+    """Every cell's summary, each cell's spread pooled with the others'."""
+    cells = grid.cells()
+    figures = [_complete_figures(out, grid, cell) for cell in cells]
+    prior = variance_prior(figures)
+    return [cell_result(out, grid, cell, prior=prior, figures=f) for cell, f in zip(cells, figures)]
 
 
 def load_grid_dict(out: Path) -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
-"""The sweep's tables: results.csv (tidy, one row per run), summary.csv (one row per cell: medians and
-a 95% t-interval over its repeats) and results.md (the summary, rendered).
+"""The sweep's tables: results.csv (tidy, one row per run), summary.csv (one row per cell: medians, the
+95% interval of the geometric mean of its repeats and the 95% interval a re-run of it falls in) and
+results.md (the summary, rendered).
 
 Column names carry their units (`images_per_second`, `input_share_pct`, `latency_ms`); input share is
 a percentage in every table. Numbers stay numbers in the CSVs; an empty field is a figure not measured
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.sweep.figures import LOCAL, CellResult, Cell, RunFigures
-from stallscope.sweep.interval import METHOD, NO_INTERVAL, Interval
+from stallscope.sweep.interval import METHOD, NO_INTERVAL, RERUN_METHOD, SHARE_METHOD, Interval
 
 CSV_NAME = "results.csv"
 SUMMARY_NAME = "summary.csv"
@@ -34,14 +35,15 @@ RUN_FIELDS = CELL_FIELDS + (
     "precision_reached", "measured_s", "stopped_by", "cold_start", "run_dir")
 SUMMARY_FIELDS = CELL_FIELDS + (
     "repeats", "repeats_asked", "complete", "images_per_second_median", "images_per_second_mean",
-    "images_per_second_ci95_low", "images_per_second_ci95_high", "input_share_pct_median", "input_share_pct_ci95_low",
+    "images_per_second_geometric_mean", "images_per_second_ci95_low", "images_per_second_ci95_high",
+    "images_per_second_rerun95_low", "images_per_second_rerun95_high", "input_share_pct_median", "input_share_pct_ci95_low",
     "input_share_pct_ci95_high", "interval_method", "step_time_ms_median", "input_wait_ms_median",
     "compute_ms_median", "verdict", "bottleneck", "device_images_per_second", "final_loss_median",
     "requests_per_image_median", "bytes_per_image_median", "request_ms_median", "request_ms_p90",
     "precision_spread_pct_max", "precision_reached_runs", "cold_start", "run_dirs")
 
 MARKDOWN_HEADER = ("format", "store", "latency", "pipeline", "accelerator", "lr", "images/s", "95% interval",
-                   "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "precision",
+                   "re-run 95%", "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "precision",
                    "repeats")
 
 
@@ -98,13 +100,18 @@ def interval_method(result: CellResult) -> str:
 
 
 def summary_row(result: CellResult) -> dict[str, Any]:
-    """One cell: medians, the mean and its 95% t-interval (empty with one repeat, as interval_method says)."""
-    ips, share = result.images_per_second_interval, result.input_share_interval
+    """One cell: medians, the means, the 95% interval of the geometric mean and of a re-run's (empty with
+    one repeat, as interval_method says)."""
+    ips, share, rerun = result.images_per_second_interval, result.input_share_interval, result.images_per_second_rerun
+    rates = [run.images_per_second for run in result.runs]
     row = cell_columns(result.cell, result.client)
     row.update({
         "repeats": result.repeats, "repeats_asked": result.repeats_asked, "complete": result.complete,
-        "images_per_second_median": result.images_per_second, "images_per_second_mean": ips and ips.mean,
+        "images_per_second_median": result.images_per_second,
+        "images_per_second_mean": sum(rates) / len(rates) if rates else None,
+        "images_per_second_geometric_mean": ips and ips.mean,
         "images_per_second_ci95_low": ips and ips.low, "images_per_second_ci95_high": ips and ips.high,
+        "images_per_second_rerun95_low": rerun and rerun.low, "images_per_second_rerun95_high": rerun and rerun.high,
         "input_share_pct_median": _pct(result.input_share), "input_share_pct_ci95_low": share and _pct(share.low),
         "input_share_pct_ci95_high": share and _pct(share.high), "interval_method": interval_method(result),
         "step_time_ms_median": result.step_time_ms, "input_wait_ms_median": result.input_wait_ms,
@@ -122,10 +129,11 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def interval_text(interval: Interval | None, repeats: int, digits: int = 1) -> str:
-    """'398.1 to 430.0' or why there is none."""
+def interval_text(interval: Interval | None, repeats: int) -> str:
+    """'398 to 430' (tenths below 100: '9.6 to 10.4') or why there is none."""
     if interval is None:
         return "no interval" if repeats == 1 else "-"
+    digits = 0 if interval.low >= 100 else 1
     return f"{interval.low:,.{digits}f} to {interval.high:,.{digits}f}"
 
 
@@ -139,7 +147,8 @@ def markdown_cells(result: CellResult) -> list[str]:
         store += f" (cold: {cold_start(result)})" if cold_start(result) != "cold" else " (cold)"
     return [cell.format, store, latency, cell.pipeline,
             cell.accelerator, f"{cell.learning_rate:g}", _num(result.images_per_second),
-            interval_text(result.images_per_second_interval, result.repeats), _num(result.step_time_ms), share,
+            interval_text(result.images_per_second_interval, result.repeats),
+            interval_text(result.images_per_second_rerun, result.repeats), _num(result.step_time_ms), share,
             result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2),
             _num(result.request_ms_median), precision_text(result), f"{result.repeats}/{result.repeats_asked}"]
 
@@ -171,8 +180,19 @@ def markdown_table(results: list[CellResult]) -> list[str]:
 
 
 TABLE_NOTE = (f"images/s: the median over each cell's repeats; 95% interval: a {METHOD} (none with one repeat); "
-              "input share: input wait as a percentage of step time; precision: the widest apart any run's two "
-              "halves' images/s are.")
+              f"re-run 95%: {RERUN_METHOD}; input share: input wait as a percentage of step time (its interval in "
+              f"summary.csv: a {SHARE_METHOD}); precision: the widest apart any run's two halves' images/s are.")
+
+
+def pooling_note(results: list[CellResult]) -> str | None:
+    """How the cells' spreads were pooled, in words: what the intervals lean on beside each cell's runs."""
+    prior = next((r.variance_prior for r in results if r.variance_prior is not None), None)
+    if prior is None:
+        return None
+    worth = ("every cell's spread is alike up to chance: each interval uses the pooled one" if prior.df == float("inf")
+             else f"the pooled spread weighs as {prior.df:.1f} degrees of freedom beside each cell's own, its repeats less one")
+    return (f"intervals of images/s: each cell's run-to-run spread pooled with the {prior.cells} cells of this sweep "
+            f"(a typical run differs from its cell's geometric mean by {prior.typical_spread:.1%}; {worth})")
 
 
 def write_markdown(path: Path, results: list[CellResult], *, title: str, notes: list[str]) -> None:
