@@ -259,7 +259,7 @@ def with_knobs(base: dict, knobs: dict) -> tuple[dict, list[str]]:
     return {**base, **{k: v for k, v in knobs.items() if k in APPLICABLE}}, sorted(set(knobs) - APPLICABLE)
 
 
-def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
+def run_program(kind: str, files, labels, steps: int, repeats: int, work_dir: Path) -> dict:
     import stallscope
 
     program = Program(kind)
@@ -272,7 +272,7 @@ def run_program(kind: str, files, labels, steps: int, repeats: int) -> dict:
         if kind == "live-loop":
             return captured_advice(files, labels, knobs)
         found = stallscope.diagnose(build(files, labels, knobs, generator=program.generator), model=program.model,
-                                    steps=20)
+                                    steps=20, work_dir=work_dir)  # its profiles go with the scratch folder
         return found.verdict, found.input_share, found.advice
 
     verdict, share, advice = advised(STALLED)
@@ -327,7 +327,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         files, labels = prepare(Path(scratch), args.images_per_class)
         for kind in kinds:
-            rows.append(run_program(kind, files, labels, args.steps, args.repeats))
+            rows.append(run_program(kind, files, labels, args.steps, args.repeats, Path(scratch) / "diagnoses"))
             print(f"  done: {kind}", file=sys.stderr, flush=True)
 
     if args.json:

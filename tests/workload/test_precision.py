@@ -37,6 +37,15 @@ def test_too_few_steps_to_halve_says_so():
     assert "too few to compare two halves" in precision.warning
 
 
+def test_one_step_that_holds_most_of_the_time_is_named_as_the_reason():
+    """The seeds' pipeline on a store at 30 ms: a shuffle of the whole pass refills in one 30 s step,
+    then 39 steps come from its buffer in 8 ms each; steps enough, but no two halves to compare."""
+    precision = measure_precision(_steps([10.0] * 2 + [8.0] * 36 + [30_000.0]), target=None, stopped_by="steps")
+    assert precision.halves_images_per_second is None
+    assert "one of its 37 measured steps took 30.0 s, 99% of the measured time" in precision.warning
+    assert "too few" not in precision.warning
+
+
 def test_the_target_waits_for_its_minimum_time_then_agreement():
     target = PrecisionTarget(0.05, min_seconds=1.0, max_seconds=3.0)
     assert target_met(_steps([100.0] * 10), target) is None  # 0.8 s measured: not yet

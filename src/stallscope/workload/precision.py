@@ -153,8 +153,15 @@ def measure_precision(steps: Sequence[StepRecord], *, target: PrecisionTarget | 
     tolerance = target.tolerance if target is not None else DEFAULT_TOLERANCE
     reached = spread is not None and spread <= tolerance
     problems = []
-    if pair is None:
-        problems.append(f"{len(_measured(steps))} measured step(s) are too few to compare two halves "
+    measured = _measured(steps)
+    if pair is None and len(measured) >= 2 * MIN_STEPS_PER_HALF and seconds > 0:
+        longest = max(s.step_ms for s in measured) / 1000.0
+        problems.append(f"one of its {len(measured)} measured steps took {longest:.1f} s, {longest / seconds:.0%} of "
+                        f"the measured time, so no cut in the middle of the time leaves {MIN_STEPS_PER_HALF} steps "
+                        "on each side (a buffer filling again, such as a shuffle taking in a pass over the data: "
+                        "a run needs several such steps to compare two halves)")
+    elif pair is None:
+        problems.append(f"{len(measured)} measured step(s) are too few to compare two halves "
                         f"(at least {2 * MIN_STEPS_PER_HALF})")
     elif not reached:
         problems.append(f"the images/s of its halves, {pair[0]:,.0f} and {pair[1]:,.0f}, differ by {spread:.0%} "
