@@ -42,8 +42,35 @@ def test_one_step_that_holds_most_of_the_time_is_named_as_the_reason():
     then 39 steps come from its buffer in 8 ms each; steps enough, but no two halves to compare."""
     precision = measure_precision(_steps([10.0] * 2 + [8.0] * 36 + [30_000.0]), target=None, stopped_by="steps")
     assert precision.halves_images_per_second is None
-    assert "one of its 37 measured steps took 30.0 s, 99% of the measured time" in precision.warning
+    assert "1 long step(s) of its 37 measured hold 99% of the measured time (30.0 s: a buffer filling" in precision.warning
     assert "too few" not in precision.warning
+
+
+def _passes(refills: int, refill_ms: float = 7000.0) -> list[StepRecord]:
+    """A pass of 40 batches whose first waits for the shuffle to take in the pass again, the rest from
+    its buffer: the run starts mid-pass, after its warm-up, and ends mid-pass."""
+    one = [refill_ms] + [8.0] * 39
+    return _steps([10.0] * 2 + [8.0] * 20 + one * refills + [8.0] * 10)
+
+
+def test_a_run_of_refilling_passes_is_halved_in_whole_passes():
+    """Three refills: a cut in the middle of the time puts two on one side and the halves disagree by
+    about 70% however long the run; halves of whole passes agree."""
+    steps = _passes(3)
+    first, second = halves(steps)
+    assert first == pytest.approx(second) == pytest.approx(40 * 32 / ((7000.0 + 39 * 8.0) / 1000))
+    precision = measure_precision(steps, target=PrecisionTarget(0.05, 1.0, 30.0), stopped_by="precision")
+    assert precision.reached and precision.spread == pytest.approx(0.0)
+    slower_later = _steps([10.0] * 2 + [8.0] * 20 + ([7000.0] + [8.0] * 39) * 2 + ([9000.0] + [8.0] * 39) * 2)
+    first, second = halves(slower_later)
+    assert second < first * 0.85, "a drift between passes still shows"
+    assert halves(_passes(2)) is None  # one whole pass between two refills: nothing to compare it with
+
+
+def test_an_occasional_slow_step_leaves_the_usual_halves():
+    steps = _steps([10.0] * 2 + [100.0] * 30 + [900.0] + [100.0] * 30)
+    first, second = halves(steps)
+    assert first == pytest.approx(32 / 0.1, rel=0.01) and second < first
 
 
 def test_the_target_waits_for_its_minimum_time_then_agreement():

@@ -80,6 +80,14 @@ def trigamma_inverse(y: float) -> float:
     return x
 
 
+def log_variance(rates: Sequence[float]) -> tuple[float, int]:
+    """(sample variance of the logs of a cell's images/s, its degrees of freedom); df 0 where it has none
+    (one run, or a rate that is not positive)."""
+    if len(rates) < 2 or min(rates) <= 0:
+        return 0.0, 0
+    return statistics.variance([math.log(r) for r in rates]), len(rates) - 1
+
+
 def fit_prior(cells: Sequence[tuple[float, int]]) -> VariancePrior | None:
     """The prior from each cell's (sample variance of its log images/s, its degrees of freedom), cells
     with fewer than two runs left out; None with fewer than MIN_CELLS such cells."""

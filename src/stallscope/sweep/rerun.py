@@ -20,7 +20,7 @@ from pathlib import Path
 from stallscope.errors import DataError
 from stallscope.sweep.figures import STORE_LABELS
 from stallscope.sweep.interval import Interval, difference_interval, log_interval, t_interval
-from stallscope.sweep.pooled_variance import fit_prior
+from stallscope.sweep.pooled_variance import fit_prior, log_variance
 from stallscope.sweep.table import CSV_NAME, SUMMARY_NAME, write_rows
 
 RERUN_NAME = "rerun.csv"
@@ -163,11 +163,6 @@ def read_runs(folder: Path) -> tuple[dict[str, tuple[float, ...]], dict[str, str
 
 def _rerun_intervals(runs: dict[str, tuple[float, ...]]) -> dict[str, Interval]:
     """The re-run interval of each cell, as `sweep` states it, for a summary from before it did."""
-    def log_variance(values: tuple[float, ...]) -> tuple[float, int]:
-        if len(values) < 2 or min(values) <= 0:
-            return 0.0, 0
-        return statistics.variance([math.log(v) for v in values]), len(values) - 1
-
     prior = fit_prior([log_variance(values) for values in runs.values()])
     found = {}
     for cell, values in runs.items():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from stallscope.errors import StallscopeError
 from stallscope.sweep.figures import CellResult, RunFigures
 from stallscope.sweep.grid import Cell, Grid
 from stallscope.sweep.interval import log_interval, t_interval
-from stallscope.sweep.pooled_variance import VariancePrior, fit_prior
+from stallscope.sweep.pooled_variance import VariancePrior, fit_prior, log_variance
 from stallscope.sweep.runner import CELLS_DIR, STORAGE_NAME, profile_window, repeat_complete, repeat_dir
 from stallscope.verdict import VERDICTS, verdict_for
 from stallscope.workload import rundir
@@ -125,17 +124,9 @@ def _complete_figures(out: Path, grid: Grid, cell: Cell) -> list[RunFigures]:
     return [run_figures(r, grid.shared, out=Path(out)) for r in runs if repeat_complete(r, grid.shared["steps"])]
 
 
-def _log_variance(figures: list[RunFigures]) -> tuple[float, int]:
-    """(sample variance of the runs' log images/s, its degrees of freedom); df 0 where it has none."""
-    rates = [f.images_per_second for f in figures]
-    if len(rates) < 2 or min(rates) <= 0:
-        return 0.0, 0
-    return statistics.variance([math.log(r) for r in rates]), len(rates) - 1
-
-
 def variance_prior(figures_by_cell: list[list[RunFigures]]) -> VariancePrior | None:
     """What the sweep's cells say of a cell's run-to-run spread (sweep/pooled_variance.py)."""
-    return fit_prior([_log_variance(figures) for figures in figures_by_cell])
+    return fit_prior([log_variance([f.images_per_second for f in figures]) for figures in figures_by_cell])
 
 
 def cell_result(out: Path, grid: Grid, cell: Cell, *, prior: VariancePrior | None = None,

@@ -98,13 +98,54 @@ def _measured(steps: Sequence[StepRecord]) -> list[StepRecord]:
     return [s for s in steps if not s.warmup]
 
 
+# A step at least this many times the median step, holding at least this share of the measured time,
+# starts a cycle (a buffer filling again: a shuffle taking in a pass over the data, a cache refilling).
+SPIKE_FACTOR = 5.0
+SPIKE_SHARE = 0.05
+# Where such steps hold at least this share of the measured time, the halves are of whole cycles.
+CYCLE_BOUND_SHARE = 0.5
+
+
+def _rate(part: Sequence[StepRecord]) -> float:
+    ms = sum(s.step_ms for s in part)
+    return sum(s.images for s in part) / (ms / 1000.0) if ms > 0 else 0.0
+
+
+def cycle_starts(steps: Sequence[StepRecord]) -> list[int] | None:
+    """Indexes (into the measured steps) of the long steps that start each cycle, where such steps hold
+    most of the measured time; None where the time is spread over the steps as usual."""
+    measured = _measured(steps)
+    times = [s.step_ms for s in measured]
+    total = sum(times)
+    if not times or total <= 0:
+        return None
+    typical = sorted(times)[len(times) // 2]
+    starts = [i for i, t in enumerate(times) if t >= SPIKE_FACTOR * typical and t >= SPIKE_SHARE * total]
+    if sum(times[i] for i in starts) < CYCLE_BOUND_SHARE * total:
+        return None
+    return starts
+
+
 def halves(steps: Sequence[StepRecord]) -> tuple[float, float] | None:
     """Images/s of the measured steps before and after the middle of their time; None when a half has
-    fewer than MIN_STEPS_PER_HALF steps."""
+    fewer than MIN_STEPS_PER_HALF steps. Where a few long steps hold most of the time (a pass's shuffle
+    refilling from storage, then its batches from the buffer), a cut in the middle of the time leaves
+    one more long step on one side whenever their number is odd, and the halves disagree however long
+    the run: the halves are then of whole cycles (a long step up to the next), the first half of the
+    whole cycles against the last half (the middle one left out where their number is odd); None with
+    fewer than two whole cycles."""
     measured = _measured(steps)
     total_ms = sum(s.step_ms for s in measured)
     if len(measured) < 2 * MIN_STEPS_PER_HALF or total_ms <= 0:
         return None
+    starts = cycle_starts(steps)
+    if starts is not None:
+        cycles = [measured[a:b] for a, b in zip(starts, starts[1:])]
+        if len(cycles) < 2:
+            return None
+        count = len(cycles) // 2
+        return (_rate([s for cycle in cycles[:count] for s in cycle]),
+                _rate([s for cycle in cycles[-count:] for s in cycle]))
     elapsed, cut = 0.0, len(measured)
     for index, record in enumerate(measured):
         if elapsed + record.step_ms / 2 >= total_ms / 2:
@@ -114,12 +155,7 @@ def halves(steps: Sequence[StepRecord]) -> tuple[float, float] | None:
     first, second = measured[:cut], measured[cut:]
     if len(first) < MIN_STEPS_PER_HALF or len(second) < MIN_STEPS_PER_HALF:
         return None
-
-    def rate(part: Sequence[StepRecord]) -> float:
-        ms = sum(s.step_ms for s in part)
-        return sum(s.images for s in part) / (ms / 1000.0) if ms > 0 else 0.0
-
-    return rate(first), rate(second)
+    return _rate(first), _rate(second)
 
 
 def spread_of(pair: tuple[float, float] | None) -> float | None:
@@ -154,12 +190,12 @@ def measure_precision(steps: Sequence[StepRecord], *, target: PrecisionTarget | 
     reached = spread is not None and spread <= tolerance
     problems = []
     measured = _measured(steps)
-    if pair is None and len(measured) >= 2 * MIN_STEPS_PER_HALF and seconds > 0:
-        longest = max(s.step_ms for s in measured) / 1000.0
-        problems.append(f"one of its {len(measured)} measured steps took {longest:.1f} s, {longest / seconds:.0%} of "
-                        f"the measured time, so no cut in the middle of the time leaves {MIN_STEPS_PER_HALF} steps "
-                        "on each side (a buffer filling again, such as a shuffle taking in a pass over the data: "
-                        "a run needs several such steps to compare two halves)")
+    starts = cycle_starts(steps)
+    if pair is None and starts is not None and len(measured) >= 2 * MIN_STEPS_PER_HALF:
+        long_s = sum(measured[i].step_ms for i in starts) / 1000.0
+        problems.append(f"{len(starts)} long step(s) of its {len(measured)} measured hold {long_s / seconds:.0%} of "
+                        f"the measured time ({long_s:.1f} s: a buffer filling again, such as a shuffle taking in a "
+                        "pass over the data), and two halves of whole cycles between them need at least 3")
     elif pair is None:
         problems.append(f"{len(measured)} measured step(s) are too few to compare two halves "
                         f"(at least {2 * MIN_STEPS_PER_HALF})")
