@@ -52,6 +52,8 @@ def import_tensorflow():
     """Returns the tensorflow module, imported with its C++ start-up notices hidden; where it is not
     installed (the core leaves it to the environment), the one line naming the `cpu` extra."""
     if "tensorflow" in sys.modules:
+        if _OWN_AUTOGRAPH_FOLDER:  # imported by a plain `import tensorflow` first
+            _own_autograph_folder()
         return sys.modules["tensorflow"]
     with stderr_fd_silenced():
         with needs_extra("cpu", "this command"):
@@ -60,10 +62,29 @@ def import_tensorflow():
         tensorflow.config.list_physical_devices()
     if _FREEZE_AFTER_IMPORT:
         _freeze_collector()
+    if _OWN_AUTOGRAPH_FOLDER:
+        _own_autograph_folder()
     return tensorflow
 
 
 _FREEZE_AFTER_IMPORT = False
+_OWN_AUTOGRAPH_FOLDER = False
+
+
+def own_autograph_folder_after_import() -> None:
+    """For a process that is stallscope's own (the command line): autograph's generated files go into a
+    folder the process owns and removes at exit (autograph_folder.py), not loose into the temporary
+    folder, where a killed run left them. Not in a program of the user's (the Python API)."""
+    global _OWN_AUTOGRAPH_FOLDER
+    _OWN_AUTOGRAPH_FOLDER = True
+    if "tensorflow" in sys.modules:
+        _own_autograph_folder()
+
+
+def _own_autograph_folder() -> None:
+    from stallscope.autograph_folder import own_autograph_folder
+
+    own_autograph_folder()
 
 
 def freeze_collector_after_import() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -11,8 +12,9 @@ import sys
 
 from stallscope.version import __version__
 from stallscope.cli.flags import add_common_flags, apply_storage_flags, spelled_as_typed, watch_network_file_calls
+from stallscope.cli.signals import sigterm_as_interrupt
 from stallscope.errors import StallscopeError
-from stallscope.tfimport import freeze_collector_after_import, import_tensorflow
+from stallscope.tfimport import freeze_collector_after_import, import_tensorflow, own_autograph_folder_after_import
 
 # (name, module, one-line help). Modules are imported to register their flags; they keep
 # TensorFlow imports inside `run`, so `--help` stays fast.
@@ -133,34 +135,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallscope {args.command}: error: {message}", file=sys.stderr, flush=True)
         os._exit(2)
 
-    try:
-        apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
-        if args.command in WATCHES_FILE_CALLS and process_entry:
-            watch = watch_network_file_calls(args, give_up)
-        if process_entry:  # this process is stallscope's own: its collector may forget TF's import
-            freeze_collector_after_import()
-        if args.command in NEEDS_TENSORFLOW or (args.command == "verify" and not args.no_decode):
-            import_tensorflow()
-        return int(args.handler(args) or 0)
-    except StallscopeError as exc:
-        if args.debug:
-            raise
-        message = spelled_as_typed(str(exc), _command_parser(parser, args), argv)
-        print(f"stallscope {args.command}: error: {message}", file=sys.stderr)
-        if process_entry:  # not when a caller (a test, a script) runs main(argv) in its own process
-            _exit_now_if_a_store_hangs(exc.exit_code)
-        return exc.exit_code
-    except OSError as exc:  # the surroundings refused (a folder that became unwritable, a full disk): one line
-        if args.debug:
-            raise
-        print(f"stallscope {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"stallscope {args.command}: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if watch is not None:
-            watch.stop()
+    # The process's own entry: SIGTERM (a scheduler, `kill`) stops every command as Ctrl-C does, its
+    # clean-up run, one line, exit 130. A caller running main(argv) keeps its own signal handling.
+    stop_signals = sigterm_as_interrupt() if process_entry else contextlib.nullcontext()
+    with stop_signals:
+        try:
+            apply_storage_flags(args)  # before TensorFlow loads: its gs:// client reads its settings once
+            if args.command in WATCHES_FILE_CALLS and process_entry:
+                watch = watch_network_file_calls(args, give_up)
+            if process_entry:  # this process is stallscope's own: its collector may forget TF's import, and
+                freeze_collector_after_import()  # autograph's generated files go into a folder it owns
+                own_autograph_folder_after_import()
+            if args.command in NEEDS_TENSORFLOW or (args.command == "verify" and not args.no_decode):
+                import_tensorflow()
+            return int(args.handler(args) or 0)
+        except StallscopeError as exc:
+            if args.debug:
+                raise
+            message = spelled_as_typed(str(exc), _command_parser(parser, args), argv)
+            print(f"stallscope {args.command}: error: {message}", file=sys.stderr)
+            if process_entry:  # not when a caller (a test, a script) runs main(argv) in its own process
+                _exit_now_if_a_store_hangs(exc.exit_code)
+            return exc.exit_code
+        except OSError as exc:  # the surroundings refused (a folder that became unwritable, a full disk): one line
+            if args.debug:
+                raise
+            print(f"stallscope {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"stallscope {args.command}: interrupted", file=sys.stderr)
+            return 130
+        finally:
+            if watch is not None:
+                watch.stop()
 
 
 if __name__ == "__main__":
