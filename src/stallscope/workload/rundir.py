@@ -13,6 +13,9 @@ RUN_DIR/
   resources.json      {"interval_s", "duration_s", "cores", "cpu": summary below,
                        "io": /proc/self/io deltas (rchar, wchar, syscr, syscw, read_bytes, write_bytes) or null,
                        "samples": [{"elapsed_s", "process_percent", "system_percent", "per_cpu_percent"}]}
+  .stallscope-run.json  {"written": [names]}: the files stallscope wrote here. A run refuses a folder
+                      where it would replace a file this record does not name, or write through a
+                      symlink (stallscope makes none); run files are written whole, by rename.
   plugins/profile/*/  TF profile (`*.xplane.pb`) when --profile_steps was given; TensorBoard reads it.
                       Each profiled step is a `Trace('train', step_num=i, _r=1)` around get_next and
                       the model step; an emulated step's wait is a `Trace('emulated_accelerator')`.
@@ -56,12 +59,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from stallscope.errors import DataError
-from stallscope.records.manifest import write_json_atomic
+from stallscope.errors import DataError, UsageError
 
 SUMMARY_NAME = "summary.json"
 STEPS_NAME = "steps.csv"
@@ -69,6 +73,9 @@ PIPELINE_NAME = "pipeline.json"
 RESOURCES_NAME = "resources.json"
 PROFILE_DIR = Path("plugins") / "profile"
 MONITOR_PROFILE_DIR = "profile"  # StallMonitor's LOG_DIR/profile/, which holds its PROFILE_DIR
+OWNED_NAME = ".stallscope-run.json"  # {"written": [names of the files stallscope wrote in this folder]}
+RUN_FILES = (STEPS_NAME, PIPELINE_NAME, RESOURCES_NAME, SUMMARY_NAME)  # what `train` writes by name
+RUN_FOLDERS = ("train", str(PROFILE_DIR.parent))  # what `train` writes into (new files, by TF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +96,13 @@ class StepRecord:
 
 
 def write_steps(run_dir: Path, steps: list[StepRecord]) -> None:
-    path = Path(run_dir) / STEPS_NAME
     fields = [f.name for f in dataclasses.fields(StepRecord)]
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        for record in steps:
-            writer.writerow(dataclasses.asdict(record))
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    for record in steps:
+        writer.writerow(dataclasses.asdict(record))
+    _write_owned(Path(run_dir), STEPS_NAME, text.getvalue())
 
 
 def read_steps(run_dir: Path) -> list[StepRecord]:
@@ -126,29 +133,106 @@ _JSON_KEYS = {RESOURCES_NAME: ("cpu", "samples"), PIPELINE_NAME: ("written", "ra
               SUMMARY_NAME: ("step_time_ms", "input_share")}
 
 
+def written_by_us(run_dir: Path) -> set[str] | None:
+    """The names the folder's record says stallscope wrote there; None where it has no record (a fresh
+    folder, or one written before the record existed)."""
+    path = Path(run_dir) / OWNED_NAME
+    if path.is_symlink():
+        return set()  # a record stallscope did not make vouches for nothing (foreign_file names it)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return set()
+    names = data.get("written") if isinstance(data, dict) else None
+    return {name for name in names if isinstance(name, str)} if isinstance(names, list) else set()
+
+
+def _looks_like_ours(path: Path, name: str) -> bool:
+    """A folder without a record (written by an earlier stallscope): our files start as ours do."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if name == STEPS_NAME:
+                return tuple(handle.readline().strip().split(","))[:len(_STEPS_HEADER)] == _STEPS_HEADER
+            data = json.load(handle)
+            return isinstance(data, dict) and any(key in data for key in _JSON_KEYS.get(name, ()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
 def foreign_file(run_dir: Path, names: tuple[str, ...] = (STEPS_NAME, RESOURCES_NAME, PIPELINE_NAME)) -> Path | None:
-    """The first of `names` in `run_dir` that stallscope did not write (a steps.csv without its header, a
-    JSON file without its keys): a run writing there would replace a file of the user's."""
+    """The first of `names` in `run_dir` that stallscope did not write: one its record does not name (or,
+    without a record, one that does not start as ours does), or any symlink, as stallscope makes none. A
+    run writing there would replace a file of the user's, or write through the link."""
+    if (Path(run_dir) / OWNED_NAME).is_symlink():
+        return Path(run_dir) / OWNED_NAME  # the record itself: never written through
+    ours = written_by_us(run_dir)
     for name in names:
         path = Path(run_dir) / name
-        if not path.is_file():
+        if path.is_symlink():
+            return path
+        if not path.exists():
             continue
-        try:
-            with open(path, encoding="utf-8") as handle:
-                if name == STEPS_NAME:
-                    ours = tuple(handle.readline().strip().split(","))[:len(_STEPS_HEADER)] == _STEPS_HEADER
-                else:
-                    data = json.load(handle)
-                    ours = isinstance(data, dict) and any(key in data for key in _JSON_KEYS[name])
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            ours = False
-        if not ours:
+        if not path.is_file() or (name not in ours if ours is not None else not _looks_like_ours(path, name)):
             return path
     return None
 
 
+def claim_run_dir(run_dir: Path, *, flag: str, files: tuple[str, ...] = RUN_FILES,
+                  folders: tuple[str, ...] = RUN_FOLDERS) -> None:
+    """Refuses, before any work, a folder where a run would replace a file stallscope did not write or
+    write through a link it did not make (a resumed or repeated run into its own folder passes)."""
+    run_dir = Path(run_dir)
+    foreign = foreign_file(run_dir, files)
+    if foreign is None:
+        foreign = next((run_dir / name for name in folders if (run_dir / name).is_symlink()), None)
+    if foreign is None:
+        return
+    what = "a symlink stallscope did not make" if foreign.is_symlink() else "not written by stallscope"
+    raise UsageError(f"{flag}: {str(run_dir)!r} holds {foreign.name!r}, {what}, which a run would replace; "
+                     "expected a new folder or one of stallscope's own runs (move the file or pick another folder)")
+
+
+def _write_owned(run_dir: Path, name: str, text: str) -> None:
+    """Writes `name` whole, under a temporary name made here (never through a link), renamed over it; the
+    folder's record names it first, so a later run knows the file as ours. A file of the user's there is
+    refused, not replaced."""
+    path = run_dir / name
+    if foreign_file(run_dir, (name,)) is not None:
+        claim_run_dir(run_dir, flag="run folder", files=(name,), folders=())
+    tmp = run_dir / f".{name}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _record_written(run_dir, name)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _record_written(run_dir: Path, name: str) -> None:
+    ours = written_by_us(run_dir)
+    if ours is None:  # the first record of a folder an earlier stallscope wrote: its files stay ours
+        ours = {known for known in RUN_FILES if (run_dir / known).is_file() and not (run_dir / known).is_symlink()
+                and _looks_like_ours(run_dir / known, known)}
+    elif name in ours:
+        return
+    record = run_dir / OWNED_NAME
+    tmp = run_dir / f".{OWNED_NAME}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"written": sorted(ours | {name})}, handle, indent=2)
+        handle.write("\n")
+    os.replace(tmp, record)
+
+
 def write_json(run_dir: Path, name: str, data: Any) -> None:
-    write_json_atomic(Path(run_dir) / name, data)
+    _write_owned(Path(run_dir), name, json.dumps(data, indent=2, ensure_ascii=True) + "\n")
 
 
 def read_json(run_dir: Path, name: str) -> dict[str, Any]:

@@ -206,6 +206,7 @@ def _make_run_dir(options: TrainOptions) -> tuple[Path, list[Path]]:
     its first step removes only those (`_remove_run_without_steps`)."""
     model = "emulated" if options.accelerator.emulated else options.model
     run_dir = options.log_path if options.log_path is not None else new_run_dir(model, options.source)
+    rundir.claim_run_dir(run_dir, flag="--log-path")  # before any work: a file of the user's is never replaced
     made = _folders_missing(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
