@@ -47,6 +47,18 @@ def watch_storage(timeout_s: float = 30.0, on_stuck=None):
     return StuckCallWatch(timeout_s, lambda stuck: give_up(stuck.message(timeout_s, limit=limit))).start()
 
 
+def analyze(path, *, capture: str | None = None, with_xprof: bool = True):
+    """What `stallscope analyze PATH` reports, as an Analysis: `input_share` (0..1), `verdict` ("not",
+    "moderately" or "highly" input-bound; None where no step held an iterator call), `bottleneck`, the
+    stage tree (`tree.stages`), the checklist, the `advice` and `to_dict()`. PATH: a run folder, a log
+    folder holding captures at any depth (a Keras TensorBoard log_dir), a capture folder or an
+    .xplane.pb file; `capture` names one of several. `with_xprof=False` skips the cross-check against
+    TensorBoard's Input Pipeline Analyzer (made only where the xprof extra is installed), as --no-xprof."""
+    from stallscope.analysis.analyze import analyze_run
+
+    return analyze_run(path, with_xprof=with_xprof, capture=capture)
+
+
 def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: int = 30, files=None,
              what_if_storage: str | None = None, storage_client: str | None = None, work_dir=None,
              service_link: str | None = None, service_worker_cores: float | None = None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import stallscope
 from stallscope.cli.main import main
 
 
@@ -16,6 +17,15 @@ def test_json_has_top_level_input_share_and_bottleneck(stalled_profile, capsys):
     assert {s["name"] for s in data["stages"]} == {"BatchV2", "Map", "Range"}
     assert {"map_parallelism": -1} in [a["knobs"] for a in data["advice"]]
     assert all(isinstance(a["predicted_gain"], float) for a in data["advice"])
+
+
+def test_the_python_api_returns_what_the_command_prints(stalled_profile, capsys):
+    """`stallscope.analyze(PATH)`: the Analysis whose to_dict() is the command's --json, fields read as documented."""
+    analysis = stallscope.analyze(stalled_profile, with_xprof=False)
+    assert main(["analyze", str(stalled_profile), "--json", "--no-xprof"]) == 0
+    assert json.loads(analysis.to_json()) == json.loads(capsys.readouterr().out)
+    assert analysis.verdict == "highly" and analysis.input_bound and analysis.bottleneck == "Map"
+    assert 0.0 <= analysis.input_share <= 1.0 and {s.name for s in analysis.tree.stages} == {"BatchV2", "Map", "Range"}
 
 
 def test_text_markdown_and_html(stalled_profile, tmp_path, capsys):
