@@ -170,3 +170,18 @@ def test_a_run_held_back_by_its_quota_on_tfs_pool_is_advised_the_quotas_cores(re
     pool = next(a for a in analysis.advice if a.key == "quota_pool")
     assert pool.knobs == {"private_threadpool_size": 1}
     assert "throttled in 70% of its periods" in pool.evidence
+
+
+def test_a_diagnosis_lists_its_fixes_by_predicted_gain():
+    """`diagnose` found its fixes storage first and priced them after (+3,244%, +12%, +12%, +12%, +75%,
+    +256% in one report, documented as "most helpful first"): now the marker fix, then by gain, highest
+    first, then the unpredicted; ties keep the order found."""
+    from stallscope.analysis.differential import most_helpful_first
+
+    def fix(key, gain):
+        return Advice(key=key, title=key, knobs={}, code="", reason="", evidence="", predicted_gain=gain)
+
+    found = [fix("cache", 32.44), fix("a", 0.12), fix("quota_pool", None), fix("b", 0.12), fix("prefetch", 0.75),
+             fix("reads_in_flight", 2.56), fix("step_marker", None)]
+    assert [a.key for a in most_helpful_first(found)] == [
+        "step_marker", "cache", "reads_in_flight", "prefetch", "a", "b", "quota_pool"]

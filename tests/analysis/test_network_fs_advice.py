@@ -258,7 +258,7 @@ def test_diagnose_on_a_mount_measures_it_models_posix_and_fixes_with_reads_in_fl
     assert "obstore" not in out.split("storage what-if")[0] and "cold page cache not probed" in out
     assert "as read (" in out and "reads in flight on a private thread pool" in out
     assert "advice: none" not in out
-    advised = [x for x in out.split("\nadvice\n")[1].splitlines() if x.startswith("  ") and ". " in x[:6]]
+    advised = [x for x in out.split("\nadvice (highest predicted gain first)\n")[1].splitlines() if x.startswith("  ") and ". " in x[:6]]
     knob_lines = [x for x in advised if "(--" in x]
     # every knob fix is priced
     assert knob_lines and all("% predicted: " in x for x in knob_lines), advised

@@ -149,7 +149,7 @@ def diagnose_dataset(dataset, *, model=None, options: DatasetDiagnoseOptions | N
     return differential.Diagnosis(
         source=source,
         pipeline=config, accelerator=device_name, warm=warm, cold=alone.cold, pipeline_breakdown=parts,
-        phases=(phase,), advice=tuple(advice), seconds=time.perf_counter() - started,
+        phases=(phase,), advice=tuple(differential.most_helpful_first(advice)), seconds=time.perf_counter() - started,
         notes=tuple(notes), analysis=analysis, stages=tuple(seen.chain), storage=figures, storage_whatif=what,
         reads=alone.reads,
     )

@@ -717,6 +717,16 @@ def with_service(advice: list[Advice], service: Advice | None, notes: list[str])
     return advice
 
 
+def most_helpful_first(advice: Sequence[Advice]) -> list[Advice]:
+    """The order every listing of fixes keeps: the marker fix first (nothing is measured without it),
+    then by predicted gain, highest first, then the fixes the model gives no figure for (a quota's
+    pool, which evens steps out); ties keep the order they were found in."""
+    def rank(item: Advice) -> tuple[bool, float]:
+        gain = item.predicted_gain
+        return item.key != "step_marker", -gain if gain is not None else math.inf
+    return sorted(advice, key=rank)
+
+
 def _steps_per_epoch(config: PipelineConfig, examples: int) -> int:
     return max(1, examples // config.batch_size if config.drop_remainder else math.ceil(examples / config.batch_size))
 
@@ -955,6 +965,7 @@ def diagnose(options: DiagnoseOptions, *, progress: Callable[[str], None] | None
         more = list(notes)
         advice = with_service(list(advice), service, more)
         notes = tuple(more)
+    advice = most_helpful_first(advice)
     return Diagnosis(
         source={"kind": source.kind, "path": str(source.path), "split": source.split,
                 "examples": source.num_examples, "files": len(source.files), "bytes": source.total_bytes,

@@ -154,7 +154,7 @@ def report_lines(diagnosis, result=None) -> list[str]:
         from stallscope.report.text import storage_lines
 
         lines += ["", *storage_lines(diagnosis.storage, diagnosis.storage_whatif)]
-    lines += ["", "advice" if diagnosis.advice else f"advice: {no_advice(diagnosis)}"]
+    lines += ["", "advice (highest predicted gain first)" if diagnosis.advice else f"advice: {no_advice(diagnosis)}"]
     own_dataset = diagnosis.source.get("kind") == "dataset"  # a dataset of the user's: its code, not our flags
     for number, advice in enumerate(diagnosis.advice, 1):
         knobs = (advice.command if own_dataset else fmt_knobs(advice.knobs) or advice.command)
