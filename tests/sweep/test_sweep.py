@@ -321,8 +321,8 @@ def test_hparams_read_back(swept):
     root = [v for v in values(swept / "hparams") if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME]
     (experiment,) = [plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content).experiment
                      for v in root]
-    assert {h.name for h in experiment.hparam_infos} == {"format", "store", "latency", "bandwidth", "pipeline",
-                                                         "accelerator", "learning_rate"}
+    assert {h.name for h in experiment.hparam_infos} == {"format", "store", "latency", "latency_ms", "bandwidth",
+                                                         "pipeline", "accelerator", "learning_rate"}
     assert {"images_per_second", "input_share_pct"} <= {m.name.tag for m in experiment.metric_infos}
     for row in summary_rows(swept):
         session = {v.tag: v for v in values(swept / "hparams" / row["cell"])}
@@ -331,6 +331,10 @@ def test_hparams_read_back(swept):
         assert start.hparams["format"].string_value == row["format"]
         assert start.hparams["store"].string_value == {"local": "local disk", "gcs": "gs://"}[row["store"]]
         assert start.hparams["latency"].string_value == ("local" if row["store"] == "local" else "0ms")
+        # the latency as a number TensorBoard can plot, where a store adds one (not on local disk)
+        assert ("latency_ms" in start.hparams) == (row["store"] != "local")
+        if row["store"] != "local":
+            assert start.hparams["latency_ms"].number_value == 0.0 == float(row["latency_ms"])
         assert start.hparams["learning_rate"].number_value == pytest.approx(float(row["learning_rate"]))
         measured = tensor_util.make_ndarray(session["images_per_second"].tensor).item()
         assert measured == pytest.approx(float(row["images_per_second_median"]))

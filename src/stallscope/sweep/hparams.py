@@ -64,6 +64,9 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
         "accelerator": hp.HParam("accelerator", hp.Discrete(list(axes.accelerators))),
         "learning_rate": hp.HParam("learning_rate", hp.Discrete([float(v) for v in axes.learning_rates])),
     }
+    added_ms = sorted({c.latency_ms for c in grid.cells() if c.latency_ms is not None})
+    if added_ms:  # the latency as a number, to plot against (local disk cells have none: nothing added)
+        params["latency_ms"] = hp.HParam("latency_ms", hp.RealInterval(added_ms[0], added_ms[-1]))
     if grid.shared.get("cold"):  # only then: a warm sweep's HParams read as before
         params["start"] = hp.HParam("start", hp.Discrete(["cold"]))
     metrics = [hp.Metric(name, display_name=shown) for name, shown, _ in METRICS]
@@ -84,6 +87,8 @@ def write_hparams(out: Path, grid: Grid, results: list[CellResult]) -> Path:
                   params["latency"]: cell.latency, params["bandwidth"]: bandwidth_name(cell.bandwidth_bps),
                   params["pipeline"]: cell.pipeline,
                   params["accelerator"]: cell.accelerator, params["learning_rate"]: float(cell.learning_rate)}
+        if "latency_ms" in params and cell.latency_ms is not None:
+            values[params["latency_ms"]] = cell.latency_ms
         if "start" in params:
             values[params["start"]] = "cold"
         writer.add_event(_summary_event(summary_v2.hparams_pb(values, trial_id=cell.name, start_time_secs=now), now))
