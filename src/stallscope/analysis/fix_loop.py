@@ -274,7 +274,61 @@ def fix(options: DiagnoseOptions, diagnosis: Diagnosis, *, save_to: Path | None 
 
 def save_fixed_config(result: FixResult, path: Path) -> None:
     """{"pipeline": config, ...the evidence}: `PipelineConfig.load` reads the wrapped config."""
-    from stallscope.records.manifest import write_json_atomic
+    from stallscope.jsonfile import write_json_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {**result.to_dict(), "diagnosis": result.diagnosis.to_dict()})
+    write_json_atomic(path, {**result.to_dict(), "changed": True, "diagnosis": result.diagnosis.to_dict()})
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPipelineChange:
+    """`diagnose --fix` where no pipeline change applies: the diagnosed config is saved unchanged, so the
+    command after it (`train --pipeline-config FILE`) runs whatever the verdict, and the file says why
+    nothing changed and which advice lies outside the pipeline config (a tf.data service, re-converting)."""
+
+    diagnosis: Diagnosis
+    reason: str
+    outside: tuple[Advice, ...]
+    config_path: Path | None
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.diagnosis.pipeline
+
+    def to_dict(self) -> dict[str, Any]:
+        return finite(json_ready({
+            "changed": False,
+            "note": self.reason,
+            "pipeline": self.config.to_dict(),
+            "config_path": str(self.config_path) if self.config_path else None,
+            "advice_outside_the_pipeline": [a.to_dict() for a in self.outside],
+        }))
+
+
+def no_change_reason(diagnosis: Diagnosis) -> str:
+    """Why the diagnosed pipeline is kept as it is: it keeps up, or no advice is a pipeline change."""
+    share = f"{diagnosis.input_share:.1%} of the step waits for input"
+    outside = [a for a in diagnosis.advice if not a.knobs]
+    if outside:
+        return (f"no change to the pipeline config: {diagnosis.verdict} input-bound ({share}), and the advice "
+                f"lies outside it ({', '.join(a.key for a in outside)})")
+    if diagnosis.verdict == "not":
+        return f"no change needed: not input-bound ({share}), the pipeline keeps up"
+    return (f"no change to the pipeline config: {diagnosis.verdict} input-bound ({share}), but no change the "
+            "model expects to gain 5% or more")
+
+
+def keep_config(diagnosis: Diagnosis, *, save_to: Path | None = None) -> NoPipelineChange:
+    """`diagnose --fix` with no advice that changes the pipeline: the diagnosed config, saved unchanged
+    where `train --pipeline-config FILE` reads it, with the reason and any advice outside the config."""
+    if any(a.knobs for a in diagnosis.advice):
+        raise UsageError("--fix: the diagnosis advises a pipeline change; apply it with fix(), not keep_config()")
+    result = NoPipelineChange(diagnosis=diagnosis, reason=no_change_reason(diagnosis),
+                              outside=tuple(a for a in diagnosis.advice if not a.knobs),
+                              config_path=Path(save_to) if save_to is not None else None)
+    if save_to is not None:
+        from stallscope.jsonfile import write_json_atomic
+
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(save_to), {**result.to_dict(), "diagnosis": diagnosis.to_dict()})
+    return result

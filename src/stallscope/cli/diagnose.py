@@ -13,7 +13,8 @@ bytes and request times stallscope's reader made are the storage figures, and th
 GETs, at most 64 MiB) leads the storage what-if and its advice.
 
 --fix applies the advice as a new pipeline config, runs again, prints before / predicted / after
-side by side, and saves the config for `stallscope train --pipeline-config FILE`.
+side by side, and saves the config for `stallscope train --pipeline-config FILE`. Where no advice changes
+the pipeline (it keeps up, or the advice is a tf.data service), it saves the config as diagnosed, saying why.
 
 examples:
   stallscope diagnose --dataset_path data/train --pipeline seed --accelerator emulated:2000
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -116,7 +118,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print the diagnosis as JSON (input_share, cause, ...)")
     out.add_argument("--markdown", action="store_true", help="print the diagnosis as Markdown")
     out.add_argument("--fix", action="store_true",
-                     help="apply the advice, run again, print before / predicted / after, save the config")
+                     help="apply the advice, run again, print before / predicted / after, save the config (where "
+                          "no advice changes the pipeline, the config as diagnosed, saying why)")
     flags.add_flag(out, "fixed_config", type=flags.creatable_file, default=DEFAULT_FIXED_CONFIG, metavar="FILE",
                    help=f"where --fix saves the fixed pipeline config (default: {DEFAULT_FIXED_CONFIG})")
     own = parser.add_argument_group("your own program (instead of the data and pipeline flags)")
@@ -193,7 +196,7 @@ def options_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.analysis.differential import diagnose, open_probed_source
-    from stallscope.analysis.fix_loop import fix
+    from stallscope.analysis.fix_loop import fix, keep_config
     from stallscope.report.diagnosis import diagnosis_text, markdown_lines, report_lines
 
     quiet = args.json or args.markdown
@@ -222,19 +225,33 @@ def run(args: argparse.Namespace) -> int:
     require_data_service(options.train.pipeline, args, out=sys.stderr if quiet else sys.stdout)
     source = open_probed_source(options)  # once, for the diagnosis and the fix's re-run
     diagnosis = diagnose(options, progress=progress, source=source)
-    result = None
+    result = kept = None
     if args.fix:
         if any(a.knobs for a in diagnosis.advice):
             result = fix(options, diagnosis, save_to=args.fixed_config, progress=progress, source=source)
-        else:
-            progress(f"--fix: nothing to apply ({diagnosis.verdict} input-bound, no pipeline change advised)")
+        else:  # the config as diagnosed, so `train --pipeline-config FILE` after --fix runs whatever the verdict
+            kept = keep_config(diagnosis, save_to=args.fixed_config)
     if args.json:
         data = diagnosis.to_dict()
-        if result is not None:
-            data["fix"] = result.to_dict()
+        if result is not None or kept is not None:
+            data["fix"] = (result or kept).to_dict()
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif args.markdown:
-        sys.stdout.write("\n".join(markdown_lines(diagnosis, result)) + "\n")
+        lines = markdown_lines(diagnosis, result)
+        if kept is not None:
+            lines += ["", "## Fix", "", "```", *kept_lines(kept), "```"]
+        sys.stdout.write("\n".join(lines) + "\n")
     else:
-        print("\n".join(report_lines(diagnosis, result)))
+        print("\n".join(report_lines(diagnosis, result) + (["", *kept_lines(kept)] if kept is not None else [])))
+    if kept is not None and quiet:
+        progress(kept_lines(kept)[-1])
     return 0
+
+
+def kept_lines(kept) -> list[str]:
+    """--fix with no pipeline change: why, the advice outside the config, and where the config was saved."""
+    lines = [f"fix: {kept.reason}"]
+    lines += [f"  outside the pipeline config: {a.title}" + (f" ({a.command})" if a.command else "") for a in kept.outside]
+    lines.append(f"pipeline saved unchanged to {kept.config_path}; `stallscope train --pipeline-config "
+                 f"{shlex.quote(str(kept.config_path))}` runs it as diagnosed")
+    return lines
