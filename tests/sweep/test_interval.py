@@ -49,3 +49,30 @@ def test_the_difference_of_two_sweeps_means_has_a_welch_interval():
     assert difference_interval([5.0], [5.0, 6.0]) is None
     same = difference_interval([7.0, 7.0], [8.0, 8.0])
     assert same.low == same.high == pytest.approx(1.0)
+
+
+def test_an_input_share_of_two_repeats_is_not_0_to_100_percent_once_pooled():
+    """Two repeats at 93% and 97% input-bound: a plain t-interval (1 degree of freedom) spans 70-100%,
+    the logit's alone stays inside 0-100% by itself, and pooled with a sweep whose cells agree to about
+    0.1 on the logit scale it is a few points wide."""
+    from stallscope.sweep.interval import logit_interval
+    from stallscope.sweep.pooled_variance import VariancePrior, logit
+
+    shares = [0.93, 0.97]
+    assert t_interval(shares, floor=0.0, ceiling=1.0).low < 0.75
+    own = logit_interval(shares)
+    assert 0.0 < own.low < 0.93 and 0.97 < own.high < 1.0
+    centre = statistics.fmean(logit(s) for s in shares)
+    assert own.mean == pytest.approx(1 / (1 + math.exp(-centre)))
+    pooled = logit_interval(shares, prior=VariancePrior(variance=0.01, df=20.0, cells=12))
+    assert own.low < pooled.low < pooled.mean < pooled.high < own.high
+    assert pooled.high - pooled.low < 0.05
+    assert logit_interval([0.5]) is None
+
+
+def test_a_share_of_exactly_0_or_1_has_an_interval_inside_the_range():
+    from stallscope.sweep.interval import logit_interval
+
+    for shares in ([0.0, 0.0, 0.01], [1.0, 1.0, 0.99]):
+        interval = logit_interval(shares)
+        assert 0.0 < interval.low <= min(shares) + 0.001 and max(shares) - 0.001 <= interval.high < 1.0, interval

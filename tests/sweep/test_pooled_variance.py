@@ -128,3 +128,19 @@ def test_a_sweep_pools_its_cells_spreads_and_says_so():
     note = pooling_note([dataclasses.replace(result, variance_prior=prior)])
     assert note.startswith("intervals of images/s: each cell's run-to-run spread pooled with the 3 cells of this "
                            f"sweep (a typical run differs from its cell's geometric mean by {prior.typical_spread:.1%}")
+
+
+def test_a_sweep_pools_its_input_shares_on_the_logit_scale():
+    """The share's prior comes from the cells' logit variances, as the images/s one from their log
+    variances; a cell's input-share interval is drawn towards the sweep's spread."""
+    from stallscope.sweep.interval import logit_interval
+    from stallscope.sweep.pooled_variance import logit_variance
+
+    rng = random.Random(7)
+    cells = [[min(0.999, max(0.001, centre + rng.gauss(0, 0.01))) for _ in range(3)]
+             for centre in (0.1, 0.3, 0.5, 0.7, 0.9) * 3]
+    prior = fit_prior([logit_variance(c) for c in cells])
+    assert prior is not None and prior.cells == 15
+    lucky = [0.500, 0.5001, 0.5002]  # three runs that agree by chance
+    assert (logit_interval(lucky).high - logit_interval(lucky).low
+            < logit_interval(lucky, prior=prior).high - logit_interval(lucky, prior=prior).low)

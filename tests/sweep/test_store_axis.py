@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.cli.main import main
-from stallscope.sweep.interval import METHOD, log_interval
+from stallscope.sweep.interval import BOTH_METHODS, log_interval
 from stallscope.sweep.table import interval_text
 
 from .helpers import TINY_KNOBS, csv_rows, summary_rows
@@ -68,11 +68,11 @@ def test_summary_has_the_median_a_95_percent_interval_and_a_rerun_interval_per_c
     cells = summary_rows(swept)
     assert len(cells) == 2
     markdown = (swept / "results.md").read_text(encoding="utf-8")
-    assert METHOD in markdown
+    assert BOTH_METHODS in markdown
     for cell in cells:
         mine = [float(r["images_per_second"]) for r in runs if r["cell"] == cell["cell"]]
         interval, rerun = log_interval(mine), log_interval(mine, rerun_repeats=2)
-        assert cell["repeats"] == "2" and cell["interval_method"] == METHOD
+        assert cell["repeats"] == "2" and cell["interval_method"] == BOTH_METHODS
         assert float(cell["images_per_second_median"]) == pytest.approx(sum(mine) / 2)
         assert float(cell["images_per_second_mean"]) == pytest.approx(sum(mine) / 2)
         assert float(cell["images_per_second_geometric_mean"]) == pytest.approx((mine[0] * mine[1]) ** 0.5)

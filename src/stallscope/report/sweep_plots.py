@@ -6,8 +6,8 @@
 - Input share against accelerator speed (with each line's knee) where the sweep has two speeds or more;
   with one speed, input share against latency instead (a speed plot would be one column of points).
 
-Every point is a cell's median; its bar the 95% t-interval of the mean over its repeats; small dots
-each repeat. A line is a format and pipeline (its colour) on one store through one client (its marker
+Every point is a cell's median; its bar the 95% interval the table gives (pooled, on the log scale for
+images/s and the logit for input share); small dots each repeat. A line is a format and pipeline (its colour) on one store through one client (its marker
 and dash); the legend names all four.
 """
 
@@ -23,7 +23,8 @@ from stallscope.verdict import HIGHLY_INPUT_BOUND, MODERATELY_INPUT_BOUND
 
 _MARKERS = {LOCAL: "s", "gcs": "o", "s3": "^", "mount": "D"}
 _DASHES = {LOCAL: "", "gcs": "-", "s3": "--", "mount": "-."}
-POINTS_NOTE = "point: median over repeats; bar: 95% t-interval of the mean; small dots: each repeat"
+POINTS_NOTE = ("point: median over repeats; bar: 95% interval (the table's: t-intervals on the log scale for images/s, "
+               "the logit for input share, each cell's variance pooled with the sweep's); small dots: each repeat")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Intervals over a cell's repeats at 95%: Student's t-interval of the mean, of the geometric mean with a
-pooled variance (images/s), of a re-run's geometric mean, and of the difference of two sweeps' means.
+pooled variance (images/s), of the mean logit with a pooled variance (input share), of a re-run's
+geometric mean, and of the difference of two sweeps' means.
 
 Repeats are few (2 to 10), so a bootstrap would have too few distinct resamples to mean much; the
 t-interval is the textbook answer for a handful of roughly normal measurements. Images/s are taken on
@@ -14,12 +15,12 @@ import dataclasses
 import math
 import statistics
 
-from stallscope.sweep.pooled_variance import VariancePrior, pooled
+from stallscope.sweep.pooled_variance import VariancePrior, logit, pooled
 
 CONFIDENCE = 0.95
-METHOD = ("t-interval of the geometric mean over repeats, 95%, the variance of log images/s pooled with the "
-          "sweep's cells (empirical Bayes)")
-SHARE_METHOD = "t-interval of the mean over repeats, 95%, clipped to the possible range"
+# What a figure's bar or a table's interval is, said once for both figures.
+BOTH_METHODS = ("95% t-intervals over repeats on the scale where cells' noise is alike (log images/s, the logit "
+                "of input share), each cell's variance pooled with the sweep's cells (empirical Bayes)")
 RERUN_METHOD = "where a re-run's geometric mean of as many repeats falls, 95% (a prediction interval, pooled variance)"
 NO_INTERVAL = "no interval (one repeat)"
 
@@ -84,6 +85,23 @@ def log_interval(values: list[float], *, prior: VariancePrior | None = None,
     scale = 1.0 / len(logs) + (1.0 / rerun_repeats if rerun_repeats else 0.0)
     centre, half = statistics.fmean(logs), t_quantile_975(df) * math.sqrt(variance * scale)
     return Interval(mean=math.exp(centre), low=math.exp(centre - half), high=math.exp(centre + half), n=len(logs))
+
+
+def logit_interval(shares: list[float], *, prior: VariancePrior | None = None) -> Interval | None:
+    """The 95% t-interval of the mean logit of a cell's input shares (0..1), with their variance pooled
+    with the sweep's `prior` (fit from `pooled_variance.logit_variance`), turned back into shares: it
+    stays within 0..1 by itself, where a plain t-interval of two repeats (1 degree of freedom) spanned
+    0-100%. `mean` is the share at the mean logit. None with fewer than two values."""
+    if len(shares) < 2:
+        return None
+    logits = [logit(s) for s in shares]
+    variance, df = pooled(statistics.variance(logits), len(logits) - 1, prior)
+    centre, half = statistics.fmean(logits), t_quantile_975(df) * math.sqrt(variance / len(logits))
+
+    def share(x: float) -> float:
+        return 1.0 / (1.0 + math.exp(-x))
+
+    return Interval(mean=share(centre), low=share(centre - half), high=share(centre + half), n=len(logits))
 
 
 def difference_interval(earlier: list[float], later: list[float]) -> Interval | None:

@@ -8,6 +8,8 @@ relative spread. Each cell's variance is drawn towards it, as limma's moderated 
 sweep's cells fit a scaled inverse-chi-square prior (`d0` degrees of freedom around `s0^2`) by the
 moments of their log variances, and a cell's pooled variance is (d0 s0^2 + d s^2) / (d0 + d) with
 d0 + d degrees of freedom. Cells whose spreads really differ give a small d0 and keep their own.
+Input shares are pooled the same way on the logit scale, where a share near 0 or 100% (which cannot
+move far that way) and one in the middle have alike noise.
 
 Pure Python (digamma, trigamma and its inverse by their series), so the core installation computes it.
 """
@@ -86,6 +88,25 @@ def log_variance(rates: Sequence[float]) -> tuple[float, int]:
     if len(rates) < 2 or min(rates) <= 0:
         return 0.0, 0
     return statistics.variance([math.log(r) for r in rates]), len(rates) - 1
+
+
+# An input share of exactly 0 or 1 has no logit: shares are held within 0.1% of either end first (a run
+# wholly input-bound reads as 99.9%).
+SHARE_EDGE = 0.001
+
+
+def logit(share: float) -> float:
+    """log(p / (1 - p)) of a share held within SHARE_EDGE of 0 and 1: the scale on which input shares
+    of 10% and of 97% have alike noise (a share near either end cannot move far that way)."""
+    p = min(max(share, SHARE_EDGE), 1.0 - SHARE_EDGE)
+    return math.log(p / (1.0 - p))
+
+
+def logit_variance(shares: Sequence[float]) -> tuple[float, int]:
+    """(sample variance of the logits of a cell's input shares, its degrees of freedom); df 0 with one run."""
+    if len(shares) < 2:
+        return 0.0, 0
+    return statistics.variance([logit(s) for s in shares]), len(shares) - 1
 
 
 def fit_prior(cells: Sequence[tuple[float, int]]) -> VariancePrior | None:

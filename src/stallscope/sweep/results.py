@@ -24,8 +24,8 @@ from typing import Any
 from stallscope.errors import StallscopeError
 from stallscope.sweep.figures import CellResult, RunFigures
 from stallscope.sweep.grid import Cell, Grid
-from stallscope.sweep.interval import log_interval, t_interval
-from stallscope.sweep.pooled_variance import VariancePrior, fit_prior, log_variance
+from stallscope.sweep.interval import log_interval, logit_interval
+from stallscope.sweep.pooled_variance import VariancePrior, fit_prior, log_variance, logit_variance
 from stallscope.sweep.runner import CELLS_DIR, STORAGE_NAME, profile_window, repeat_complete, repeat_dir
 from stallscope.verdict import VERDICTS, verdict_for
 from stallscope.workload import rundir
@@ -129,9 +129,15 @@ def variance_prior(figures_by_cell: list[list[RunFigures]]) -> VariancePrior | N
     return fit_prior([log_variance([f.images_per_second for f in figures]) for figures in figures_by_cell])
 
 
+def share_prior(figures_by_cell: list[list[RunFigures]]) -> VariancePrior | None:
+    """The same of a cell's input share, on the logit scale."""
+    return fit_prior([logit_variance([f.input_share for f in figures]) for figures in figures_by_cell])
+
+
 def cell_result(out: Path, grid: Grid, cell: Cell, *, prior: VariancePrior | None = None,
-                figures: list[RunFigures] | None = None) -> CellResult:
-    """A cell's summary over its complete runs; its images/s intervals pooled with `prior` (None: its own)."""
+                figures: list[RunFigures] | None = None, shares: VariancePrior | None = None) -> CellResult:
+    """A cell's summary over its complete runs; its images/s intervals pooled with `prior`, its input
+    share's with `shares` (None: its own)."""
     if figures is None:
         figures = _complete_figures(out, grid, cell)
     ips = [f.images_per_second for f in figures]
@@ -145,7 +151,7 @@ def cell_result(out: Path, grid: Grid, cell: Cell, *, prior: VariancePrior | Non
         images_per_second_interval=log_interval(ips, prior=prior),
         images_per_second_rerun=log_interval(ips, prior=prior, rerun_repeats=grid.repeats),
         step_time_ms=_median([f.step_time_ms for f in figures]), input_wait_ms=_median([f.input_wait_ms for f in figures]),
-        compute_ms=compute, input_share=share, input_share_interval=t_interval([f.input_share for f in figures], floor=0.0, ceiling=1.0),
+        compute_ms=compute, input_share=share, input_share_interval=logit_interval([f.input_share for f in figures], prior=shares),
         verdict=None if share is None else verdict_for(share),
         bottleneck=blamed.most_common(1)[0][0] if blamed else None,
         device_images_per_second=_device_speed(cell.accelerator, batch, compute),
@@ -175,8 +181,8 @@ def sweep_results(out: Path, grid: Grid) -> list[CellResult]:
     """Every cell's summary, each cell's spread pooled with the others'."""
     cells = grid.cells()
     figures = [_complete_figures(out, grid, cell) for cell in cells]
-    prior = variance_prior(figures)
-    return [cell_result(out, grid, cell, prior=prior, figures=f) for cell, f in zip(cells, figures)]
+    prior, shares = variance_prior(figures), share_prior(figures)
+    return [cell_result(out, grid, cell, prior=prior, figures=f, shares=shares) for cell, f in zip(cells, figures)]
 
 
 def load_grid_dict(out: Path) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.sweep.figures import LOCAL, CellResult, Cell, RunFigures
-from stallscope.sweep.interval import METHOD, NO_INTERVAL, RERUN_METHOD, SHARE_METHOD, Interval
+from stallscope.sweep.interval import BOTH_METHODS, NO_INTERVAL, RERUN_METHOD, Interval
 
 CSV_NAME = "results.csv"
 SUMMARY_NAME = "summary.csv"
@@ -95,7 +95,7 @@ def precision_text(result: CellResult) -> str:
 
 def interval_method(result: CellResult) -> str:
     if result.images_per_second_interval is not None:
-        return METHOD
+        return BOTH_METHODS
     return NO_INTERVAL if result.repeats == 1 else "no interval (no complete repeat)"
 
 
@@ -179,9 +179,10 @@ def markdown_table(results: list[CellResult]) -> list[str]:
     return lines
 
 
-TABLE_NOTE = (f"images/s: the median over each cell's repeats; 95% interval: a {METHOD} (none with one repeat); "
-              f"re-run 95%: {RERUN_METHOD}; input share: input wait as a percentage of step time (its interval in "
-              f"summary.csv: a {SHARE_METHOD}); precision: the widest apart any run's two halves' images/s are.")
+TABLE_NOTE = (f"images/s: the median over each cell's repeats; intervals: {BOTH_METHODS} (none with one repeat); "
+              f"95% interval: of the geometric mean of images/s; re-run 95%: {RERUN_METHOD}; input share: input wait "
+              "as a percentage of step time (its interval in summary.csv); precision: the widest apart any run's two "
+              "halves' images/s are.")
 
 
 def pooling_note(results: list[CellResult]) -> str | None:
