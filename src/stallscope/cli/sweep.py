@@ -16,7 +16,8 @@ emulator at each --latency per request (and each --bandwidth cap), a fresh store
 served is kept in each run's storage.json and the tables add requests per image.
 
 Stopped (Ctrl-C, SIGTERM, a crash, a reboot), the same command resumes: complete runs are kept, partial
-ones run again. A different grid is refused in the same folder unless --replace-grid says so.
+ones run again. A run ends with its sweep, even one killed by `kill -9`; a resume refuses, naming the
+cell and the PID, while the run of a killed sweep is still running. A different grid is refused in the same folder unless --replace-grid says so.
 Figures leave out the warm-up and profiled steps of every run.
 
 --precision PCT runs every run as `train --precision` does, until its halves' images/s agree within PCT;
@@ -266,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.sweep.hparams import write_hparams
     from stallscope.sweep.rerun import RERUN_NAME, compare, rerun_summary, rerun_table, summary_path, write_rerun_csv
     from stallscope.sweep.results import sweep_results
-    from stallscope.sweep.runner import GRID_NAME, Sweep
+    from stallscope.sweep.runner import GRID_NAME, Sweep, refuse_while_a_run_lives
     from stallscope.sweep.storage import require_emulator
     from stallscope.tfimport import import_tensorflow
     from stallscope.sweep.table import (CSV_NAME, MARKDOWN_NAME, SUMMARY_NAME, markdown_table, pooling_note,
@@ -287,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out / LOCK_NAME, what=f"another `stallscope sweep` into {str(out)!r}"):
         _check_folder(out, grid, args.replace_grid)  # again: the holder of the lock may have written it
+        refuse_while_a_run_lives(out)  # a killed sweep's run, still writing what it measured
         write_json_atomic(out / GRID_NAME, grid.to_dict())
         try:
             with sigterm_as_interrupt():  # the train process is stopped by its PID, the resume command printed

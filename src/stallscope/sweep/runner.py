@@ -13,10 +13,16 @@ Layout of a sweep folder (everything in it is the sweep's own):
     SWEEP_DIR/cells/NAME/repeat-N.log   that run's output
     SWEEP_DIR/cells/NAME/repeat-N/storage.json  where it read from (the cell's store); an emulated store's
                                         counters
+    SWEEP_DIR/running.json              the run under way: its cell, repeat, PID and the PID's start time
 
 A repeat is complete only when its run directory's summary.json says it reached the last step (with
 --precision: its precision or --max-seconds) and was not interrupted; anything else is partial, removed
 and run again.
+
+A run ends with its sweep, even one killed by `kill -9` (the kernel sends the run SIGINT: it writes what
+it measured, marked interrupted). Writing that takes a moment, so a sweep resumed at once refuses, naming
+the cell and the PID, while the run recorded in running.json still runs: two runs of one cell at once
+would each measure the other's load.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import StallscopeError, UsageError
-from stallscope.lifetime import dying_with_parent
+from stallscope.lifetime import dying_with_parent, start_time, still_running
 from stallscope.pipeline.presets import apply_overrides, get_preset
 from stallscope.records.manifest import write_json_atomic
 from stallscope.sweep.grid import Cell, Grid
@@ -52,11 +58,41 @@ PIPELINE_NAME = "pipeline.json"
 _STOP_GRACE_S = 30.0
 _STORE_LIFE_S = 7 * 24 * 3600.0  # an emulated store's bound without --run-timeout (it also ends with us)
 STORAGE_NAME = "storage.json"
+RUNNING_NAME = "running.json"
 _PRECISION_LOG_EVERY = 100  # a run to a precision has no last step to log at: a line every 100 steps
 
 
 class RunFailed(StallscopeError):
     """A run's own usage or data error (exit 2): every cell would fail the same way, so the sweep stops."""
+
+
+class RunStillRunning(StallscopeError):
+    """A run an earlier sweep started in this folder still runs: a resume now would run beside it."""
+
+
+def record_running(out: Path, cell_name: str, repeat: int, pid: int) -> None:
+    """Notes the run under way in the sweep folder (its PID with its start time: a reused PID is not it)."""
+    write_json_atomic(Path(out) / RUNNING_NAME, {"cell": cell_name, "repeat": repeat, "pid": pid,
+                                                 "started": start_time(pid)})
+
+
+def refuse_while_a_run_lives(out: Path) -> None:
+    """Raises RunStillRunning where the run an earlier sweep recorded in `out` still runs (a sweep
+    killed a moment ago: its run is still writing what it measured); forgets a record of one that ended."""
+    path = Path(out) / RUNNING_NAME
+    try:
+        running = json.loads(path.read_text(encoding="utf-8"))
+        cell, repeat, pid, started = running["cell"], int(running["repeat"]), int(running["pid"]), running.get("started")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        log.info("%s: not a record of a run; ignored", path)
+        return
+    if still_running(pid, started):
+        raise RunStillRunning(f"cell {cell}: its repeat {repeat}, started by an earlier sweep into {str(out)!r}, "
+                              f"still runs as PID {pid}; wait for it to end (or stop it: kill {pid}), then run "
+                              f"the same command again")
+    path.unlink(missing_ok=True)
 
 
 def repeat_dir(cell_dir: Path, repeat: int) -> Path:
@@ -209,6 +245,7 @@ class Sweep:
         cell's second, ...): a cell's repeats are spread over the sweep, so what drifts while it runs (the
         machine's load, its caches, its clock) goes into each cell's spread and interval instead of
         shifting whole cells; returns what happened to each run, in grid order."""
+        refuse_while_a_run_lives(self.out)
         outcomes: dict[tuple[int, int], RunOutcome] = {}
         todo = set(self.pending())
         cells = self.grid.cells()
@@ -238,7 +275,7 @@ class Sweep:
                        max_duration_s=store_life_s) as data:
             command = train_command(self.grid, cell, data.path, folder / PIPELINE_NAME, run_dir)
             started = time.perf_counter()
-            code = self._execute(command, _child_env(data.env), log_path)
+            code = self._execute(command, _child_env(data.env), log_path, cell, repeat)
             served = data.counters() if data.counters else None
         if run_dir.is_dir():
             write_json_atomic(run_dir / STORAGE_NAME, {"where": data.where, "latency": cell.latency,
@@ -254,22 +291,27 @@ class Sweep:
         self.on_event(f"{label}: failed ({failure}; log: {log_path})")
         return RunOutcome(cell, repeat, run_dir, ran=True, failure=failure)
 
-    def _execute(self, command: list[str], env: dict[str, str], log_path: Path) -> int | None:
+    def _execute(self, command: list[str], env: dict[str, str], log_path: Path, cell: Cell, repeat: int) -> int | None:
         """Runs one train process to its end (None: stopped at the timeout). Ctrl-C stops it too, by
-        its PID, letting it write its interrupted record first."""
+        its PID, letting it write its interrupted record first. The run is recorded in RUNNING_NAME
+        while it runs."""
         with open(log_path, "w", encoding="utf-8") as output:
             output.write("$ " + " ".join(command) + "\n")
             output.flush()
             child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=interrupted_when_the_sweep_dies())
             try:
+                record_running(self.out, cell.name, repeat, child.pid)
                 return child.wait(timeout=self.run_timeout_s)
             except subprocess.TimeoutExpired:
                 _stop(child)
                 return None
-            except KeyboardInterrupt:
+            except BaseException:  # Ctrl-C, SIGTERM, or the record refused by a full disk: the run ends too
                 _stop(child)
                 raise
+            finally:
+                if child.poll() is not None:
+                    (self.out / RUNNING_NAME).unlink(missing_ok=True)
 
 
 def interrupted_when_the_sweep_dies() -> Callable[[], None] | None:
