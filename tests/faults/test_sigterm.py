@@ -119,3 +119,26 @@ def test_a_killed_sweep_leaves_no_run_and_its_resume_refuses_while_a_run_of_the_
     refused.check(rc=2, within_s=120)
     assert f"cell {cell}" in refused.stderr and f"PID {holder.pid}" in refused.stderr
     assert json.loads((out / RUNNING_NAME).read_text(encoding="utf-8"))["pid"] == holder.pid, "no run was started beside it"
+
+
+@pytest.mark.timeout(400)
+def test_autograph_files_of_a_killed_train_are_kept_together_and_removed_by_the_next_run(faults, tiny_tree, tmp_path):
+    """`kill -9` runs no exit handler: autograph's generated files stay, but in the killed process's own
+    marked folder, which the next stallscope command that loads TensorFlow removes. Before: loose
+    `__autograph_generated_file*.py` in TMPDIR for good."""
+    tmpdir = _own_tmpdir(tmp_path)
+    env = {"TMPDIR": str(tmpdir)}
+    run = faults.launch("train kill -9", ["train", "--dataset_path", tiny_tree, "--accelerator", "emulated:2000",
+                                          "--steps", "1000000", "--log-every", "1", "--log_path", tmp_path / "run",
+                                          *TINY], env=env)
+    run.wait_for(lambda: "\nstep 3 " in run.stdout_so_far(), START_S, "third step line")
+    run.send(signal.SIGKILL)
+    run.finish(60).check(rc=-signal.SIGKILL, within_s=60, stderr_lines=0)
+    left = _left_in(tmpdir)
+    assert len(left) == 1 and left[0].startswith("stallscope-autograph-"), left
+    assert list((tmpdir / left[0]).glob("__autograph_generated_file*.py")), "the killed run's files are in its folder"
+
+    after = faults.run("evaluate after a killed train", ["evaluate", "--checkpoint_path", tmp_path / "none",
+                                                         "--dataset_path", tiny_tree, "--split", "train"], 180, env=env)
+    after.check(rc=2, within_s=180)
+    assert _left_in(tmpdir) == [], "the killed process's folder is removed, the next run's own too"
