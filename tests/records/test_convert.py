@@ -181,10 +181,10 @@ def test_output_directory_rules(tiny_tree, image_tree_factory, tmp_path):
     root = image_tree_factory(classes=1, per_class=2)
     with pytest.raises(UsageError, match="inside --dataset_path"):
         convert_tree(ConvertOptions(root, root / "records", workers=1))
-    # a second conversion with fewer shards removes the first one's extra shards
+    # a second conversion with fewer shards, told to replace the first, removes the first one's extra shards
     out = tmp_path / "out"
     convert_tree(ConvertOptions(tiny_tree, out, shards=4, workers=1))
-    convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
+    convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1, replace=True))
     assert sorted(p.name for p in out.glob("*.tfrecord")) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
 
 

@@ -14,6 +14,7 @@ from stallscope.pipeline.sources import open_source
 from stallscope.records.completeness import STATE_DIR
 from stallscope.records.convert import ConvertOptions, convert_tree
 from stallscope.records.lock import LOCK_NAME, LockedError, exclusive_lock
+from stallscope.records.manifest import load_manifest
 
 
 def _cli(*argv):
@@ -55,7 +56,7 @@ def test_shards_of_a_finished_run_stay_ours_when_the_rerun_is_interrupted(tiny_t
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1), progress=stop)
+        convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1, replace=True), progress=stop)
     assert not (out / "manifest.json").exists()
     convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
     assert sorted(p.name for p in out.glob("*.tfrecord")) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
@@ -136,3 +137,50 @@ def test_unwritable_output_folder_is_one_line(tiny_tree, tmp_path):
     err = result.stderr.strip()
     assert result.returncode == 2 and len(err.splitlines()) == 1, err
     assert "cannot write" in err and str(blocker / "out") in err
+
+
+def _shards(out):
+    return {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
+
+
+def test_a_conversion_of_another_source_is_refused_unless_replaced(tiny_tree, image_tree_factory, tmp_path):
+    """The 64 shards of an earlier source were deleted for 4 of another, with no word."""
+    other = image_tree_factory(classes=2, per_class=3)
+    out = tmp_path / "out"
+    convert_tree(ConvertOptions(tiny_tree, out, shards=4, workers=1))
+    before, manifest = _shards(out), (out / "manifest.json").read_text()
+    result = _cli("convert", other, "--output_path", out, "--shards", "4", "--workers", "1", "--no-progress")
+    err = result.stderr.strip()
+    assert result.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"--output_path: {str(out)!r} holds a finished conversion (4 shard(s), 24 images)" in err, err
+    assert f"source {str(other.resolve())!r} (was {str(tiny_tree.resolve())!r})" in err and "--replace" in err, err
+    assert _shards(out) == before and (out / "manifest.json").read_text() == manifest
+    result = _cli("convert", other, "--output_path", out, "--shards", "4", "--workers", "1", "--no-progress",
+                  "--replace")
+    assert result.returncode == 0, result.stderr
+    assert sum(load_manifest(out).splits[s].examples for s in load_manifest(out).splits) == 6
+
+
+def test_another_shard_plan_is_refused_and_the_same_one_repeats(tiny_tree, tmp_path):
+    """`convert --output_path rec5m` into an earlier 5 MB-shard output replaced it with one shard, silently."""
+    out = tmp_path / "rec5m"
+    convert_tree(ConvertOptions(tiny_tree, out, size_per_record=5_000, workers=1))
+    before = _shards(out)
+    assert len(before) > 1
+    with pytest.raises(UsageError, match=r"size-per-record 52428800 \(was 5000\)"):
+        convert_tree(ConvertOptions(tiny_tree, out, workers=1))
+    with pytest.raises(UsageError, match=r"size-per-record unset \(was 5000\); shards 2 \(was unset\)"):
+        convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
+    assert _shards(out) == before
+    convert_tree(ConvertOptions(tiny_tree, out, size_per_record=5_000, workers=2))  # workers decide nothing
+    assert _shards(out) == before, "the same conversion repeated, to the same bytes"
+
+
+def test_an_unfinished_conversion_of_another_plan_is_refused_and_its_own_finishes(tiny_tree, tmp_path):
+    out = _interrupted_conversion(tiny_tree, tmp_path / "out")
+    kept = _shards(out)
+    with pytest.raises(UsageError, match=r"unfinished conversion of another source or plan \(`stallscope convert .*"
+                                         r"--shards 8` finishes it\)"):
+        convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
+    assert _shards(out) == kept
+    assert convert_tree(ConvertOptions(tiny_tree, out, shards=8, workers=1)).reused_shards == 3

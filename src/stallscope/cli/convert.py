@@ -38,6 +38,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "output_path", default="tfrecords",
              help="directory for the shards and manifest.json: a folder, gs://bucket/prefix or s3://bucket/prefix "
                   "(default: tfrecords)")
+    add_flag(parser, "replace", action="store_true",
+             help="replace a finished or unfinished conversion of another source, shard plan or image option "
+                  "in --output_path (default: refuse it; a rerun of the same one resumes or repeats it)")
     add_storage_flag(parser)
     add_flag(parser, "labels", type=existing_file, default=None, metavar="FILE",
              help="one label per line; the line order fixes the label indices (default: sorted folder names)")
@@ -120,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         seed=args.seed,
         read_ahead=args.read_ahead,
+        replace=args.replace,
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args

@@ -48,6 +48,7 @@ from stallscope.records.manifest import (
     LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest, save_manifest, write_json_atomic,
 )
 from stallscope.records.read_ahead import FileReader, ReadStats, process_reader, read_file
+from stallscope.records.same_conversion import refuse_other_conversion, refuse_other_unfinished
 from stallscope.records.schema import SCHEMAS, get_schema
 from stallscope.records.writer import (
     OutputFull, RecordFile, ShardWriter, encode_example_bytes, encode_example_parts, file_sha256, frame_record,
@@ -96,6 +97,7 @@ class ConvertOptions:
     check: str = "stream"
     seed: int = 0
     read_ahead: int | None = None  # files each worker reads ahead; None: where reads wait (read_ahead.py)
+    replace: bool = False  # replace a finished conversion of another source or plan in output_path
 
     def __post_init__(self) -> None:
         for name in ("dataset_path", "output_path", "labels_file"):
@@ -690,6 +692,22 @@ def _check_output(options: ConvertOptions) -> None:
             f"(neither {MANIFEST_NAME} nor a conversion's state lists it); it is left alone; "
             "expected an empty or new directory"
         )
+    if not options.replace:
+        _refuse_another_conversion(options)
+
+
+def _refuse_another_conversion(options: ConvertOptions) -> None:
+    """A folder holding a conversion of another source or plan is refused, not silently replaced."""
+    out = options.output_path
+    where = repr(str(out)) if isinstance(out, Path) else str(out)
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            manifest = load_manifest(out)
+        except DataError:
+            return  # an unreadable manifest vouches for nothing, and describes nothing to keep
+        refuse_other_conversion(where, manifest, str(options.dataset_path.resolve()), recorded_options(options))
+    elif isinstance(out, Path):
+        refuse_other_unfinished(where, read_run(out).get("command", ""), convert_command(options))
 
 
 def _make_state_dir(out: Path) -> Path:
@@ -845,6 +863,12 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
     if isinstance(options.output_path, RemotePath):
         from stallscope.records.remote_output import convert_to_store
 
+        if not options.replace:
+            try:
+                _refuse_another_conversion(options)  # the bucket's own manifest, before any work
+            except StorageError as exc:
+                raise StorageError(f"--output_path: {exc}") from None
+
         return convert_to_store(options, progress, convert_local=convert_tree, command=convert_command(options))
     started = time.perf_counter()
     plan = plan_conversion(options)
@@ -934,18 +958,24 @@ def _build_manifest(options, tree, plan, results, skipped) -> Manifest:
     for shard in plan:
         skipped.extend(results[shard.filename]["skipped"])
         repaired.extend(results[shard.filename]["repaired"])
-    recorded = to_dict(options)
-    recorded["size_per_record"] = None if options.shards else (options.size_per_record or DEFAULT_SIZE_PER_RECORD)
-    recorded["workers"] = options.resolved_workers
     return Manifest(
         schema=options.schema,
         labels=tree.labels,
         splits=splits,
-        options=recorded,
+        options=recorded_options(options),
         skipped=tuple(sorted(skipped, key=lambda e: e["path"])),
         repaired=tuple(sorted(repaired, key=lambda e: e["path"])),
         source=str(tree.root.resolve()),
     )
+
+
+def recorded_options(options: ConvertOptions) -> dict[str, Any]:
+    """The options as the manifest records them: the shard size resolved, the workers counted."""
+    recorded = to_dict(options)
+    del recorded["replace"]  # how this run treats an earlier one, not what it wrote
+    recorded["size_per_record"] = None if options.shards else (options.size_per_record or DEFAULT_SIZE_PER_RECORD)
+    recorded["workers"] = options.resolved_workers
+    return recorded
 
 
 def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float,
