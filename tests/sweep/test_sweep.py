@@ -375,8 +375,9 @@ def test_report_renders_in_a_headless_browser(swept, tmp_path):
     match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout)
     assert match, f"the page did not finish loading: {result.stderr[-500:]}"
     probe = json.loads(match.group(1).replace("&quot;", '"'))
-    assert probe["figures"] == ["throughput_vs_latency", "input_share_vs_latency"], "one speed: no speed plot"
-    assert len(probe["images"]) == 2
+    # files and records: the speedup of one over the other; one speed: no speed plot
+    assert probe["figures"] == ["throughput_vs_latency", "speedup_vs_latency", "input_share_vs_latency"]
+    assert len(probe["images"]) == 3
     for image in probe["images"]:
         loaded, size = image.split(":")
         width, height = map(int, size.split("x"))

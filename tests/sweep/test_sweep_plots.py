@@ -109,3 +109,61 @@ def test_the_report_renders_without_the_workload():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip() == "[]"
+
+
+def formats_cell(fmt: str, store: str, latency: str, ips: list[float]) -> CellResult:
+    result = cell_result(store, latency, ips, [0.5] * len(ips), client="TF local files" if store == "local" else "TF gs://")
+    import dataclasses
+
+    return dataclasses.replace(result, cell=dataclasses.replace(result.cell, format=fmt))
+
+
+# The seeds' question on two stores: files and records, local disk and gs:// and s3:// at 10 and 30 ms
+FORMATS = [formats_cell(fmt, store, latency, [v * k for k in (0.98, 1.0, 1.02)])
+           for fmt, store, latency, v in (
+               ("files", "local", "local", 500), ("records", "local", "local", 600),
+               ("files", "gcs", "10ms", 30), ("records", "gcs", "10ms", 400),
+               ("files", "gcs", "30ms", 11), ("records", "gcs", "30ms", 300),
+               ("files", "s3", "10ms", 90), ("records", "s3", "10ms", 450))]
+
+
+def test_a_panel_per_store_on_the_same_axes_with_local_disk_in_each():
+    """16 series in one panel were told apart only by marker: a panel per store that adds latency, the
+    same axes in each, local disk's cells the left point of every panel."""
+    from stallscope.report.drawing import pyplot
+    from stallscope.report.sweep_plots import throughput_vs_latency
+
+    drawn = throughput_vs_latency(FORMATS)
+    axes = [ax for ax in drawn.fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["gs://", "s3://"]
+    assert axes[0].get_ylim() == axes[1].get_ylim() and axes[0].get_xlim() == axes[1].get_xlim()
+    for ax, store in zip(axes, ("gs://", "s3://")):
+        labels = {line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")}
+        assert labels == {f"{f} / seed on {store} via TF gs://" for f in ("files", "records")} | {
+            f"{f} / seed on local disk via TF local files" for f in ("files", "records")}, labels
+    assert "a panel per store, on the same axes" in drawn.caption
+    legend = [t.get_text() for t in drawn.fig.axes[-1].get_legend().get_texts()]
+    assert len(legend) == 6 and len(set(legend)) == 6, "one legend of every panel's series"
+    pyplot().close(drawn.fig)
+
+
+def test_the_speedup_figure_sets_each_format_against_files_in_the_same_cell():
+    """Records over files per store and latency, the ratio of geometric means with its Welch interval;
+    drawn only where a sweep has files and another format."""
+    from stallscope.report.drawing import pyplot
+    from stallscope.report.sweep_plots import plots_supported, speedup_vs_latency, speedups
+
+    found = {(s.over.cell.store, s.over.cell.latency): s for s in speedups(FORMATS)}
+    assert set(found) == {("local", "local"), ("gcs", "10ms"), ("gcs", "30ms"), ("s3", "10ms")}
+    gcs30 = found[("gcs", "30ms")]
+    assert gcs30.ratio == pytest.approx(300 / 11) and gcs30.low < gcs30.ratio < gcs30.high
+    assert gcs30.baseline.cell.format == "files" and gcs30.over.cell.format == "records"
+    drawn = speedup_vs_latency(FORMATS)
+    ax = drawn.fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert list(lines["records / seed over files on gs://"].get_ydata()) == pytest.approx([400 / 30, 300 / 11])
+    assert "as fast as files" in lines and ax.get_yscale() == "log"
+    assert "ratio of the two cells' geometric means" in drawn.caption
+    pyplot().close(drawn.fig)
+    assert "speedup_vs_latency" in plots_supported(FORMATS)
+    assert "speedup_vs_latency" not in plots_supported(SWEPT), "files alone: nothing to set against"
