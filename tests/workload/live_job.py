@@ -9,6 +9,8 @@ appears. --start-file keeps it idle (server up, no steps) until that file appear
 
 --stalled gives the seeds' slow input: a sequential JPEG decode and resize, no prefetch, TF's
 automatic rewrites off. Without it the decoded batches are cached in memory and prefetched.
+--device-ms N adds an emulated device's wait (no CPU) to every step after the model's: a step long
+enough that the few ms a loaded machine makes a get_next wait for a core stay far below 5% of it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--idle-file", type=Path)
     parser.add_argument("--die-during-capture", action="store_true")
     parser.add_argument("--stalled", action="store_true")
+    parser.add_argument("--device-ms", type=float, default=0.0)
     args = parser.parse_args()
 
     tf.profiler.experimental.server.start(args.port)  # the one line a user adds
@@ -104,6 +107,7 @@ def main() -> None:
                 start = time.perf_counter()
                 images, labels = next(iterator)
                 train_step(images, labels).numpy()
+                time.sleep(args.device_ms / 1000.0)
                 step_ms = (time.perf_counter() - start) * 1000.0
             timing.write(json.dumps({"step": step, "step_ms": step_ms}) + "\n")
             timing.flush()

@@ -97,6 +97,14 @@ class LiveJob:
             self.process.wait()
 
 
+# The healthy job's steps end in a 150 ms emulated device wait: its cached, prefetched batches are ready long
+# before each step asks, and the few ms a loaded 2-core machine makes a get_next wait for a core stay near
+# 1% of a step, not the 5% of "moderately" (its bare step of a few ms made any such wait count). Its
+# captures are long enough for 20-odd such steps.
+HEALTHY_DEVICE_MS = 150
+HEALTHY_CAPTURE = "5s"
+
+
 @pytest.fixture(scope="module")
 def live_jobs(tmp_path_factory):
     """The module's live jobs, started side by side (each takes seconds to import TF and build its model,
@@ -104,7 +112,7 @@ def live_jobs(tmp_path_factory):
     start file, costing nothing until its test starts it."""
     jobs = {}
     try:
-        jobs["healthy"] = LiveJob(tmp_path_factory.mktemp("healthy_job"))
+        jobs["healthy"] = LiveJob(tmp_path_factory.mktemp("healthy_job"), "--device-ms", str(HEALTHY_DEVICE_MS))
         jobs["stalled"] = LiveJob(tmp_path_factory.mktemp("stalled_job"), "--stalled")
         fit = tmp_path_factory.mktemp("fit_job")
         jobs["fit"] = LiveJob(fit, "--per-step", "4", "--start-file", str(fit / "start"), program=FIT_JOB)
@@ -144,7 +152,8 @@ def one_error_line(captured) -> str:
 
 def test_a_healthy_job_is_captured_and_reported_as_analyze_does(healthy_job, tmp_path, capsys):
     log_path = tmp_path / "captures"
-    assert main(["capture", healthy_job.address, "--duration", "2s", "--log_path", str(log_path), "--no-xprof"]) == 0
+    assert main(["capture", healthy_job.address, "--duration", HEALTHY_CAPTURE, "--log_path", str(log_path),
+                 "--no-xprof"]) == 0
     out = capsys.readouterr().out
     captures = sorted((log_path / "plugins" / "profile").iterdir())
     assert len(captures) == 1 and list(captures[0].glob("*.xplane.pb"))
@@ -191,13 +200,13 @@ def test_a_fit_under_steps_per_execution_is_counted_in_batches_per_step_as_analy
 
 
 def test_watch_prints_one_line_per_capture(healthy_job, stalled_job, tmp_path, capsys):
-    common = ["--duration", "1s", "--interval", "1s", "--watch", "--count", "2", "--log_path", str(tmp_path)]
-    assert main(["capture", stalled_job.address, *common]) == 0
+    common = ["--interval", "1s", "--watch", "--count", "2", "--log_path", str(tmp_path)]
+    assert main(["capture", stalled_job.address, "--duration", "1s", *common]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     assert all("highly input-bound" in line and "bottleneck Map" in line for line in lines)
 
-    assert main(["capture", healthy_job.address, *common, "--json"]) == 0
+    assert main(["capture", healthy_job.address, "--duration", HEALTHY_CAPTURE, *common, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2
     assert all(row["verdict"] == "not" and row["steps"] > 10 and row["error"] is None for row in rows)
