@@ -142,3 +142,30 @@ def test_autograph_files_of_a_killed_train_are_kept_together_and_removed_by_the_
                                                          "--dataset_path", tiny_tree, "--split", "train"], 180, env=env)
     after.check(rc=2, within_s=180)
     assert _left_in(tmpdir) == [], "the killed process's folder is removed, the next run's own too"
+
+
+@pytest.mark.timeout(400)
+def test_train_whose_data_service_stops_writes_what_it_measured_marked_interrupted(faults, tiny_tree, tmp_path):
+    """The service's only worker stopped mid-run: the run ends in its one line as before, and now
+    writes summary.json and steps.csv with the steps it took, marked interrupted. Before: no summary."""
+    from stallscope.service import servers
+
+    dispatcher = servers.start_dispatcher()
+    worker = servers.start_worker(f"127.0.0.1:{dispatcher.port}", timeout_s=30)
+    run_dir = tmp_path / "run"
+    try:
+        run = faults.launch("train --data-service, worker stopped", [
+            "train", "--dataset_path", tiny_tree, "--accelerator", "emulated:2000", "--steps", "1000000",
+            "--log-every", "1", "--log_path", run_dir, "--data-service", dispatcher.target,
+            "--data-service-timeout", "5s", *TINY])
+        run.wait_for(lambda: "\nstep 3 " in run.stdout_so_far(), START_S, "third step line")
+        worker.stop()
+        outcome = run.finish(120)
+    finally:
+        worker.stop()
+        dispatcher.stop()
+    outcome.check(rc=2, within_s=120)
+    assert "sent no batch for 5 s" in outcome.stderr
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    assert summary["interrupted"] is True and summary["last_step"] >= 3
+    assert len((run_dir / "steps.csv").read_text(encoding="utf-8").splitlines()) - 1 == summary["last_step"]

@@ -699,12 +699,24 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
     plan = _plan(options, source, dataset is not None)
     run_dir, made = _make_run_dir(options)
     loop = None
+    written_when_silent: list[Callable[[], None]] = []  # set once the run has steps to write
+
+    def service_silent(message: str) -> None:
+        """The service stopped sending batches: what was measured is written, marked interrupted,
+        before the process ends (the thread waiting in TF cannot be stopped)."""
+        for write in written_when_silent:
+            try:
+                write()
+            except Exception:  # noqa: BLE001 - the service's line is the one to give
+                log.warning("could not write the run directory before ending", exc_info=True)
+        (on_service_silent or _end_process)(message)
+
     try:
         keras.utils.set_random_seed(options.seed)
         device = _make_device(options, source)
         store, start_step = _open_checkpoints(options, device)
         resume = _resume_position(options, plan, start_step, given_dataset=dataset is not None)
-        service_watch = _service_watch(options, on_service_silent)
+        service_watch = _service_watch(options, service_silent if options.pipeline.data_service else None)
         waiting = service_watch.waiting if service_watch is not None else contextlib.nullcontext
         feed = _Feed(options, source, plan, resume, start_step, dataset, waiting)
         chains = _describe_chains(feed.first)
@@ -717,11 +729,37 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
         loop = _StepLoop(options, source, plan, device, feed, store, start_step, batchnorm, run_dir, on_step,
                          service_watch)
         read_before = request_tally.snapshot()
+
+        def complete_summary(steps: list[rundir.StepRecord], validation: dict[str, Any] | None) -> dict[str, Any]:
+            summary = _summary(options, source, plan, summarize_steps(steps), loop, chains, run_dir, start_step,
+                               store, validation, device)
+            summary["store_requests"] = store_requests(request_tally.snapshot().since(read_before), source,
+                                                       images=sum(s.images for s in steps))
+            summary["batchnorm"] = batchnorm.summary()
+            summary["cold"] = cold.to_dict() if cold is not None else None
+            summary["train_top1_last_10"] = (sum(loop.accuracies[-10:]) / len(loop.accuracies[-10:])
+                                             if loop.accuracies else None)
+            summary["interrupted"] = loop.interrupted
+            summary["images"] = images_trained(options, plan, steps, start_step, interrupted=loop.interrupted)
+            summary["resumed_data"] = (None if start_step == 0 else {"epoch": resume.epoch, "skipped_examples":
+                                       resume.skip_examples, "exact": resume.exact})
+            return summary
+
+        def write_when_silent() -> None:
+            steps = list(loop.steps)
+            if steps:
+                loop.interrupted, loop.stopped_by = True, "interrupted"
+                summary = complete_summary(steps, None)
+                summary["stopped_by"] = "the tf.data service sent no batch within --data-service-timeout"
+                _write_run_dir(run_dir, options, steps, chains, loop.monitor, summary)
+
+        written_when_silent.append(write_when_silent)
         loop.run()
     except BaseException:
         with contextlib.suppress(Exception):  # the run's own error is the one to report, not the clean-up's
             _remove_run_without_steps(run_dir, made, loop)
         raise
+    written_when_silent.clear()
     if not loop.interrupted:
         batchnorm.settle(loop.step)  # the model handed back (and validated) infers as it was trained
     validation = None
@@ -730,21 +768,39 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
 
     steps = loop.steps
     stats = summarize_steps(steps)
-    summary = _summary(options, source, plan, stats, loop, chains, run_dir, start_step, store, validation, device)
-    summary["store_requests"] = store_requests(request_tally.snapshot().since(read_before), source,
-                                               images=sum(s.images for s in steps))
-    summary["batchnorm"] = batchnorm.summary()
-    summary["cold"] = cold.to_dict() if cold is not None else None
-    summary["train_top1_last_10"] = (sum(loop.accuracies[-10:]) / len(loop.accuracies[-10:])
-                                     if loop.accuracies else None)
-    summary["interrupted"] = loop.interrupted
-    summary["resumed_data"] = (None if start_step == 0 else
-                               {"epoch": resume.epoch, "skipped_examples": resume.skip_examples, "exact": resume.exact})
+    summary = complete_summary(steps, validation)
     if steps or not (run_dir / rundir.SUMMARY_NAME).exists():  # a no-op resume keeps the last run's figures
         _write_run_dir(run_dir, options, steps, chains, loop.monitor, summary)
     if loop.interrupted:
         raise KeyboardInterrupt
     return TrainResult(steps=steps, summary=summary, run_dir=run_dir, stats=stats, model=device.model)
+
+
+def _end_process(message: str) -> None:
+    from stallscope.storage.stuck_calls import end_process
+
+    end_process(message)
+
+
+PARTIAL_BATCHES = {
+    "service": "each tf.data service worker batches its own share of the images and drops its last partial batch",
+    "local": "the last partial batch of each epoch is dropped (drop_remainder)",
+}
+
+
+def images_trained(options: TrainOptions, plan: _Plan, steps: list[rundir.StepRecord], start_step: int, *,
+                   interrupted: bool) -> dict[str, Any]:
+    """The images the steps took against those in the split for the epochs asked, and how many were
+    dropped as partial batches; in_split and dropped None where nothing is set against (a run by steps
+    or to a precision repeats the data; a resumed or interrupted run trained only part of it)."""
+    trained = sum(s.images for s in steps)
+    whole_run = not options.repeats and plan.steps_per_epoch is not None and start_step == 0 and not interrupted
+    if not whole_run:
+        return {"trained": trained, "in_split": None, "dropped": None, "why_dropped": None}
+    in_split = plan.examples * options.epochs
+    dropped = max(0, in_split - trained)
+    why = (PARTIAL_BATCHES["service" if options.pipeline.data_service else "local"] if dropped else None)
+    return {"trained": trained, "in_split": in_split, "dropped": dropped, "why_dropped": why}
 
 
 def _write_scalars(tf, step: int, window: list[rundir.StepRecord], loss: float | None) -> None:
