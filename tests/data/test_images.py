@@ -367,3 +367,29 @@ def test_big_jpeg_downscaled_through_a_reduced_dct_scale_matches_a_full_decode(o
     ours = _tf_rgb(prepared.data).astype(np.float32)
     assert ours.shape == reference.shape
     assert np.abs(ours - reference).mean() < 3.0  # re-encoding noise; the reduced-scale decode adds about nothing
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares width x height (grey, 8 bits) with one tiny IDAT: its header is all a size
+    check reads, so a 30000x30000 picture costs a few dozen bytes."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(b"\0" * 16)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def test_a_huge_png_is_refused_by_the_max_pixels_limit_that_applies_not_pillows():
+    """Pillow refused it first, quoting its own 178,956,970-pixel limit where --max-pixels (default
+    89,478,485) applies."""
+    data = _png_header_only(30000, 30000)
+    assert len(data) < 200
+    with pytest.raises(UnusableImage) as caught:
+        prepare_image(data)
+    message = str(caught.value)
+    assert f"limit {images.DEFAULT_MAX_PIXELS}" in message and "30000x30000" in message, message
+    assert "178956970" not in message, message
+    with pytest.raises(UnusableImage) as caught:
+        prepare_image(data, ImageOptions(max_pixels=1_000_000))
+    assert "limit 1000000" in str(caught.value)

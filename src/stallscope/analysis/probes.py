@@ -184,12 +184,19 @@ def probe_pipeline(
         raise UsageError(f"cache_state: expected one of {', '.join(CACHE_STATES)}, got {cache_state!r}")
     if max_images <= 0:
         raise UsageError(f"max_images: expected a positive integer, got {max_images!r}")
+    from stallscope.pipeline.input_errors import data_errors, input_error, store_error, store_errors
+
     counter = tf.Variable(0, dtype=tf.int64, trainable=False)
     dataset = build_dataset(config, source, repeat=True, extra_stages=_counting_hooks(extra_stages, counter))
-    return _timed_probe(
-        dataset, lambda batch: _so_far(int(counter.numpy()), max_images), cache_state=cache_state,
-        files=[str(p) for p in source.files], budget_s=budget_s, batch_size=config.batch_size,
-        source_kind=source.kind, examples=source.num_examples, min_s=min_s)
+    try:
+        return _timed_probe(
+            dataset, lambda batch: _so_far(int(counter.numpy()), max_images), cache_state=cache_state,
+            files=[str(p) for p in source.files], budget_s=budget_s, batch_size=config.batch_size,
+            source_kind=source.kind, examples=source.num_examples, min_s=min_s)
+    except data_errors() as exc:  # a damaged image or record: the one line `train` prints, naming it
+        raise input_error(source, exc) from None
+    except store_errors() as exc:
+        raise store_error(source, exc) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -289,8 +290,18 @@ def existing_file(text: str) -> Path:
     if not path.exists():
         raise _type_error("an existing file", text, "it does not exist")
     if not path.is_file():
-        raise _type_error("a file", text, "a directory")
+        raise _type_error("a file", text, _not_a_file(path))
     return path
+
+
+def _not_a_file(path: Path) -> str:
+    """What stands at `path` instead of a regular file, as the user would name it."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def existing_path(text: str) -> Path:

@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.storage.emulator.serving import RunningStore, check_surroundings
     from stallscope.storage.emulator.state_dirs import new_state_dir
 
+    _resolve_paths(args)
     options = _options(args)
     check_surroundings(options)
     own_state = args.state_dir is None
@@ -249,6 +250,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"# stopped: {final.requests} requests, {final.connections} connections, "
           f"{final.bytes} bytes sent", file=sys.stderr, flush=True)
     return 0
+
+
+def _resolve_paths(args: argparse.Namespace) -> None:
+    """Every path flag made absolute against the folder the command was started in: a --mount's libfuse
+    moves the process to / once the mount is up, where a relative --ready-file would land in /."""
+    for name in ("root", "mount_point", "counters", "ready_file", "state_dir"):
+        if getattr(args, name) is not None:
+            setattr(args, name, Path(os.path.abspath(getattr(args, name))))
 
 
 def _update_counters(store, path: Path, written):

@@ -209,16 +209,14 @@ def _exif_segment_orientation(tiff: bytes) -> int | None:
 
 @contextlib.contextmanager
 def _pillow_pixel_limit(max_pixels: int):
-    """Pillow refuses a picture above twice its global `MAX_IMAGE_PIXELS` before our own check runs, so
-    a `max_pixels` above that would never apply: lift Pillow's limit to ours while we open and decode
-    (never lower it: our check, with its clearer message, comes first)."""
+    """Pillow refuses a picture above twice its global `MAX_IMAGE_PIXELS` at its opening, quoting its own
+    limit (178,956,970) where `max_pixels` (--max-pixels) is the one that applies. Opening reads the
+    header only, and our check of its size follows at once, so Pillow's is lifted while we open and
+    decode: every picture above `max_pixels` is refused by ours, in its words."""
     from PIL import Image
 
     saved = Image.MAX_IMAGE_PIXELS
-    if saved is None or max_pixels <= saved:
-        yield
-        return
-    Image.MAX_IMAGE_PIXELS = max_pixels
+    Image.MAX_IMAGE_PIXELS = None
     try:
         yield
     finally:
@@ -282,8 +280,10 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         warnings.simplefilter("ignore")
         try:
             image = Image.open(io.BytesIO(data), formats=[fmt])
-        except Image.DecompressionBombError as exc:
-            raise UnusableImage(TOO_LARGE, str(exc)) from None
+        except Image.DecompressionBombError as exc:  # Pillow's limit, put back by another thread meanwhile
+            found = re.search(r"\((\d+) pixels\)", str(exc))
+            pixels = found.group(1) if found else "more"
+            raise UnusableImage(TOO_LARGE, f"{pixels} pixels > limit {options.max_pixels}") from None
         except (ValueError, KeyError) as exc:  # Pillow has no plugin for this format
             raise UnusableImage(UNSUPPORTED, f"{fmt} ({exc})") from None
         except Exception as exc:  # Pillow raises a variety of errors for a broken header

@@ -180,6 +180,12 @@ class PipelineConfig:
             raise UsageError(f"--pipeline-config: file {str(path)!r} does not exist") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"--pipeline-config: {str(path)!r} is not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:  # a program, an image: JSON is UTF-8 text
+            raise UsageError(f"--pipeline-config: {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                             f"at offset {exc.start}); expected a JSON pipeline config") from None
+        except IsADirectoryError:
+            raise UsageError(f"--pipeline-config: {str(path)!r} is a directory; "
+                             "expected a JSON pipeline config") from None
         if isinstance(data, dict) and "pipeline" in data and isinstance(data["pipeline"], dict):
             data = data["pipeline"]  # a file saved by `diagnose --fix` wraps the config
         return cls.from_dict(data, source=f"--pipeline-config {path}")

@@ -68,12 +68,17 @@ def store_error(source, exc):
     AbortedError after its retries): one line naming the object it was reading, not a traceback."""
     import re
 
-    from stallscope.storage.gcs_store import libcurl_reason
+    from stallscope.storage.deadlines import refused, refused_connection
+    from stallscope.storage.gcs_store import gcs_endpoint, libcurl_reason
     from stallscope.storage.location import StorageError, short
 
     text = " ".join((getattr(exc, "message", None) or str(exc)).split())
     named = re.search(r"(?:gs|s3)://\S+?(?=[\s,;'\"]|$)", text)
     where = named.group(0) if named else (str(source.path) if source is not None else "the input")
+    if refused_connection(text):  # the store was stopped mid-run: waiting longer cannot help
+        endpoint = gcs_endpoint() if where.startswith("gs://") else \
+            os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+        return refused(f"--dataset-path: {where}", endpoint)
     return StorageError(f"--dataset-path: {where}: the store did not answer ({short(libcurl_reason(text))}); "
                         "expected it to answer within --storage-timeout")
 
@@ -116,10 +121,14 @@ def _records_error(source, what: str) -> DataError:
 def _files_error(source, what: str) -> DataError:
     import tensorflow as tf
 
+    from stallscope.storage.location import is_remote
+
     log.info("looking for the image TensorFlow cannot decode among %d file(s)", len(source.files))
     for path in source.files:
         try:
-            tf.io.decode_image(tf.io.read_file(str(path)), channels=3, expand_animations=False)
+            # A local name's bytes as they are: a name that is not UTF-8 (a\xff.jpg) is no str TF takes.
+            name = str(path) if is_remote(str(path)) else os.fsencode(path)
+            tf.io.decode_image(tf.io.read_file(name), channels=3, expand_animations=False)
         except (tf.errors.InvalidArgumentError, tf.errors.UnknownError, tf.errors.DataLossError) as exc:
             return DataError(
                 f"{path}: TensorFlow cannot decode this image ({_tf_line(exc)}); "

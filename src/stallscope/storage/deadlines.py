@@ -25,6 +25,29 @@ class StorageError(UsageError):
 
 _settings: dict = {"timeout_s": DEFAULT_TIMEOUT_S, "abandoned": False}
 
+# How each client words a connection nothing accepted: the OS's, obstore's debug dump, libcurl's (TF's gs://).
+_REFUSED = ("connection refused", "connectionrefused", "errno 111")
+
+
+def refused_connection(exc: BaseException | str) -> bool:
+    """True where the store's host refused the connection (nothing listens at the endpoint: a store
+    that was stopped or killed, a wrong port). A longer timeout cannot help there, so the line says
+    so instead of "did not answer". `exc` or any exception it was raised from counts."""
+    seen: set[int] = set()
+    current: BaseException | str | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or any(word in str(current).lower() for word in _REFUSED):
+            return True
+        current = None if isinstance(current, str) else (current.__cause__ or current.__context__)
+    return False
+
+
+def refused(what: object, endpoint: str) -> StorageError:
+    """The one line for a store whose endpoint refused the connection."""
+    return StorageError(f"{what}: the store at {endpoint} refused the connection (nothing listens there: a store "
+                        "that was stopped, or a wrong address); expected a running store at that address")
+
 
 def set_storage_timeout(seconds: float) -> None:
     """The connect and read timeout for store requests made from now on (`location.set_timeout` also

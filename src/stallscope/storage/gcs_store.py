@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from stallscope.storage import gcs_obstore
 from stallscope.storage.obstore_client import list_tree, storage_error_text
-from stallscope.storage.deadlines import StorageError, deadline, short, with_deadline
+from stallscope.storage.deadlines import StorageError, deadline, refused, refused_connection, short, with_deadline
 from stallscope.storage.paths import Listing, ObjectInfo, RemotePath, Store, as_path
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,11 @@ SMALL_OBJECT_BLOCK_MB = 1
 T = TypeVar("T")
 
 _set_by_us: set[str] = set()  # the TF variables prepare_gcs_environment set
+
+
+def gcs_endpoint() -> str:
+    """Where a gs:// request goes first: the proxy curl (and so TF's gs://) uses, else Google's endpoint."""
+    return os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or "storage.googleapis.com"
 
 
 def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[str]:
@@ -135,6 +140,8 @@ class GcsStore(Store):
         if "certificate" in lowered:
             return StorageError(f"{path}: the store sent a TLS certificate this machine does not trust ({short(text)}); "
                                 "expected CURL_CA_BUNDLE naming its CA")
+        if refused_connection(exc):  # a longer timeout cannot help: nothing listens
+            return refused(path, gcs_endpoint())
         if any(word in lowered for word in ("error sending request", "connect", "timed out", "timeout")) \
                 or isinstance(exc, (TimeoutError, ConnectionError)):
             return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
@@ -158,6 +165,8 @@ class GcsStore(Store):
             return StorageError(f"{path}: gs:// refused the credentials ({short(text)}); expected Application Default "
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
                                 "that may read this bucket")
+        if refused_connection(exc):
+            return refused(path, gcs_endpoint())
         if "libcurl" in text or isinstance(exc, (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
             return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
                                 "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")

@@ -30,7 +30,7 @@ from typing import TypeVar
 from stallscope.errors import UsageError
 from stallscope.extras import install_line
 from stallscope.storage import s3_obstore
-from stallscope.storage.deadlines import StorageError, short, storage_timeout
+from stallscope.storage.deadlines import StorageError, refused, refused_connection, short, storage_timeout
 from stallscope.storage.obstore_client import installed, list_tree, storage_error_text
 from stallscope.storage.paths import Listing, RemotePath, Store, listed_size
 from stallscope.storage.s3_request_plan import READER_ENV, reader_name
@@ -172,6 +172,8 @@ class S3Store(Store):
         if (untrusted := _untrusted_certificate(exc)) is not None:
             return StorageError(f"{path}: the store at {endpoint} sent a TLS certificate this machine does not trust "
                                 f"({untrusted}); expected AWS_CA_BUNDLE (or the profile's ca_bundle) naming its CA")
+        if refused_connection(exc):  # before the "connect" words below: a longer timeout cannot help here
+            return refused(path, endpoint)
         if any(word in name for word in ("Endpoint", "Timeout", "Connect", "ClientOSError", "ServerDisconnected")) \
                 or any(word in text.lower() for word in ("connect", "timeout", "timed out", "error sending request")) \
                 or isinstance(exc, (TimeoutError, ConnectionError)):

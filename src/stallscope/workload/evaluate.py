@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,28 @@ class EvaluateOptions:
             raise UsageError(f"--interval-secs: expected a number above 0, got {self.interval_secs!r}")
 
 
+def label_difference(data: Sequence[str], checkpoint: Sequence[str], shown: int = 5) -> str:
+    """What differs between the data's labels and the checkpoint's, in a few words: the counts, the
+    labels only one side has, or the first place where the same labels stand in another order."""
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+    only_data = [name for name in data if name not in set(checkpoint)]
+    only_checkpoint = [name for name in checkpoint if name not in set(data)]
+    parts = [f"{len(data)} labels in the data, {len(checkpoint)} in the checkpoint"]
+    if only_data:
+        parts.append(f"only in the data: {some(only_data)}")
+    if only_checkpoint:
+        parts.append(f"only in the checkpoint: {some(only_checkpoint)}")
+    if not only_data and not only_checkpoint:
+        at = next((i for i, (a, b) in enumerate(zip(data, checkpoint)) if a != b), None)
+        if at is not None:
+            parts.append(f"the same labels in another order (number {at}: {data[at]} in the data, {checkpoint[at]} "
+                         "in the checkpoint)")
+    return "; ".join(parts)
+
+
 class Evaluator:
     """Builds the model and the evaluation dataset once; evaluates any checkpoint of the directory."""
 
@@ -158,8 +180,9 @@ class Evaluator:
         self.spec = ModelSpec.load(options.checkpoint_path)
         self.source = source = open_source(options.source, options.dataset_path, options.split, options.labels_file)
         if self.spec.labels and tuple(source.labels) != tuple(self.spec.labels):
-            raise DataError(f"{options.dataset_path}: labels {list(source.labels)[:5]}... differ from the "
-                            f"checkpoint's {list(self.spec.labels)[:5]}... ({options.checkpoint_path / 'model.json'})")
+            raise DataError(f"{options.dataset_path}: its labels differ from the checkpoint's "
+                            f"({options.checkpoint_path / 'model.json'}): "
+                            f"{label_difference(source.labels, self.spec.labels)}")
         if source.num_classes != self.spec.num_classes:
             raise DataError(f"{options.dataset_path}: {source.num_classes} classes, the checkpoint's model has "
                             f"{self.spec.num_classes}")

@@ -10,6 +10,7 @@ multithreaded, so reads in flight overlap their waits as they would on a network
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import errno
 import logging
@@ -260,6 +261,32 @@ def _operations_class():
     return SlowPassthrough
 
 
+# libfuse 3.14 logs this at every multithreaded mount (its check of the idle-thread count it was handed
+# misreads "unset"; fixed in 3.16): it would be the first line `storage serve --mount` prints. Nothing is wrong.
+_HARMLESS_LIBFUSE_LINE = b"Ignoring invalid max threads value"
+_log_function: list = []  # the installed callback, kept alive for as long as libfuse may call it
+
+
+def _quiet_libfuse(libfuse) -> None:
+    """Routes libfuse's log through a filter that drops `_HARMLESS_LIBFUSE_LINE` and prints every other
+    line as libfuse would (vfprintf to stderr). Once per process; where the library lacks the hook
+    (libfuse 2), its lines stay as they are."""
+    if _log_function or not hasattr(libfuse, "fuse_set_log_func"):
+        return
+    libc = ctypes.CDLL(None)
+    stderr = ctypes.c_void_p.in_dll(libc, "stderr")
+    libc.vfprintf.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def log_line(level, fmt, args):  # args: the caller's va_list, passed on as it came
+        if fmt and not fmt.startswith(_HARMLESS_LIBFUSE_LINE):
+            libc.vfprintf(stderr, fmt, args)
+
+    libfuse.fuse_set_log_func.argtypes = (type(log_line),)
+    libfuse.fuse_set_log_func(log_line)
+    _log_function.append(log_line)
+
+
 class FuseMount:
     """Mounts `root` at `mount_point` in a background thread; `unmount()` ends it.
 
@@ -279,6 +306,7 @@ class FuseMount:
     def _run(self, operations) -> None:
         import mfusepy
 
+        _quiet_libfuse(mfusepy._libfuse)
         try:
             mfusepy.FUSE(operations, str(self.mount_point), foreground=True, ro=not self.writable,
                          fsname=self._fsname, default_permissions=True, max_threads=MOUNT_THREADS)

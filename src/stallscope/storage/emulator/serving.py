@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import shlex
 import threading
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def check_surroundings(options: StoreOptions) -> None:
         from stallscope.storage.emulator.fuse_mount import why_no_fuse
 
         point = Path(options.mount_point)
+        _check_not_stale(point)
         if not point.is_dir():
             raise UsageError(f"--mount: expected an empty folder to mount at, got {str(point)!r}"
                              + (" (not a folder)" if point.exists() else " (it does not exist)"))
@@ -83,6 +85,18 @@ def check_surroundings(options: StoreOptions) -> None:
         why = why_no_fuse()
         if why:
             raise UsageError(f"--mount: expected FUSE on this machine, got {why}")
+
+
+def _check_not_stale(point: Path) -> None:
+    """A FUSE mount whose daemon died (killed -9) stays mounted and answers ENOTCONN to every call: only
+    an unmount clears it. Listed, not stat'ed: the kernel answers a stat from its cache for a second."""
+    try:
+        os.listdir(point)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            raise UsageError(f"--mount: {str(point)!r} is a stale mount (its FUSE daemon ended without unmounting: "
+                             f"{os.strerror(exc.errno)}); expected an empty folder: run "
+                             f"`fusermount3 -u {shlex.quote(str(point))}` first") from None
 
 
 # The variable naming the live counters file of the store the other variables reach (its layout beside
@@ -183,7 +197,7 @@ class RunningStore:
         self._mount = FuseMount(options.root, options.mount_point, latency_s=options.latency_s,
                                 bandwidth_bps=options.bandwidth_bps, counters=self.counters, writable=options.writable)
         self._mount.start()
-        self.url = str(Path(options.mount_point).resolve())
+        self.url = str(self._mount.mount_point)  # resolved before libfuse moved the process to /
 
     # ----- stop
     def stop(self) -> None:
