@@ -41,6 +41,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "replace", action="store_true",
              help="replace a finished or unfinished conversion of another source, shard plan or image option "
                   "in --output_path (default: refuse it; a rerun of the same one resumes or repeats it)")
+    add_flag(parser, "staging_dir", default=None, metavar="DIR",
+             help="where an --output_path in a bucket is converted first, then uploaded: it holds the whole output "
+                  "until published, and an interrupted run's shards until the same command resumes (default: "
+                  "$XDG_CACHE_HOME/stallscope/convert-staging, else ~/.cache/stallscope/convert-staging)")
     add_storage_flag(parser)
     add_flag(parser, "labels", type=existing_file, default=None, metavar="FILE",
              help="one label per line; the line order fixes the label indices (default: sorted folder names)")
@@ -124,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         read_ahead=args.read_ahead,
         replace=args.replace,
+        staging_dir=args.staging_dir,
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args

@@ -35,7 +35,8 @@ from stallscope.extras import install_line
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.convert import (
     ConvertOptions, ConvertReport, PlannedShard, Progress, _build_manifest, _fetch_chunk, _file_entry,
-    _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion, prepare_record, source_path,
+    _refuse_another_conversion, _report, _reusable, _state_path, claimed_output, convert_command, plan_conversion,
+    prepare_record, source_path,
 )
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, ShardInfo, save_manifest, write_json_atomic
 from stallscope.records.read_ahead import FileReader, process_reader
@@ -452,8 +453,8 @@ def watching_shards(state_dir: Path | RemotePath, pending: list[PlannedShard], d
 
 
 def _run_pending_shards(options: ConvertOptions, args: Sequence[str], plan, state_dir: Path | RemotePath,
-                        reusable: Callable, progress: Progress | None = None) -> tuple[dict[str, dict[str, Any]], int]:
-    """({shard: state} for every planned shard, how many an earlier run had finished): the shards
+                        reusable: Callable, progress: Progress | None = None) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """({shard: state} for every planned shard, the shards an earlier run had finished): the shards
     `reusable` does not vouch for are written by the pipeline; `progress(images done, total)` hears of
     the kept ones first, then of the workers' shards as they finish."""
     out = options.output_path
@@ -462,14 +463,14 @@ def _run_pending_shards(options: ConvertOptions, args: Sequence[str], plan, stat
         state = reusable(out, state_dir, shard)
         if state is not None:
             results[shard.filename] = state
-    reused = len(results)
+    reused = set(results)
     pending = [s for s in plan.shards if s.filename not in results]
     total = len(plan.candidates)
     done = total - sum(len(s.items) for s in pending)
     if progress:
         progress(done, total)
     if pending:
-        log.info("running %d shard(s) on Beam (%s); %d kept from an earlier run", len(pending), " ".join(args), reused)
+        log.info("running %d shard(s) on Beam (%s); %d kept from an earlier run", len(pending), " ".join(args), len(reused))
         tasks = _write_plan_files(options, state_dir, pending)
         with watching_shards(state_dir, pending, done, total, progress):
             run_pipeline(args, tasks)
@@ -504,8 +505,8 @@ def convert_with_beam(options: ConvertOptions, args: Sequence[str] = (f"--runner
     return _checked_report(options, plan, manifest, reused, started)
 
 
-def _checked_report(options: ConvertOptions, plan, manifest, reused: int, started: float) -> ConvertReport:
-    report = _report(options, manifest, plan.candidates, reused, time.perf_counter() - started)
+def _checked_report(options: ConvertOptions, plan, manifest, reused: set[str], started: float) -> ConvertReport:
+    report = _report(options, manifest, plan.shards, reused, time.perf_counter() - started)
     out = options.output_path
     if report.examples == 0:
         raise DataError(
@@ -529,6 +530,8 @@ def _convert_into_store(options: ConvertOptions, args: Sequence[str], plan, star
     out: RemotePath = options.output_path
     try:
         check_remote_output(out)
+        if not options.replace:
+            _refuse_another_conversion(options)
         owned, _ = _remote_owned(out)
         planned = {shard.filename for shard in plan.shards}
         command = " ".join([convert_command(options), "--runner beam",

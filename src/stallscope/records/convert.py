@@ -32,7 +32,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +98,13 @@ class ConvertOptions:
     seed: int = 0
     read_ahead: int | None = None  # files each worker reads ahead; None: where reads wait (read_ahead.py)
     replace: bool = False  # replace a finished conversion of another source or plan in output_path
+    staging_dir: Path | None = None  # where an output in a bucket is staged; None: remote_output's default
 
     def __post_init__(self) -> None:
-        for name in ("dataset_path", "output_path", "labels_file"):
+        for name in ("dataset_path", "output_path", "labels_file", "staging_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (Path, RemotePath)):
-                object.__setattr__(self, name, Path(value) if name == "labels_file" else as_path(value))
+                object.__setattr__(self, name, as_path(value) if name in ("dataset_path", "output_path") else Path(value))
         require_choice("schema", self.schema, SCHEMAS)
         require_positive("size_per_record", self.size_per_record, allow_none=True)
         require_positive("shards", self.shards, allow_none=True)
@@ -120,6 +121,9 @@ class ConvertOptions:
             require_positive(f"--{split}-shards", count)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise UsageError(f"seed: expected an integer, got {self.seed!r}")
+        if self.staging_dir is not None and not isinstance(self.output_path, RemotePath):
+            raise UsageError(f"--staging-dir: applies to an --output_path in a bucket (gs://, s3://); got --output_path "
+                             f"{str(self.output_path)!r}, written in place")
         self.image_options  # validates max_side, jpeg_quality, max_pixels, check
 
     @property
@@ -163,17 +167,23 @@ class ConvertReport:
     examples: int
     shards: int
     bytes_written: int  # total bytes of all shards
-    input_bytes: int  # bytes of the candidate files read
+    input_bytes: int  # bytes of the files this run read (not those of shards kept from an earlier run)
     skipped_by_reason: dict[str, int]
     repaired: int
     repairs_by_kind: dict[str, int]
     reused_shards: int
-    elapsed_s: float
+    elapsed_s: float  # the whole run: planning, conversion and, into a bucket, the upload
     reads: ReadStats | None = None  # the workers' reads of a local (or mounted) tree
+    kept_examples: int = 0  # images in the shards kept from an earlier run, not converted by this one
+
+    @property
+    def converted_examples(self) -> int:
+        """The images this run converted: a resumed run's rate is of these, over its whole time."""
+        return self.examples - self.kept_examples
 
     @property
     def images_per_second(self) -> float:
-        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.converted_examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def megabytes_per_second(self) -> float:
@@ -860,6 +870,7 @@ def _remove_if_empty(folder: Path) -> None:
 def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> ConvertReport:
     """Converts `options.dataset_path` into shards and a manifest in `options.output_path` (either may be
     gs:// or s3://; an output in a bucket is staged locally, then published: `remote_output.py`)."""
+    started = time.perf_counter()
     if isinstance(options.output_path, RemotePath):
         from stallscope.records.remote_output import convert_to_store
 
@@ -869,8 +880,9 @@ def convert_tree(options: ConvertOptions, progress: Progress | None = None) -> C
             except StorageError as exc:
                 raise StorageError(f"--output_path: {exc}") from None
 
-        return convert_to_store(options, progress, convert_local=convert_tree, command=convert_command(options))
-    started = time.perf_counter()
+        report = convert_to_store(options, progress, convert_local=convert_tree, command=convert_command(options))
+        return dataclasses.replace(report, elapsed_s=time.perf_counter() - started)  # the upload counted
+
     plan = plan_conversion(options)
     guard = NetworkGuard.of(options.output_path)
     try:
@@ -904,7 +916,7 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
                                                f"checking the shards an earlier run left in {str(out)!r}", hashed,
                                                unit="MB read")
     done = sum(len(s.items) for s in plan if s.filename in results)
-    reused = len(results)
+    kept = set(results)
     if progress:
         progress(done, total_images)
     pending = [s for s in plan if s.filename not in results]
@@ -939,7 +951,7 @@ def _convert_planned(options, tree, plan, candidates, skipped, state_dir, progre
     guard(lambda: save_manifest(out, manifest), f"writing {str(out / MANIFEST_NAME)!r}")
     guard.cleanup(lambda: shutil.rmtree(state_dir, ignore_errors=True), f"removing {str(state_dir)!r}")
     elapsed = time.perf_counter() - started
-    report = _report(options, manifest, candidates, reused, elapsed, reads if reads.timed_reads or reads.depth else None)
+    report = _report(options, manifest, plan, kept, elapsed, reads if reads.timed_reads or reads.depth else None)
     if report.examples == 0:
         raise DataError(
             f"dataset path {str(root)!r}: no usable images; all {len(candidates)} file(s) in class folders were skipped "
@@ -972,14 +984,15 @@ def _build_manifest(options, tree, plan, results, skipped) -> Manifest:
 def recorded_options(options: ConvertOptions) -> dict[str, Any]:
     """The options as the manifest records them: the shard size resolved, the workers counted."""
     recorded = to_dict(options)
-    del recorded["replace"]  # how this run treats an earlier one, not what it wrote
+    del recorded["replace"], recorded["staging_dir"]  # how and where this run works, not what it wrote
     recorded["size_per_record"] = None if options.shards else (options.size_per_record or DEFAULT_SIZE_PER_RECORD)
     recorded["workers"] = options.resolved_workers
     return recorded
 
 
-def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float,
+def _report(options, manifest: Manifest, plan: list[PlannedShard], kept: Collection[str], elapsed: float,
             reads: ReadStats | None = None) -> ConvertReport:
+    """The figures of this run: `kept` names the shards an earlier run finished, which it did not convert."""
     shards = [s for split in manifest.splits.values() for s in split.shards]
     by_reason = collections.Counter(e["reason"] for e in manifest.skipped)
     by_kind = collections.Counter(_repair_kind(a) for e in manifest.repaired for a in e["actions"])
@@ -989,13 +1002,14 @@ def _report(options, manifest: Manifest, candidates, reused: int, elapsed: float
         examples=sum(s.examples for s in manifest.splits.values()),
         shards=len(shards),
         bytes_written=sum(s.bytes for s in shards),
-        input_bytes=sum(c.size for c in candidates),
+        input_bytes=sum(c.size for shard in plan if shard.filename not in kept for c in shard.items),
         skipped_by_reason=dict(by_reason.most_common()),
         repaired=len(manifest.repaired),
         repairs_by_kind=dict(by_kind.most_common()),
-        reused_shards=reused,
+        reused_shards=len(kept),
         elapsed_s=elapsed,
         reads=reads,
+        kept_examples=sum(s.records for s in shards if s.file in kept),
     )
 
 
@@ -1010,8 +1024,11 @@ def _repair_kind(action: str) -> str:
 def format_summary(report: ConvertReport) -> list[str]:
     """The one-screen summary the CLI and the demo print."""
     mb = report.bytes_written / 1e6
+    kept = (f" ({report.kept_examples} kept from an earlier run; {report.examples} in all)"
+            if report.kept_examples else "")
     lines = [
-        f"converted {report.examples} images into {report.shards} shards ({mb:.1f} MB) in {report.output_path}",
+        f"converted {report.converted_examples} images{kept} into {report.shards} shards ({mb:.1f} MB) in "
+        f"{report.output_path}",
         f"  {report.elapsed_s:.1f} s, {report.images_per_second:.0f} images/s, {report.megabytes_per_second:.1f} MB/s read",
     ]
     for split, info in report.manifest.splits.items():

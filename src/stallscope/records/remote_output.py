@@ -22,11 +22,11 @@ import os
 import shutil
 from pathlib import Path
 
-from stallscope.errors import UsageError
+from stallscope.errors import StallscopeError, UsageError
 from stallscope.records import sharding
 from stallscope.records.completeness import RUN_NAME, STATE_DIR
 from stallscope.records.manifest import LABELS_NAME, MANIFEST_NAME, load_manifest, save_manifest
-from stallscope.records.remote_lock import Lease, bucket_lease
+from stallscope.records.remote_lock import LEASE_S, Lease, bucket_lease
 from stallscope.records.writer import OutputFull, is_convert_temporary, is_temporary
 from stallscope.storage import location
 from stallscope.storage.location import RemotePath, StorageError
@@ -34,11 +34,24 @@ from stallscope.storage.location import RemotePath, StorageError
 log = logging.getLogger(__name__)
 
 
-def staging_dir(output: RemotePath) -> Path:
-    """A local folder per bucket location, kept until published, so an interrupted run resumes."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+def default_staging_root() -> Path:
+    """Where outputs in a bucket are staged unless `--staging-dir` says: $XDG_CACHE_HOME (or ~/.cache)
+    /stallscope/convert-staging."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stallscope" / "convert-staging"
+
+
+def staging_dir(output: RemotePath, root: Path | None = None) -> Path:
+    """A local folder per bucket location under `root` (default: `default_staging_root()`), kept until
+    published, so an interrupted run resumes. It holds the whole output while it is converted."""
     digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
-    return cache / "stallscope" / "convert-staging" / digest
+    return Path(root if root is not None else default_staging_root()) / digest
+
+
+def _left_behind(local: Path, out: RemotePath) -> str:
+    """What a failed run leaves, and until when: said in its one line."""
+    return (f"the conversion so far stays in the staging folder {str(local)!r} (the same command resumes from it "
+            f"and removes it once published); temporary objects left in {out} go with a rerun, and its lease, "
+            f"where it could not be removed, with a rerun or after {LEASE_S:.0f} s")
 
 
 def _remote_owned(out: RemotePath) -> tuple[set[str], dict[str, str]]:
@@ -133,6 +146,14 @@ def publish(local: Path, out: RemotePath, command: str, lease: Lease) -> int:
     return copied
 
 
+def _with_note(exc: StallscopeError, note: str) -> StallscopeError:
+    """The same kind of error (the same exit code), its one line followed by `note`."""
+    try:
+        return exc.__class__(f"{exc}; {note}")
+    except TypeError:  # a kind built from more than its line
+        return UsageError(f"{exc}; {note}")
+
+
 def convert_to_store(options, progress=None, *, convert_local, command: str):
     """`convert_tree` for an output in a bucket: stage locally (`convert_local`, convert_tree itself), then
     publish; `command` is the conversion's command line (`convert_command`), which the bucket's lease names."""
@@ -145,21 +166,27 @@ def convert_to_store(options, progress=None, *, convert_local, command: str):
             clear_temporaries(out)
         except StorageError as exc:
             raise StorageError(f"--output_path: {exc}") from None
-        local = staging_dir(out)
-        local.parent.mkdir(parents=True, exist_ok=True)
+        local = staging_dir(out, options.staging_dir)
         try:
-            report = convert_local(dataclasses.replace(options, output_path=local), progress)
+            local.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--staging-dir: cannot make {str(local.parent)!r} ({exc.strerror or exc}); expected a "
+                             f"local folder with room for the whole output of {out}") from None
+        try:
+            report = convert_local(dataclasses.replace(options, output_path=local, staging_dir=None), progress)
         except OutputFull as exc:
             raise UsageError(
                 f"--output_path: {out} is staged first in the local folder {str(local)!r}, which is full ({exc.reason}); "
-                "free space there or set XDG_CACHE_HOME to a folder with room, and run the same command again "
+                "free space there or give --staging-dir a folder with room, and run the same command again "
                 "(the shards completed so far are kept; the unfinished files were removed)") from None
+        except StallscopeError as exc:
+            raise _with_note(exc, _left_behind(local, out)) from None
         manifest = dataclasses.replace(report.manifest, options={**report.manifest.options, "output_path": str(out)})
         save_manifest(local, manifest)  # it records where the data set lives, not the staging folder
         try:
             copied = publish(local, out, command, lease)
         except StorageError as exc:
-            raise StorageError(f"--output_path: {exc}") from None
+            raise StorageError(f"--output_path: {exc}; {_left_behind(local, out)}") from None
     shutil.rmtree(local, ignore_errors=True)
     log.info("published %d shard(s) to %s", copied, out)
     return dataclasses.replace(report, output_path=out, manifest=manifest)
