@@ -312,10 +312,10 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     ]
     if summary["pipeline"]["requested"].get("normalize") == "none":
         lines.append("pixels          0..255 from the pipeline, scaled by the model's first layer on the device")
-    images = summary.get("images") or {}
-    if images.get("dropped"):
-        lines.append(f"images          {images['trained']:,} of the {images['in_split']:,} in the split trained; "
-                     f"{images['dropped']:,} dropped: {images['why_dropped']}")
+    coverage = summary.get("split_coverage") or {}
+    if coverage.get("dropped"):
+        lines.append(f"images          {coverage['images_trained']:,} of the {coverage['images_in_split']:,} in the split "
+                     f"trained; {coverage['dropped']:,} dropped: {coverage['why_dropped']}")
     lines += [
         f"throughput      {summary['images_per_second']:.1f} images/s",
         f"step time       {summary['step_time_ms']:.1f} ms (p50 {summary['step_time_p50_ms']:.1f}, "

@@ -50,7 +50,9 @@ summary.json keys (numbers stay numbers; times in ms are means over non-warm-up 
   fetched {basis, requests, bytes, images_trained, requests_per_image, bytes_per_image, bytes_trained,
   read_amplification, per_image} or null, store_latency {requests, p50_ms, p90_ms, p99_ms, histogram
   [{up_to_ms, requests}]} or null (data not on the emulator), store_requests (stallscope's reader) or
-  null, cold {applied, files, bytes, how} or null,
+  null, cold {applied, files, bytes, how} or null, split_coverage {images_trained, images_in_split,
+  dropped, why_dropped} (the last three null where nothing is set against the split: a run by steps or
+  to a precision, a resumed or interrupted one),
   run_dir, started_at, wall_time_s, interrupted, stallscope_version, tensorflow_version,
   python_version. "Per image" is per image trained: what was fetched, read-ahead abandoned at the
   end included, over the images the steps took."""

@@ -740,7 +740,7 @@ def run_training(options: TrainOptions, *, dataset=None, source=None,
             summary["train_top1_last_10"] = (sum(loop.accuracies[-10:]) / len(loop.accuracies[-10:])
                                              if loop.accuracies else None)
             summary["interrupted"] = loop.interrupted
-            summary["images"] = images_trained(options, plan, steps, start_step, interrupted=loop.interrupted)
+            summary["split_coverage"] = split_coverage(options, plan, steps, start_step, interrupted=loop.interrupted)
             summary["resumed_data"] = (None if start_step == 0 else {"epoch": resume.epoch, "skipped_examples":
                                        resume.skip_examples, "exact": resume.exact})
             return summary
@@ -788,7 +788,7 @@ PARTIAL_BATCHES = {
 }
 
 
-def images_trained(options: TrainOptions, plan: _Plan, steps: list[rundir.StepRecord], start_step: int, *,
+def split_coverage(options: TrainOptions, plan: _Plan, steps: list[rundir.StepRecord], start_step: int, *,
                    interrupted: bool) -> dict[str, Any]:
     """The images the steps took against those in the split for the epochs asked, and how many were
     dropped as partial batches; in_split and dropped None where nothing is set against (a run by steps
@@ -796,11 +796,11 @@ def images_trained(options: TrainOptions, plan: _Plan, steps: list[rundir.StepRe
     trained = sum(s.images for s in steps)
     whole_run = not options.repeats and plan.steps_per_epoch is not None and start_step == 0 and not interrupted
     if not whole_run:
-        return {"trained": trained, "in_split": None, "dropped": None, "why_dropped": None}
+        return {"images_trained": trained, "images_in_split": None, "dropped": None, "why_dropped": None}
     in_split = plan.examples * options.epochs
     dropped = max(0, in_split - trained)
     why = (PARTIAL_BATCHES["service" if options.pipeline.data_service else "local"] if dropped else None)
-    return {"trained": trained, "in_split": in_split, "dropped": dropped, "why_dropped": why}
+    return {"images_trained": trained, "images_in_split": in_split, "dropped": dropped, "why_dropped": why}
 
 
 def _write_scalars(tf, step: int, window: list[rundir.StepRecord], loss: float | None) -> None:
