@@ -92,8 +92,9 @@ class RunFigures:
     bottleneck: str | None               # that stage, when the run's measured steps are input-bound
     final_loss: float | None
     client: str | None                   # who read the data: 'TF gs://', "stallscope's s3:// reader", ...
-    requests_per_image: float | None     # an emulated store's requests over the whole run / images trained
-    bytes_per_image: float | None        # the same for the bytes it served (listings and read-ahead included)
+    requests_per_image: float | None     # an emulated store's requests / images it served (its bytes over the
+                                         # data set's bytes per image): steady, however far reads ran ahead
+    bytes_per_image: float | None        # the same for the bytes it served (listings included)
     request_ms_median: float | None = None  # a request's time from asking to its last byte, as stallscope's
     request_ms_p90: float | None = None     # reader saw it (None where TF's own clients read)
     precision_spread: float | None = None   # its measured steps' two halves' images/s apart, 0..1
@@ -104,6 +105,8 @@ class RunFigures:
     stopped_by: str | None = None           # 'precision', 'max_seconds', 'steps', ...
     precision_warning: str | None = None    # why its figure is not to be trusted; None where it is
     cold_start: str | None = None           # with --cold: 'evicted' or 'not applicable' (gs://, s3://)
+    images_read_per_trained: float | None = None  # images the store served / images trained: how far reads ran
+                                                  # ahead of training (1.95: a pass read for half a pass trained)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +130,13 @@ class CellResult:
     device_images_per_second: float | None  # the accelerator's own speed: an emulated one's, or batch / compute
     final_loss: float | None
     client: str | None
-    requests_per_image: float | None     # emulated stores only: median over repeats
+    requests_per_image: float | None     # emulated stores only: per image read, median over repeats
     bytes_per_image: float | None
     request_ms_median: float | None = None  # stallscope's reader: medians over repeats of each run's own
     request_ms_p90: float | None = None
     images_per_second_rerun: Interval | None = None
     variance_prior: VariancePrior | None = None
+    images_read_per_trained: float | None = None  # median over repeats (RunFigures')
 
     @property
     def repeats(self) -> int:

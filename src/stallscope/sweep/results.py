@@ -46,7 +46,8 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
     kept = [s for s in steps if window is None or not window[0] <= s.step <= window[1]]
     stats = summarize_steps(kept)
     summary = rundir.read_json(run_dir, rundir.SUMMARY_NAME)
-    requests, served_bytes = _served_per_image(run_dir, int(summary["batch_size"]) * int(summary["last_step"]))
+    requests, served_bytes, ahead = _served_per_image(run_dir, int(summary["batch_size"]) * int(summary["last_step"]),
+                                                      summary.get("source"))
     made = summary.get("store_requests") or {}
     slowest = _slowest_stage(run_dir) if window else None
     verdict = verdict_for(stats.input_share)
@@ -59,7 +60,7 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
         verdict=verdict, measured_steps=stats.steps - stats.warmup_steps, batch_size=int(summary["batch_size"]),
         slowest_stage=slowest, bottleneck=slowest if verdict in _INPUT_BOUND else None,
         final_loss=summary.get("final_loss"), client=reader.split(" (", 1)[0] if reader else None,
-        requests_per_image=requests, bytes_per_image=served_bytes,
+        requests_per_image=requests, bytes_per_image=served_bytes, images_read_per_trained=ahead,
         request_ms_median=made.get("median_ms"), request_ms_p90=made.get("p90_ms"),
         precision_spread=precision.spread, precision_target=precision.target, precision_reached=precision.reached,
         measured_s=precision.measured_s, stopped_by=precision.stopped_by, precision_warning=precision.warning,
@@ -89,15 +90,24 @@ def _repeat_number(run_dir: Path) -> int:
     return int(number) if number.isdigit() else 1
 
 
-def _served_per_image(run_dir: Path, images: int) -> tuple[float | None, float | None]:
-    """What an emulated store served the run, per image it trained on; (None, None) on local disk."""
+def _served_per_image(run_dir: Path, trained: int, source: Any) -> tuple[float | None, float | None, float | None]:
+    """What an emulated store served the run: (requests, bytes) per image it *read*, and images read per
+    image trained; (None, None, None) on local disk. Images read are the bytes served over the data set's
+    bytes per image, so a pipeline that read a whole pass ahead (a shuffle filling its buffer) shows
+    1.00 request per file, not 1.95 because the run stopped half-way through training on that pass.
+    Per image trained where the data set's size is unknown (None beside it)."""
     try:
         served = json.loads((run_dir / STORAGE_NAME).read_text(encoding="utf-8")).get("served")
     except (OSError, ValueError, AttributeError):
-        return None, None
-    if not isinstance(served, dict) or not images:
-        return None, None
-    return served.get("requests", 0) / images, served.get("bytes", 0) / images
+        return None, None, None
+    if not isinstance(served, dict) or not trained:
+        return None, None, None
+    requests, served_bytes = served.get("requests", 0), served.get("bytes", 0)
+    size, examples = (source.get("bytes"), source.get("examples")) if isinstance(source, dict) else (None, None)
+    if not (isinstance(size, (int, float)) and size > 0 and isinstance(examples, int) and examples > 0 and served_bytes):
+        return requests / trained, served_bytes / trained, None
+    read = served_bytes / (size / examples)
+    return requests / read, served_bytes / read, read / trained
 
 
 def _slowest_stage(run_dir: Path) -> str | None:
@@ -159,6 +169,7 @@ def cell_result(out: Path, grid: Grid, cell: Cell, *, prior: VariancePrior | Non
         client=clients.most_common(1)[0][0] if clients else None,
         requests_per_image=_median([f.requests_per_image for f in figures]),
         bytes_per_image=_median([f.bytes_per_image for f in figures]),
+        images_read_per_trained=_median([f.images_read_per_trained for f in figures]),
         request_ms_median=_median([f.request_ms_median for f in figures]),
         request_ms_p90=_median([f.request_ms_p90 for f in figures]),
         variance_prior=prior,

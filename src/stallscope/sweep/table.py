@@ -31,7 +31,7 @@ CELL_FIELDS = ("cell", "format", "store", "client", "latency_ms", "bandwidth_mbi
 RUN_FIELDS = CELL_FIELDS + (
     "repeat", "images_per_second", "step_time_ms", "input_wait_ms", "compute_ms", "input_share_pct", "verdict",
     "bottleneck", "slowest_stage", "measured_steps", "batch_size", "final_loss", "requests_per_image",
-    "bytes_per_image", "request_ms_median", "request_ms_p90", "precision_spread_pct", "precision_target_pct",
+    "bytes_per_image", "images_read_per_trained", "request_ms_median", "request_ms_p90", "precision_spread_pct", "precision_target_pct",
     "precision_reached", "measured_s", "stopped_by", "cold_start", "run_dir")
 SUMMARY_FIELDS = CELL_FIELDS + (
     "repeats", "repeats_asked", "complete", "images_per_second_median", "images_per_second_mean",
@@ -39,11 +39,11 @@ SUMMARY_FIELDS = CELL_FIELDS + (
     "images_per_second_rerun95_low", "images_per_second_rerun95_high", "input_share_pct_median", "input_share_pct_ci95_low",
     "input_share_pct_ci95_high", "interval_method", "step_time_ms_median", "input_wait_ms_median",
     "compute_ms_median", "verdict", "bottleneck", "device_images_per_second", "final_loss_median",
-    "requests_per_image_median", "bytes_per_image_median", "request_ms_median", "request_ms_p90",
-    "precision_spread_pct_max", "precision_reached_runs", "cold_start", "run_dirs")
+    "requests_per_image_median", "bytes_per_image_median", "images_read_per_trained_median", "request_ms_median",
+    "request_ms_p90", "precision_spread_pct_max", "precision_reached_runs", "cold_start", "run_dirs")
 
 MARKDOWN_HEADER = ("format", "store", "latency", "pipeline", "accelerator", "lr", "images/s", "95% interval",
-                   "re-run 95%", "step ms", "input share", "verdict", "bottleneck", "requests/image", "request ms", "precision",
+                   "re-run 95%", "step ms", "input share", "verdict", "bottleneck", "requests/image read", "request ms", "precision",
                    "repeats")
 
 
@@ -118,6 +118,7 @@ def summary_row(result: CellResult) -> dict[str, Any]:
         "compute_ms_median": result.compute_ms, "verdict": result.verdict, "bottleneck": result.bottleneck,
         "device_images_per_second": result.device_images_per_second, "final_loss_median": result.final_loss,
         "requests_per_image_median": result.requests_per_image, "bytes_per_image_median": result.bytes_per_image,
+        "images_read_per_trained_median": result.images_read_per_trained,
         "request_ms_median": result.request_ms_median, "request_ms_p90": result.request_ms_p90,
         "precision_spread_pct_max": _pct(worst_spread(result)),
         "precision_reached_runs": sum(1 for run in result.runs if run.precision_reached),
@@ -127,6 +128,11 @@ def summary_row(result: CellResult) -> dict[str, Any]:
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _significant(value: float | None) -> str:
+    """1.00, 2.00, 0.00938: three figures, so a record shard's share of a request is not shown as 0.01."""
+    return "-" if value is None else f"{value:#.3g}".rstrip(".")
 
 
 def interval_text(interval: Interval | None, repeats: int) -> str:
@@ -149,7 +155,7 @@ def markdown_cells(result: CellResult) -> list[str]:
             cell.accelerator, f"{cell.learning_rate:g}", _num(result.images_per_second),
             interval_text(result.images_per_second_interval, result.repeats),
             interval_text(result.images_per_second_rerun, result.repeats), _num(result.step_time_ms), share,
-            result.verdict or "-", result.bottleneck or "-", _num(result.requests_per_image, 2),
+            result.verdict or "-", result.bottleneck or "-", _significant(result.requests_per_image),
             _num(result.request_ms_median), precision_text(result), f"{result.repeats}/{result.repeats_asked}"]
 
 
@@ -181,8 +187,11 @@ def markdown_table(results: list[CellResult]) -> list[str]:
 
 TABLE_NOTE = (f"images/s: the median over each cell's repeats; intervals: {BOTH_METHODS} (none with one repeat); "
               f"95% interval: of the geometric mean of images/s; re-run 95%: {RERUN_METHOD}; input share: input wait "
-              "as a percentage of step time (its interval in summary.csv); precision: the widest apart any run's two "
-              "halves' images/s are.")
+              "as a percentage of step time (its interval in summary.csv); requests/image read: an emulated store's "
+              "requests over the images it served (its bytes over the data set's bytes per image), steady however far "
+              "reads ran ahead of training (images_read_per_trained in the CSVs says how far); request ms: a request's "
+              "median time from asking to its last byte, as stallscope's own readers saw it (- where TF's clients "
+              "read); precision: the widest apart any run's two halves' images/s are.")
 
 
 def pooling_note(results: list[CellResult]) -> str | None:
