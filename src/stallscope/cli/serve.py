@@ -12,7 +12,6 @@ Every role serves this machine only unless --host says otherwise (see --host in 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -81,8 +80,10 @@ def _interrupt_on_signals() -> dict:
 
 def _serve_until_signal(server, role: str = "", status_every: float = 0.0) -> int:
     """Waits for SIGINT or SIGTERM, printing a status line every `status_every` seconds (0: none), then
-    stops `server`; a stop TF does not finish in time ends the process here (its threads may wait on a
-    dispatcher that is gone)."""
+    stops `server` and returns 0. A stop TF has not finished within STOP_TIMEOUT_S ends the process
+    with one line and exit code 130: a worker's stop can wait on a dispatcher that is gone, holding the
+    GIL, so that bound is kept by the C library's timers (service/exit_deadline.py), not by Python."""
+    from stallscope.service.servers import STOP_TIMEOUT_S
     from stallscope.service.status import StatusMeter
 
     meter = StatusMeter(server, role) if server is not None and status_every > 0 else None
@@ -93,11 +94,15 @@ def _serve_until_signal(server, role: str = "", status_every: float = 0.0) -> in
                 print(meter.line(), flush=True)
     except KeyboardInterrupt:
         pass
-    if server is not None and not server.stop():
+    if server is not None:
         sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        server.stop_or_exit(STOP_TIMEOUT_S, 130, stop_overdue_line(role, STOP_TIMEOUT_S))
     return 0
+
+
+def stop_overdue_line(role: str, timeout_s: float) -> str:
+    return (f"stallscope serve: interrupted; the {role}'s stop did not finish within {timeout_s:g} s (TF waits on a "
+            f"dispatcher that is gone?), so it ended without it")
 
 
 def run(args: argparse.Namespace) -> int:

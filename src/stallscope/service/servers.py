@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ MAX_PORT = 65535
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 _POLL_S = 0.25
 LOCAL_HOST = "127.0.0.1"
-# How long a server's stop may take before the process ends without it.
+# How long `stallscope serve`'s stop may take before the process ends without it.
 STOP_TIMEOUT_S = 5.0
 
 
@@ -171,22 +170,24 @@ class ServiceServer:
         count = getattr(self.server, "_num_workers", None)
         return count() if count is not None else None
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-        """Stops the server; False where TF's stop did not return within `timeout_s` (a worker whose
-        dispatcher is gone can wait on it): the caller then ends the process instead of waiting."""
+    def stop(self) -> None:
+        """Stops the guard, then TF's server. TF's worker stop holds the GIL while it waits for its tasks,
+        and a task of a dynamically sharded job waits on the dispatcher for its next split, retrying one
+        that is gone for an hour: a process that must end in time stops with `stop_or_exit`."""
         if self.guard is not None:
             self.guard.stop()
-        done = threading.Event()
+        self.server.stop()
 
-        def stop() -> None:
-            self.server.stop()
-            done.set()
+    def stop_or_exit(self, timeout_s: float, exit_code: int, message: str) -> None:
+        """`stop()`, or, where it has not returned within `timeout_s`, `message` on stderr and the end of
+        this process with `exit_code` (see exit_deadline.py: no Python code runs while TF's stop waits)."""
+        from stallscope.service.exit_deadline import ExitDeadline
 
-        threading.Thread(target=stop, name="stallscope-service-stop", daemon=True).start()
-        if not done.wait(timeout_s):
-            log.warning("the tf.data service server on port %d did not stop within %g s", self.port, timeout_s)
-            return False
-        return True
+        deadline = ExitDeadline(timeout_s, exit_code, message)
+        try:
+            self.stop()
+        finally:
+            deadline.cancel()
 
 
 def _start_server(start: Callable[[], object], port: int, flag: str):
