@@ -1,8 +1,9 @@
 """A custom loop with a tf.function step and stallscope.step around each step; times its own steps.
 
-usage: custom_loop.py stalled|healthy|busy|as_written LOG_DIR [--external] [--dataset]
+usage: custom_loop.py stalled|healthy|busy|as_written LOG_DIR [--external] [--dataset] [--device-ms N]
   --external: the profile is taken with tf.profiler.experimental.start/stop, not stallscope.profile
   --dataset: the dataset is given to stallscope.profile, which records its stages as written and as run
+  --device-ms N: each step ends in N ms of an emulated device's wait (no CPU), inside its step
 """
 import contextlib
 import json
@@ -17,6 +18,7 @@ from stallscope.analysis.analyze import analyze_run
 
 kind, log_dir = sys.argv[1], sys.argv[2]
 external = "--external" in sys.argv
+DEVICE_S = float(sys.argv[sys.argv.index("--device-ms") + 1]) / 1000.0 if "--device-ms" in sys.argv else 0.0
 model = pipelines.model()
 optimizer = tf.keras.optimizers.Adam()
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -43,6 +45,7 @@ with window:
         with stallscope.step(i):
             x, y = next(iterator)
             train_step(x, y).numpy()
+            time.sleep(DEVICE_S)
         own_ms[i] = (time.perf_counter() - started) * 1000.0
         if external and i == 20:
             tf.profiler.experimental.stop()

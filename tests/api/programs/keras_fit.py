@@ -1,6 +1,7 @@
 """A Keras fit with StallMonitor; times its own steps and prints the comparison as JSON.
 
-usage: keras_fit.py stalled|healthy|busy|as_written LOG_DIR [--no-window] [--dataset]
+usage: keras_fit.py stalled|healthy|busy|as_written LOG_DIR [--no-window] [--dataset] [--device-ms N]
+  --device-ms N: each step ends in N ms of an emulated device's wait (no CPU), inside its step marker
 """
 import json
 import sys
@@ -13,6 +14,15 @@ import stallscope.keras
 
 kind, log_dir = sys.argv[1], sys.argv[2]
 window = None if "--no-window" in sys.argv else (10, 20)
+DEVICE_S = float(sys.argv[sys.argv.index("--device-ms") + 1]) / 1000.0 if "--device-ms" in sys.argv else 0.0
+
+
+class DeviceWait(tf.keras.callbacks.Callback):
+    """An emulated device's wait at the end of each step: listed first, so it falls inside both the
+    program's own timer and StallMonitor's step marker (callbacks end in the order given)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(DEVICE_S)
 
 
 class OwnTimer(tf.keras.callbacks.Callback):
@@ -35,7 +45,8 @@ dataset = pipelines.dataset(kind)
 monitor = stallscope.keras.StallMonitor(profile_steps=window, log_dir=log_dir,
                                         dataset=dataset if "--dataset" in sys.argv else None)
 model = pipelines.model()
-model.fit(dataset, steps_per_epoch=12, epochs=2, callbacks=[timer, monitor], verbose=0)
+model.fit(dataset, steps_per_epoch=12, epochs=2, callbacks=[*([DeviceWait()] if DEVICE_S else []), timer, monitor],
+          verbose=0)
 result = {"own_step_ms": timer.step_ms, "analysis": None}
 if monitor.analysis is not None:
     analysis = monitor.analysis
