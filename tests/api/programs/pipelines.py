@@ -10,11 +10,15 @@ IMAGE = 64
 BATCH = 8
 
 
-def _slow(image, label):
+def _slow(decode_s: float):
+    """A map of `decode_s` of waiting per image (the default: 32 ms per batch of 8, far longer than the model step)."""
     def work(x):
-        time.sleep(0.004)  # 32 ms per batch of 8: far longer than the model step
+        time.sleep(decode_s)
         return x
-    return tf.ensure_shape(tf.numpy_function(work, [image], tf.float32, stateful=False), [IMAGE, IMAGE, 3]), label
+
+    def stage(image, label):
+        return tf.ensure_shape(tf.numpy_function(work, [image], tf.float32, stateful=False), [IMAGE, IMAGE, 3]), label
+    return stage
 
 
 def _busy(image, label):
@@ -22,7 +26,7 @@ def _busy(image, label):
     return image + tf.reduce_mean(tf.linalg.matmul(square, square)) * 0.0, label
 
 
-def dataset(kind: str) -> tf.data.Dataset:
+def dataset(kind: str, decode_s: float = 0.004) -> tf.data.Dataset:
     images = np.random.default_rng(0).random((64, IMAGE, IMAGE, 3), dtype=np.float32)
     base = tf.data.Dataset.from_tensor_slices((images, np.arange(64) % 4)).repeat()
     if kind == "stalled":
@@ -30,7 +34,7 @@ def dataset(kind: str) -> tf.data.Dataset:
         options.experimental_optimization.map_parallelization = False
         options.experimental_optimization.inject_prefetch = False
         options.experimental_optimization.map_and_batch_fusion = False
-        return base.map(_slow).batch(BATCH).with_options(options)
+        return base.map(_slow(decode_s)).batch(BATCH).with_options(options)
     if kind == "busy":  # real CPU work in a parallel map on TF's shared pool (a thread per CPU)
         return base.map(_busy, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
     if kind == "healthy":
