@@ -67,8 +67,9 @@ def diagnose(dataset, *, model=None, accelerator: str = "emulated:2000", steps: 
     files are known), end to end; returns a Diagnosis (input_share, verdict, cause, to_dict(), text()).
     `what_if_storage` ("10ms,200Mbit", preset names; as `diagnose --what-if-storage`) adds the storage
     what-if, which files in a store get with the presets anyway; `storage_client` picks its client.
-    `work_dir`: where the profile of the end-to-end steps is kept (a new folder in it each call; None: a
-    new temporary folder), for `stallscope analyze` and TensorBoard. Where the input is CPU-bound the
+    `work_dir`: where the profile of the end-to-end steps is kept (a new folder in it each call, named in
+    `.analysis.profile_path`), for `stallscope analyze` and TensorBoard; None keeps nothing: the profile's
+    temporary folder is removed before diagnose returns. Where the input is CPU-bound the
     tf.data service is sized: `service_link` ("10Gbit/s", as `--service-link`) and `service_worker_cores`
     say its link and each worker's cores (None: a 10 Gbit/s link, workers with this host's free cores)."""
     from stallscope.analysis.dataset_diagnosis import DatasetDiagnoseOptions, diagnose_dataset

@@ -9,11 +9,16 @@ sees only whole batches, so input wait and compute per step are left unmeasured 
 split comes from the profile.
 
 Steps are numbered in batches: under `steps_per_execution=N` one step (one call of Keras' train
-function) runs N batches, is numbered by its first batch, and the analysis says N batches per step.
+function) runs N batches, is numbered by its first batch, and the analysis says N batches per step. There
+`profile_steps` is widened to whole calls, and to at least MIN_PROFILED_CALLS of them (the first and last
+profiled step are not counted, as XProf counts): a window of 11 batches holds only 3 calls of 4 batches,
+one of them counted. The widened window is logged and named in the printed line.
 Each fit is its own run: its batches are numbered from 1 and its window profiled again; LOG_DIR holds
 the latest fit, and an earlier run's files there (the monitor's last fit, or an earlier program's) move
 to LOG_DIR/fit-K/, so each capture stays beside its own run's files. A file in LOG_DIR that stallscope did
-not write (a steps.csv of the user's) is refused, never replaced.
+not write (a steps.csv of the user's) is refused, never replaced. Without a log_dir the fit's files go to
+a temporary folder that is removed when the fit ends: `analysis` keeps the figures, and its paths say the
+profile was not kept.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +39,16 @@ from stallscope.errors import UsageError
 from stallscope.verdict import fmt_share, verdict_phrase
 from stallscope.workload import rundir
 from stallscope.workload.fit_loop import steps_per_execution
-from stallscope.workload.marking import dataset_or_none, window_of, write_chains
-from stallscope.workload.profiling import StepProfiler
+from stallscope.workload.marking import batch_size_of, dataset_or_none, window_of, write_chains
+from stallscope.workload.profiling import ProfileWindow, StepProfiler
 from stallscope.workload.resources import ResourceMonitor, minor_faults
 
 log = logging.getLogger(__name__)
 
 PROFILE_SUBDIR = rundir.MONITOR_PROFILE_DIR
 FIT_FILES = (rundir.STEPS_NAME, rundir.RESOURCES_NAME, rundir.PIPELINE_NAME, PROFILE_SUBDIR)
+TEMP_PREFIX = "stallscope-monitor-"
+NOT_KEPT = "(not kept: StallMonitor without log_dir)"   # the Analysis' paths once its temporary folder is gone
 
 # Keras 3 calls no callback when fit raises, so a monitor whose fit failed inside its window would
 # leave TF's profiler running and the next fit unable to profile: the next monitor closes it.
@@ -51,14 +59,16 @@ class StallMonitor(keras.callbacks.Callback):
     """Marks, times and profiles training steps; analyses the window when training ends.
 
     profile_steps: (start, stop) batches of each fit, 1-based and inclusive, counted across epochs, or
-    None for timing only. Under steps_per_execution=N a step runs N batches and is profiled when any of
-    them is in the window.
-    log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None makes a new temporary one.
+    None for timing only. Under steps_per_execution=N a step runs N batches: the window is widened to
+    whole calls, at least MIN_PROFILED_CALLS of them, and the printed line names the batches profiled.
+    log_dir: where steps.csv and profile/plugins/profile/<capture>/ go; None: a temporary folder, removed
+    when the fit ends (`analysis` keeps its figures; its profile_path and run_dir say it was not kept).
     Reused for another fit, the monitor starts a new run: the earlier run's files move to the first free
     LOG_DIR/fit-K/ (K = 1, 2, ...), and `analysis` is of the latest fit (None until its window has run).
     verbose: print the one-line diagnosis when training ends (as Keras' own callbacks print); it is logged either way.
     dataset: the tf.data.Dataset the fit reads, if you pass it: its stages as written and as TF runs them go to
-    LOG_DIR/pipeline.json, so the analysis names TF's rewrites (a callback cannot see the fit's dataset).
+    LOG_DIR/pipeline.json, so the analysis names TF's rewrites (a callback cannot see the fit's dataset), and
+    its batch size counts steps.csv's images (left empty without it: Keras does not tell a callback).
     """
 
     def __init__(self, profile_steps: tuple[int, int] | None = (10, 20), log_dir: Path | str | None = None,
@@ -68,8 +78,11 @@ class StallMonitor(keras.callbacks.Callback):
         self.verbose = verbose
         self.window = window_of(profile_steps, name="StallMonitor profile_steps")
         self.log_dir = require_folder_to_write("StallMonitor log_dir", log_dir) if log_dir is not None else None
+        self.keep = log_dir is not None   # a log_dir given is the user's to keep; a temporary one is removed
         if self.log_dir is not None:
             _refuse_foreign(self.log_dir)
+        self._batch_size = batch_size_of(self.dataset)
+        self.fit_window: ProfileWindow | None = self.window   # the window in whole calls (steps_per_execution)
         self.analysis = None
         self.records: list[rundir.StepRecord] = []
         self.fits = 0                 # fits begun with this monitor
@@ -89,7 +102,7 @@ class StallMonitor(keras.callbacks.Callback):
         self._begin_fit()
         _unfinished = self
         log.info("stallscope: step times and profile go to %s", self.log_dir)
-        self._profiler = StepProfiler(self.window, self.log_dir / PROFILE_SUBDIR, owner="StallMonitor profile_steps")
+        self._profiler = StepProfiler(self.fit_window, self.log_dir / PROFILE_SUBDIR, owner="StallMonitor profile_steps")
         self._resources = ResourceMonitor().__enter__()
         self._started = time.perf_counter()
 
@@ -97,8 +110,8 @@ class StallMonitor(keras.callbacks.Callback):
         """A new run: an earlier run's files in LOG_DIR (this monitor's last fit, or an earlier program's)
         kept aside, counters and analysis reset; a file of the user's there refused, never replaced."""
         self.fits += 1
-        if self.log_dir is None:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="stallscope-"))
+        if not self.keep:
+            self.log_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
         else:
             _refuse_foreign(self.log_dir)
             _keep_earlier_run(self.log_dir)
@@ -110,6 +123,11 @@ class StallMonitor(keras.callbacks.Callback):
         self.records = []
         self._batches = 0
         self._per_step = steps_per_execution(self.model)
+        self.fit_window = in_whole_calls(self.window, self._per_step)
+        if self.fit_window != self.window:
+            log.info("stallscope: profile_steps %s widened to batches %s: %d whole calls of %d batches "
+                     "(steps_per_execution=%d)", self.window.text, self.fit_window.text,
+                     _calls(self.fit_window, self._per_step), self._per_step, self._per_step)
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
         self._step = self._batches + 1
@@ -127,7 +145,7 @@ class StallMonitor(keras.callbacks.Callback):
         self.records.append(rundir.StepRecord(
             step=self._step, phase="train", started_s=round(self._step_started - self._started, 6),
             step_ms=(done - self._step_started) * 1000.0, input_wait_ms=math.nan, compute_ms=math.nan,
-            images=_batch_size(logs) * self._per_step, warmup=self._step == 1,
+            images=_images(logs, self._batch_size, self._per_step), warmup=self._step == 1,
             minor_faults=None if faults is None or self._faults_started is None else faults - self._faults_started,
         ))
 
@@ -135,17 +153,35 @@ class StallMonitor(keras.callbacks.Callback):
         global _unfinished
         _unfinished = None
         self._profiler.stop()
-        self._write_run_files()
-        if self._profiler.captured_steps == 0:
-            if self.window is not None:
-                log.warning("stallscope: the fit ended after %d batch(es), before batch %d of the window %s; "
-                            "no profile was captured", self._batches, self.window.start, self.window.text)
-            return
-        self.analysis = self._analyze()
+        try:
+            self._write_run_files()
+            if self._profiler.captured_steps == 0:
+                if self.window is not None:
+                    log.warning("stallscope: the fit ended after %d batch(es), before batch %d of the window %s; "
+                                "no profile was captured", self._batches, self.fit_window.start, self.fit_window.text)
+                return
+            self.analysis = self._analyze()
+        finally:
+            self._remove_temporary()
         line = summary_line(self.analysis)
+        if self.fit_window != self.window:
+            line += (f"; profiled batches {self.fit_window.text} ({_calls(self.fit_window, self._per_step)} whole "
+                     f"calls; profile_steps {self.window.text} held fewer)")
         log.info("stallscope: %s", line)
         if self.verbose:
-            print(f"stallscope: {line} (profile under {self.log_dir / PROFILE_SUBDIR})")
+            where = (f"profile under {self.log_dir / PROFILE_SUBDIR}" if self.keep
+                     else "profile not kept: give log_dir= to keep it")
+            print(f"stallscope: {line} ({where})")
+
+    def _remove_temporary(self) -> None:
+        """The fit's temporary folder (no log_dir given) removed: nothing the user did not ask for is left
+        behind; the analysis' paths then say the profile was not kept."""
+        if self.keep or self.log_dir is None:
+            return
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+        if self.analysis is not None:
+            self.analysis = dataclasses.replace(self.analysis, profile_path=NOT_KEPT, run_dir=None, source=NOT_KEPT,
+                                                captures=())
 
     def _analyze(self):
         """This fit's own capture (not the newest under LOG_DIR), with its batches per step."""
@@ -165,9 +201,15 @@ class StallMonitor(keras.callbacks.Callback):
             self._marker = None
         if self._profiler is not None and self._profiler.active:
             self._profiler.stop()
+            kept = f"is under {self.log_dir / PROFILE_SUBDIR}" if self.keep else "was not kept (no log_dir)"
             log.warning("stallscope: an earlier fit stopped inside its profile window %s; its partial profile "
-                        "(%d step(s)) is under %s", self.window.text, self._profiler.captured_steps,
-                        self.log_dir / PROFILE_SUBDIR)
+                        "(%d step(s)) %s", self.fit_window.text, self._profiler.captured_steps, kept)
+        if not self.keep:
+            self._remove_temporary()
+            self._resources, resources = None, self._resources
+            if resources is not None:
+                resources.__exit__(None, None, None)
+            return
         self._write_run_files()
 
     def _write_run_files(self) -> None:
@@ -225,7 +267,8 @@ def _keep_earlier_run(log_dir: Path) -> None:
 
 def summary_line(analysis) -> str:
     """Verdict, input share, bottleneck stage and the most helpful fix, in one line; a step of several
-    batches (steps_per_execution) says so, with the time per batch."""
+    batches (steps_per_execution) says so, with the time per batch; a verdict from too few counted steps
+    says so in the same line (its warning), not only in `analyze`'s report."""
     fix = analysis.advice[0].title if analysis.advice else "none"
     verdict = verdict_phrase(analysis.verdict)
     if analysis.input_share is not None:
@@ -233,10 +276,37 @@ def summary_line(analysis) -> str:
     per_step = analysis.steps.batches_per_step
     batches = (f"; each step runs {per_step} batches, {analysis.steps.step_ms.mean / per_step:.1f} ms per batch"
                if per_step > 1 else "")
-    return f"{verdict}{batches}; bottleneck: {analysis.bottleneck or 'none found'}; top fix: {fix}"
+    caution = "".join(f"; caution: {warning}" for warning in analysis.warnings)
+    return f"{verdict}{batches}; bottleneck: {analysis.bottleneck or 'none found'}; top fix: {fix}{caution}"
 
 
-def _batch_size(logs) -> int:
-    """Keras does not pass the batch size to batch callbacks; 0 means unknown."""
+def min_profiled_calls() -> int:
+    """Marked steps a window needs for a verdict: FEW_STEPS counted, and the first and last not counted."""
+    from stallscope.analysis.analyze import FEW_STEPS
+
+    return FEW_STEPS + 2
+
+
+def in_whole_calls(window: ProfileWindow | None, per_step: int) -> ProfileWindow | None:
+    """Under steps_per_execution=N (calls of N batches, the first at batch 1): the window from the first
+    batch of the call holding its start, over whole calls, and at least `min_profiled_calls()` of them;
+    the window as given at N=1 or with no window."""
+    if window is None or per_step <= 1:
+        return window
+    start = (window.start - 1) // per_step * per_step + 1
+    calls = max(math.ceil((window.stop - start + 1) / per_step), min_profiled_calls())
+    return ProfileWindow(start, start + calls * per_step - 1)
+
+
+def _calls(window: ProfileWindow, per_step: int) -> int:
+    return (window.stop - window.start + 1) // per_step
+
+
+def _images(logs, batch_size: int | None, per_step: int) -> int | None:
+    """The step's images: Keras' own count where its logs give one (`size`), else the dataset's batch
+    size times the step's batches; None (an empty cell) where neither is known: Keras does not pass the
+    batch size to batch callbacks."""
     size = (logs or {}).get("size")
-    return int(size) if isinstance(size, (int, float)) else 0
+    if isinstance(size, (int, float)) and size > 0:
+        return int(size) * per_step
+    return batch_size * per_step if batch_size else None

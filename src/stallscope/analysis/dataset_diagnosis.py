@@ -15,6 +15,7 @@ import glob
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -75,7 +76,8 @@ class DatasetDiagnoseOptions:
     accelerator: the device the compute probe emulates when no model is given ("emulated:2000").
     files: the dataset's files, when the graph does not name them (None: found in the graph).
     profile: profile a few end-to-end steps for the stage tree.
-    work_dir: where that profile is kept (a new folder inside it each call); None: a new temporary folder.
+    work_dir: where that profile is kept (a new folder inside it each call); None: a temporary folder,
+    removed before diagnose returns (the analysis keeps its figures; its paths say the profile was not kept).
     storage_scenarios: the storage what-if's scenarios (none: the presets, and only where the files are
     in a store). storage_client: the object-store client it models (None: the one the graph reads with).
     service: the tf.data service's link and workers' cores where given, for its sizing (else assumed)."""
@@ -718,21 +720,32 @@ def _profiled_stage_tree(dataset, take_step, notes: list[str], say, steps: int =
     say(f"probe: end to end, profiled (stage tree, {steps} steps)")
     if work_dir is not None:
         work_dir.mkdir(parents=True, exist_ok=True)
-    # kept: TensorBoard and `stallscope analyze` can open it
+    # in work_dir: kept, for TensorBoard and `stallscope analyze`; else a temporary folder, removed below
     log_dir = Path(tempfile.mkdtemp(prefix="stallscope-diagnose-profile-", dir=work_dir))
-    # in batches: the markers are numbered by a step's first batch
-    profiler = StepProfiler(ProfileWindow(WARMUP_STEPS * per_step + 1, (WARMUP_STEPS + steps) * per_step), log_dir)
-    with ResourceMonitor() as resources:
-        probe_loop("profiled", "train", dataset, take_step, steps=steps, warmup=WARMUP_STEPS,
-                   profiler=profiler, batches_per_step=per_step)
-    rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
-    if record is not None:
-        rundir.write_json(log_dir, rundir.PIPELINE_NAME, record)
     try:
-        return analyze_run(log_dir, with_xprof=False)
-    except StallscopeError as exc:
-        notes.append(f"the profiled steps could not be analysed ({exc}); no stage tree")
-        return None
+        # in batches: the markers are numbered by a step's first batch
+        profiler = StepProfiler(ProfileWindow(WARMUP_STEPS * per_step + 1, (WARMUP_STEPS + steps) * per_step), log_dir)
+        with ResourceMonitor() as resources:
+            probe_loop("profiled", "train", dataset, take_step, steps=steps, warmup=WARMUP_STEPS,
+                       profiler=profiler, batches_per_step=per_step)
+        rundir.write_json(log_dir, rundir.RESOURCES_NAME, resources.report.to_dict())
+        if record is not None:
+            rundir.write_json(log_dir, rundir.PIPELINE_NAME, record)
+        try:
+            analysis = analyze_run(log_dir, with_xprof=False)
+        except StallscopeError as exc:
+            notes.append(f"the profiled steps could not be analysed ({exc}); no stage tree")
+            return None
+    finally:
+        if work_dir is None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    if work_dir is None:  # the figures stay; the paths say where the profile is not
+        analysis = dataclasses.replace(analysis, source=PROFILE_NOT_KEPT, profile_path=PROFILE_NOT_KEPT, run_dir=None,
+                                       captures=())
+    return analysis
+
+
+PROFILE_NOT_KEPT = "(not kept: diagnose without work_dir)"
 
 
 def _profiled_steps(window: int, dataset_passes: Passes) -> int:

@@ -205,8 +205,8 @@ def run_timing(records: Sequence[StepRecord]) -> RunTiming | None:
     if not measured:
         return None
     total_step = sum(r.step_ms for r in measured)
-    images = sum(r.images for r in measured)
-    rate = images / (total_step / 1000.0) if total_step > 0 and images > 0 else None
+    images = sum(r.images for r in measured) if all(r.images is not None for r in measured) else 0
+    rate = images / (total_step / 1000.0) if total_step > 0 and images > 0 else None  # None: images not known
     step = Spread.of([r.step_ms for r in measured])
     if any(math.isnan(r.input_wait_ms) or math.isnan(r.compute_ms) for r in measured):
         return RunTiming(steps=len(measured), step_ms=step, input_ms=None, compute_ms=None, input_share=None,

@@ -113,6 +113,43 @@ def dataset_or_none(dataset, name: str):
     return dataset
 
 
+# Stages that make one element of each element they take: the batch below them is the batch fit receives.
+_ONE_FOR_ONE = frozenset({"_MapDataset", "_ParallelMapDataset", "_PrefetchDataset", "_OptionsDataset",
+                          "_ShuffleDataset", "CacheDataset", "_CacheDataset", "_RepeatDataset", "_TakeDataset",
+                          "_SkipDataset", "_AssertCardinalityDataset", "_ModelDataset", "_OptimizeDataset"})
+_BATCHES = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"})
+
+
+def batch_size_of(dataset) -> int | None:
+    """The examples in one batch of `dataset`: its element's first dimension where TF knows it, else the
+    batch stage's size under stages that keep one element per element (a map, prefetch, repeat, ...);
+    None where neither says (no dataset, an unbatch, a filter or a generator in the way)."""
+    if dataset is None:
+        return None
+    import tensorflow as tf
+
+    try:
+        first = tf.nest.flatten(dataset.element_spec)[0]
+        known = first.shape[0] if first.shape.rank else None
+    except (AttributeError, IndexError, TypeError, ValueError):
+        known = None
+    if known is not None:
+        return int(known)
+    stage = dataset
+    while stage is not None:
+        name = type(stage).__name__
+        if name in _BATCHES:
+            try:
+                size = int(stage._batch_size)  # noqa: SLF001  (a constant tensor of the stage)
+            except (AttributeError, TypeError, ValueError):
+                return None
+            return size if size > 0 else None
+        if name not in _ONE_FOR_ONE:
+            return None
+        stage = getattr(stage, "_input_dataset", None)
+    return None
+
+
 def write_chains(log_dir: Path, dataset) -> None:
     """LOG_DIR/pipeline.json with the dataset's stages as written and as TF runs them, where a dataset
     was given and its graph can be read, so `analyze` names TF's rewrites of it."""

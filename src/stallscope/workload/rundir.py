@@ -90,7 +90,7 @@ class StepRecord:
     step_ms: float        # the whole step: waiting for the batch plus the model step
     input_wait_ms: float  # time blocked in the iterator's get_next
     compute_ms: float     # the model step (or the emulated accelerator's wait)
-    images: int           # images in the batch
+    images: int | None    # images in the batch; None (an empty cell): not known
     warmup: bool          # excluded from means (tracing, first fill of buffers)
     minor_faults: int | None = None  # this process's minor page faults during the step (None: not counted)
     requests: int | None = None  # requests during the step, by the run's io basis (step_io.py); None: not counted
@@ -118,7 +118,8 @@ def read_steps(run_dir: Path) -> list[StepRecord]:
                 records.append(StepRecord(
                     step=int(row["step"]), phase=row["phase"], started_s=float(row["started_s"]),
                     step_ms=float(row["step_ms"]), input_wait_ms=float(row["input_wait_ms"]),
-                    compute_ms=float(row["compute_ms"]), images=int(row["images"]),
+                    compute_ms=float(row["compute_ms"]),
+                    images=int(row["images"]) if row["images"] else None,  # empty: not known (StallMonitor)
                     warmup=row["warmup"] in ("True", "true", "1"),
                     minor_faults=int(row["minor_faults"]) if row.get("minor_faults") else None,  # older runs: none
                     requests=int(row["requests"]) if row.get("requests") else None,
