@@ -116,18 +116,31 @@ def _target(dispatcher) -> str | None:
     return words[4].rstrip(";") if len(words) > 4 and words[:4] == ["tf.data", "service", "dispatcher", "at"] else None
 
 
+def _killed_if_running(*launched) -> None:
+    """A test that failed half-way leaves no server of its own behind."""
+    for run in launched:
+        if run is not None and run.process.poll() is None:
+            run.process.kill()
+            run.process.wait(30)
+
+
 @pytest.mark.timeout(300)
 def test_a_worker_whose_dispatcher_is_gone_stops_on_sigterm(faults):
     """No job: TF's stop has no task to wait for, so it finishes; exit 0, nothing on stderr."""
     dispatcher = faults.launch("serve dispatcher, killed -9 under an idle worker", ["serve", "dispatcher"])
-    dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
-    target = _target(dispatcher)
-    worker = faults.launch("serve worker, idle, its dispatcher gone, SIGTERM", ["serve", "worker", "--dispatcher", target])
-    worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
-    dispatcher.send(signal.SIGKILL)
-    dispatcher.finish(30).check(rc=-signal.SIGKILL, within_s=STOPPED_WITHIN_S, stderr_lines=None)
-    worker.send(signal.SIGTERM)
-    worker.finish(STOP_WAIT_S).check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=0)
+    worker = None
+    try:
+        dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
+        target = _target(dispatcher)
+        worker = faults.launch("serve worker, idle, its dispatcher gone, SIGTERM",
+                               ["serve", "worker", "--dispatcher", target])
+        worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
+        dispatcher.send(signal.SIGKILL)
+        dispatcher.finish(30).check(rc=-signal.SIGKILL, within_s=STOPPED_WITHIN_S, stderr_lines=None)
+        worker.send(signal.SIGTERM)
+        worker.finish(STOP_WAIT_S).check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=0)
+    finally:
+        _killed_if_running(dispatcher, worker)
 
 
 @pytest.mark.timeout(400)
@@ -138,22 +151,25 @@ def test_a_worker_serving_a_job_when_its_dispatcher_dies_stops_on_sigterm(faults
     from stallscope.cli.serve import stop_overdue_line
 
     dispatcher = faults.launch("serve dispatcher, killed -9 mid-job", ["serve", "dispatcher"])
-    dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
-    target = _target(dispatcher)
-    worker = faults.launch("serve worker, mid-job, its dispatcher gone, SIGTERM",
-                           ["serve", "worker", "--dispatcher", target])
-    worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, target], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              stdin=subprocess.DEVNULL, text=True, env=ENV)
+    worker = client = None
     try:
+        dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
+        target = _target(dispatcher)
+        worker = faults.launch("serve worker, mid-job, its dispatcher gone, SIGTERM",
+                               ["serve", "worker", "--dispatcher", target])
+        worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, target], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=ENV)
         assert select.select([client.stdout], [], [], START_S)[0] and client.stdout.readline() == "reading\n"
         dispatcher.send(signal.SIGKILL)  # the client still reads from the worker
         dispatcher.finish(30).check(rc=-signal.SIGKILL, within_s=STOPPED_WITHIN_S, stderr_lines=None)
         worker.send(signal.SIGTERM)
         outcome = worker.finish(STOP_WAIT_S)
     finally:
-        client.kill()
-        client.communicate(timeout=30)
+        if client is not None:
+            client.kill()
+            client.communicate(timeout=30)
+        _killed_if_running(dispatcher, worker)
     assert outcome.rc is not None, "the worker ignored SIGTERM"
     overdue = [stop_overdue_line("worker", servers.STOP_TIMEOUT_S)]
     assert (outcome.rc, outcome.stderr_lines) in ((0, []), (130, overdue)), (outcome.rc, outcome.stderr)

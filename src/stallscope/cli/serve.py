@@ -78,16 +78,20 @@ def _interrupt_on_signals() -> dict:
     return {sig: signal.signal(sig, interrupt) for sig in _SIGNALS}
 
 
-def _serve_until_signal(server, role: str = "", status_every: float = 0.0) -> int:
-    """Waits for SIGINT or SIGTERM, printing a status line every `status_every` seconds (0: none), then
-    stops `server` and returns 0. A stop TF has not finished within STOP_TIMEOUT_S ends the process
-    with one line and exit code 130: a worker's stop can wait on a dispatcher that is gone, holding the
-    GIL, so that bound is kept by the C library's timers (service/exit_deadline.py), not by Python."""
+def _serve_until_signal(server, role: str = "", status_every: float = 0.0, ready: str = "") -> int:
+    """Prints `ready`, then waits for SIGINT or SIGTERM, printing a status line every `status_every`
+    seconds (0: none), then stops `server` and returns 0: a signal that comes once `ready` is out is a
+    clean stop. A stop TF has not finished within STOP_TIMEOUT_S ends the process with one line and
+    exit code 130: a worker's stop can wait on a dispatcher that is gone, holding the GIL, so that
+    bound is kept by the C library's timers (service/exit_deadline.py), not by Python."""
     from stallscope.service.servers import STOP_TIMEOUT_S
     from stallscope.service.status import StatusMeter
 
-    meter = StatusMeter(server, role) if server is not None and status_every > 0 else None
     try:
+        if server is not None:
+            _warn_if_open(role, server.host)
+        print(ready, flush=True)
+        meter = StatusMeter(server, role) if server is not None and status_every > 0 else None
         while True:
             time.sleep(status_every if meter is not None else 3600)
             if meter is not None:
@@ -105,6 +109,20 @@ def stop_overdue_line(role: str, timeout_s: float) -> str:
             f"dispatcher that is gone?), so it ended without it")
 
 
+def open_to_the_network_line(role: str, host: str) -> str:
+    """The warning `serve` prints on stderr for a --host other than loopback."""
+    return (f"stallscope serve: warning: --host {host} opens this {role} to the network: anyone who can reach it can "
+            f"make it run any dataset graph (read files, use CPU) as this user, and it asks for no authentication; "
+            f"do this only on a network whose machines you trust")
+
+
+def _warn_if_open(role: str, host: str) -> None:
+    from stallscope.service.guard import is_loopback
+
+    if not is_loopback(host):
+        print(open_to_the_network_line(role, host), file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     before = _interrupt_on_signals()
     try:
@@ -120,9 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.role == "dispatcher":
         server = servers.start_dispatcher(args.port, args.host, work_dir=args.work_dir)
         kept = f"; fault-tolerant, state in {args.work_dir}" if args.work_dir else ""
-        print(f"tf.data service dispatcher at {server.target}{kept}; train with --data-service {server.target}",
-              flush=True)
-        return _serve_until_signal(server, "dispatcher", args.status_every)
+        return _serve_until_signal(server, "dispatcher", args.status_every, f"tf.data service dispatcher at "
+                                   f"{server.target}{kept}; train with --data-service {server.target}")
     if args.role == "worker":
         if args.parent_pid is not None:  # serve local's worker: SIGTERM when it ends, however it ends
             die_with_parent(args.parent_pid, signal.SIGTERM, exit_code=0)
@@ -133,10 +150,10 @@ def _run(args: argparse.Namespace) -> int:
 
         server = servers.start_worker(args.dispatcher, args.port, host=args.host, timeout_s=args.dispatcher_timeout,
                                       on_wait=waiting)
-        print(f"tf.data service worker at {server.target} registered with {address}", flush=True)
-        return _serve_until_signal(server, "worker", args.status_every)
+        return _serve_until_signal(server, "worker", args.status_every,
+                                   f"tf.data service worker at {server.target} registered with {address}")
     options = servers.ServiceOptions(port=args.port, workers=args.workers, host=args.host)
     with servers.local_service(options) as target:
-        print(f"tf.data service at {target} with {args.workers} worker process(es); "
-              f"train with --data-service {target}; Ctrl-C stops", flush=True)
-        return _serve_until_signal(None)
+        _warn_if_open("service", options.host)
+        return _serve_until_signal(None, ready=f"tf.data service at {target} with {args.workers} worker process(es); "
+                                               f"train with --data-service {target}; Ctrl-C stops")
