@@ -56,8 +56,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                           "that a dispatcher restarted with the same DIR and --port resumes them (needs --port)")
         if role != "local":
             add_flag(sub, "status_every", type=duration, default=60.0, metavar="DURATION",
-                     help="print a status line this often: workers registered and answering (dispatcher), tasks (worker), and "
-                          "this process's CPU (default: 60s)")
+                     help="print a status line this often: workers registered and answering (dispatcher), tasks "
+                          "(worker), and this process's CPU (default: 60s)")
         if role == "local":
             add_flag(sub, "workers", type=positive_int, default=1, metavar="N",
                      help="worker processes to start (default: 1)")

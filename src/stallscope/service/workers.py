@@ -20,8 +20,8 @@ def _response_class():
     a pool of its own: TF's Python package does not ship the generated module."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    proto = descriptor_pb2.FileDescriptorProto(name="stallscope_dispatcher_workers.proto", package="tensorflow.data",
-                                               syntax="proto3")
+    proto = descriptor_pb2.FileDescriptorProto(name="stallscope_dispatcher_workers.proto",
+                                               package="tensorflow.data", syntax="proto3")
     info = proto.message_type.add(name="WorkerInfo")
     info.field.add(name="address", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
