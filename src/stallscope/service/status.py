@@ -3,8 +3,9 @@
 What TF 2.21 lets a server see of itself cheaply: a dispatcher its registered workers, a worker its
 tasks (one per job it serves). A registered worker stays registered after its process is gone, so the
 dispatcher's line also says how many of them answer a handshake now (workers.py). Elements and bytes
-served are counted inside TF's C++ and not exposed to Python; this process's CPU is (psutil), and it is what sizes the service: a worker near its cores
-is the limit, one well below them waits on the trainer or the link.
+served are counted inside TF's C++ and not exposed to Python; this process's CPU is (psutil), and it
+is what sizes the service: a worker near its cores is the limit, one well below them waits on the
+trainer or the link.
 """
 
 from __future__ import annotations
