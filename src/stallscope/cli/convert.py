@@ -70,6 +70,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                   "rebuilds pixels at 1/8 scale (same verdict, faster), 'full' decodes every pixel (default: stream)")
     add_flag(parser, "max_pixels", type=positive_int, default=None, metavar="N",
              help="skip images with more pixels than this as too large to decode (default: 89478485, Pillow's limit)")
+    add_flag(parser, "follow_links", action="store_true",
+             help="read files whose symbolic links lead out of the dataset path (default: skip them, with their "
+                  "reason in manifest.json, reading none of their bytes)")
     add_flag(parser, "seed", type=non_negative_int, default=0, help="seed of the shuffle across shards (default: 0)")
     add_flag(parser, "no_progress", action="store_true", help="no progress bar")
     add_flag(parser, "runner", choices=("local", "beam"), default="local",
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         read_ahead=args.read_ahead,
         replace=args.replace,
         staging_dir=args.staging_dir,
+        follow_links=args.follow_links,
     )
     if args.runner == "beam":
         from stallscope.records.beam_convert import convert_with_beam, pipeline_args

@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import shlex
 import shutil
+import stat as statmod
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -68,6 +69,7 @@ PROGRESS_IMAGES = 16  # an in-process conversion reports progress this often
 # chunks ahead of the workers, so that the workers need no store client; the parent writes the shards.
 CHUNK_IMAGES = 16
 REMOTE_CHUNKS_AHEAD = 4
+LINK_OUT_OF_TREE = "a link out of the tree"  # not read: its target's bytes are no part of the data set (--follow-links)
 VANISHED = "vanished during conversion"
 UNREADABLE = "unreadable"
 
@@ -98,6 +100,7 @@ class ConvertOptions:
     seed: int = 0
     read_ahead: int | None = None  # files each worker reads ahead; None: where reads wait (read_ahead.py)
     replace: bool = False  # replace a finished conversion of another source or plan in output_path
+    follow_links: bool = False  # read files whose links lead out of dataset_path (default: skipped, not read)
     staging_dir: Path | None = None  # where an output in a bucket is staged; None: remote_output's default
 
     def __post_init__(self) -> None:
@@ -214,13 +217,18 @@ class _Candidates:
     than computed with Path.relative_to (several microseconds a file). A tree in a bucket is stat'ed
     from its store's listing. A file that cannot be stat'ed goes to `skipped` with its reason."""
 
-    def __init__(self, root: Path | RemotePath) -> None:
+    def __init__(self, root: Path | RemotePath, follow_links: bool = False) -> None:
         self.root = root
+        self.follow_links = follow_links
+        self._real_root = os.fsencode(os.path.realpath(root)) if not isinstance(root, RemotePath) else b""
         self.skipped: list[dict[str, Any]] = []
         self.found: list[Candidate] = []
         self._remote = isinstance(root, RemotePath)
         self._prefix = os.fsencode(os.path.join(root, "")) if not self._remote else b""
         self._root_text = str(root)
+
+    def _inside(self, real: bytes) -> bool:
+        return real == self._real_root or real.startswith(os.path.join(self._real_root, b""))
 
     def __call__(self, path: str, split: str, label: int, label_text: str) -> None:
         if self._remote:  # `scheme://bucket/key` below the root: its name is the text after the root's
@@ -234,7 +242,12 @@ class _Candidates:
         where = os.fsencode(path)  # a root of "." lists its files without the "./":
         name = where[len(self._prefix):] if where.startswith(self._prefix) else os.fsencode(os.path.relpath(path, self.root))
         try:
-            stat = os.stat(where)
+            stat = os.lstat(where)  # one call for a plain file; a link's target is stat'ed once it is known to stay in
+            if statmod.S_ISLNK(stat.st_mode):
+                if not self.follow_links and not self._inside(os.path.realpath(where)):
+                    self.skipped.append(_file_entry(name, reason=LINK_OUT_OF_TREE))
+                    return
+                stat = os.stat(where)
         except OSError as exc:
             self.skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
             return
@@ -693,6 +706,9 @@ def _check_output(options: ConvertOptions) -> None:
         raise UsageError(f"--output_path: {str(out)!r} is a file; expected a directory")
     if not out.is_dir():
         return
+    if (out / STATE_DIR).is_symlink():  # its state would be written wherever the link leads
+        raise UsageError(f"--output_path: {str(out / STATE_DIR)!r} is a symlink; expected the conversion's state "
+                         "folder, which convert makes itself (remove the link; what it points to is left alone)")
     owned = _owned_shards(out)
     foreign = sorted(e.name for e in out.iterdir() if not _is_ours(e.name, owned))
     if foreign:
@@ -742,6 +758,8 @@ def convert_command(options: ConvertOptions) -> str:
         parts += ["--size_per_record", str(options.size_per_record)]
     for split, count in options.split_shards:
         parts += [f"--{split}-shards", str(count)]
+    if options.follow_links:
+        parts.append("--follow-links")
     defaults = {"schema": "standard", "max_side": None, "jpeg_quality": images.KEEP_QUALITY,
                 "max_pixels": images.DEFAULT_MAX_PIXELS, "check": "stream", "seed": 0}
     for name, default in defaults.items():
@@ -808,7 +826,7 @@ class ConversionPlan:
 def plan_conversion(options: ConvertOptions) -> ConversionPlan:
     """The listing, the seeded shuffle and the shard assignment: pure given the tree and the options."""
     labels = read_labels_file(options.labels_file) if options.labels_file else None
-    found = _Candidates(as_path(options.dataset_path))
+    found = _Candidates(as_path(options.dataset_path), options.follow_links)
     try:
         tree = scan_tree(options.dataset_path, labels, on_file=found)
     except StorageError as exc:

@@ -11,7 +11,7 @@ from stallscope.records.manifest import Manifest
 
 # The recorded options that decide the shards' bytes and names (not where, nor how many workers).
 DECIDING = ("schema", "size_per_record", "shards", "split_shards", "max_side", "jpeg_quality", "max_pixels",
-            "check", "seed")
+            "check", "seed", "follow_links")
 
 
 def differences(manifest: Manifest, source: str, recorded: dict[str, Any]) -> list[str]:
