@@ -359,8 +359,10 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
     work and waiting; a cold cache adds the storage reads as far as the overlap model says they
     would show as wait. The verdict and cause are judged in the steady cache state."""
     per_step = max(1, batches_per_step)
-    compute_ms = compute.step_ms / per_step
     step_ms, wait_ms = end_to_end.step_ms / per_step, end_to_end.input_wait_ms / per_step
+    # never above the step it is part of: where the compute probe ran slower than the end-to-end steps
+    # computed (a loaded machine), the end-to-end step's own compute is the figure
+    compute_ms = min(compute.step_ms / per_step, max(step_ms - wait_ms, 0.0))
     serial = compute_ms + parts.warm_ms
     overlapped = abs(step_ms - max(compute_ms, parts.warm_ms)) <= abs(step_ms - serial)
     fetch_warm = wait_ms * parts.fetch_fraction
@@ -400,15 +402,18 @@ def attribute(*, compute: LoopProbe, end_to_end: LoopProbe, parts: PipelineBreak
             cpu_ms_per_image=thread_ms_per_image(parts, batch_size), cores=cores, batch_size=batch_size,
             compute_ms=compute_ms, floor_ms_per_image=floor_ms_per_image(parts, batch_size, cold=cold))),
         from_storage=from_storage,
-        cached=measured_as_prediction(end_to_end, compute_ms=compute_ms, pipeline_ms=parts.warm_ms),
+        cached=measured_as_prediction(end_to_end, compute_ms=compute_ms, pipeline_ms=parts.warm_ms,
+                                      batches_per_step=per_step),
     )
 
 
-def measured_as_prediction(run: LoopProbe, *, compute_ms: float, pipeline_ms: float) -> whatif.Prediction:
+def measured_as_prediction(run: LoopProbe, *, compute_ms: float, pipeline_ms: float,
+                           batches_per_step: int = 1) -> whatif.Prediction:
     """A measured run in the what-if's terms: where a scenario is what was run (data in the page cache),
-    its figures are the measured ones, never a model's beside them."""
-    return whatif.Prediction(compute_ms=compute_ms, pipeline_ms=pipeline_ms, step_ms=run.step_ms,
-                             input_wait_ms=run.input_wait_ms, input_share=run.input_share,
+    its figures are the measured ones, never a model's beside them; per batch, as every figure beside it."""
+    per_step = max(1, batches_per_step)
+    return whatif.Prediction(compute_ms=compute_ms, pipeline_ms=pipeline_ms, step_ms=run.step_ms / per_step,
+                             input_wait_ms=run.input_wait_ms / per_step, input_share=run.input_share,
                              images_per_second=run.images_per_second, verdict=run.verdict)
 
 

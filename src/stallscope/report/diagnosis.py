@@ -3,11 +3,12 @@ the fix's before / predicted / after. It renders a Diagnosis it is given; the pr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 
 from stallscope.analysis.differential import Diagnosis as _Diagnosis
-from stallscope.report.text import fmt_knobs, render_profile_section, service_lines
+from stallscope.report.text import PROFILE_IN_DIAGNOSIS, fmt_knobs, render_profile_section, service_lines
 
 
 class Diagnosis(_Diagnosis):
@@ -27,8 +28,43 @@ def diagnosis_text(diagnosis: _Diagnosis) -> str:
     """The report `stallscope diagnose` prints, and the profiled steps' stage tree when there is one."""
     lines = report_lines(diagnosis)
     if diagnosis.analysis is not None:
-        lines += ["", "profile of end-to-end steps:", render_profile_section(diagnosis.analysis)]
+        lines += ["", *profile_section(diagnosis.analysis)]
     return "\n".join(lines)
+
+
+NOT_KEPT_CLOSING = ("the verdict and the advice above are the diagnosis' (its probes and one model); the profile was "
+                    "not kept: give work_dir= to keep it for `stallscope analyze` and TensorBoard")
+
+
+def profile_section(analysis) -> list[str]:
+    """The profiled steps in the report's one unit: per batch, as every figure above it (a step of
+    steps_per_execution=N batches said once, in the heading); where the profile was not kept (no
+    work_dir), no command to open it."""
+    per = analysis.steps.batches_per_step
+    heading = ("profile of end-to-end steps:" if per <= 1 else
+               f"profile of end-to-end steps, per batch as above (each profiled step ran {per} batches):")
+    lines = render_profile_section(per_batch(analysis) if per > 1 else analysis).rstrip("\n").split("\n")
+    if analysis.run_dir is None and analysis.profile_path.startswith("(not kept"):
+        closing = PROFILE_IN_DIAGNOSIS.format(source=analysis.source)
+        lines = [NOT_KEPT_CLOSING if line == closing else line for line in lines
+                 if line != f"stallscope analyze {analysis.source}"]
+    return [heading, *lines, ""]
+
+
+def per_batch(analysis):
+    """The analysis with its step figures divided by the batches a step ran (steps_per_execution)."""
+    steps = analysis.steps
+    per = steps.batches_per_step
+
+    def spread(value):
+        return dataclasses.replace(value, mean=value.mean / per, p50=value.p50 / per, p90=value.p90 / per,
+                                   std=value.std / per)
+
+    rows = tuple(dataclasses.replace(row, step_ms=row.step_ms / per, input_ms=row.input_ms / per,
+                                     compute_ms=row.compute_ms / per) for row in steps.steps)
+    steps = dataclasses.replace(steps, steps=rows, step_ms=spread(steps.step_ms), input_ms=spread(steps.input_ms),
+                                compute_ms=spread(steps.compute_ms), batches_per_step=1)
+    return dataclasses.replace(analysis, steps=steps)
 
 
 def _ms(value: float) -> str:
