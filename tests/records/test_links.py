@@ -69,3 +69,22 @@ def test_a_linked_state_folder_is_refused(tiny_tree, tmp_path):
         convert_tree(ConvertOptions(tiny_tree, out, shards=2, workers=1))
     assert "\n" not in str(caught.value)
     assert list(elsewhere.iterdir()) == [] and not list(out.glob("*.tfrecord"))
+
+
+def test_the_links_prepare_made_to_its_source_are_followed(linked_tree, tmp_path):
+    """`prepare imagenet-val --mode link` puts symbolic links to its source where it cannot hard-link
+    (another file system), and says so in prepare.json: those are the data set's own files, converted
+    without --follow-links; a link anywhere else is still skipped unread."""
+    import numpy as np
+
+    source = tmp_path / "ILSVRC2012_img_val"
+    source.mkdir()
+    (source / "ILSVRC2012_val_00000001.JPEG").write_bytes(jpeg_bytes(np.random.default_rng(8)))
+    os.symlink(source / "ILSVRC2012_val_00000001.JPEG", linked_tree / "class_01" / "ILSVRC2012_val_00000001.JPEG")
+    (linked_tree / "prepare.json").write_text(json.dumps({"format": "stallscope-prepare", "kind": "imagenet-val",
+                                                          "source": str(source), "mode": "link", "symlinked": 1}))
+    out = tmp_path / "out"
+    report = convert_tree(ConvertOptions(linked_tree, out, shards=1, workers=1))
+    skipped = {e["path"]: e["reason"] for e in load_manifest(out).skipped}
+    assert "class_01/ILSVRC2012_val_00000001.JPEG" not in skipped and report.examples == 8
+    assert skipped["class_00/passwd.jpg"] == skipped["class_00/outside.jpg"] == LINK_OUT_OF_TREE

@@ -226,9 +226,11 @@ class _Candidates:
         self._remote = isinstance(root, RemotePath)
         self._prefix = os.fsencode(os.path.join(root, "")) if not self._remote else b""
         self._root_text = str(root)
+        self._linked_sources = () if self._remote else _prepared_link_sources(Path(root))
 
     def _inside(self, real: bytes) -> bool:
-        return real == self._real_root or real.startswith(os.path.join(self._real_root, b""))
+        return any(real == folder or real.startswith(os.path.join(folder, b""))
+                   for folder in (self._real_root, *self._linked_sources))
 
     def __call__(self, path: str, split: str, label: int, label_text: str) -> None:
         if self._remote:  # `scheme://bucket/key` below the root: its name is the text after the root's
@@ -252,6 +254,24 @@ class _Candidates:
             self.skipped.append(_file_entry(name, reason=UNREADABLE, detail=exc.__class__.__name__))
             return
         self.found.append(Candidate(name, split, label, label_text, stat.st_size, stat.st_mtime_ns))
+
+
+def _prepared_link_sources(root: Path) -> tuple[bytes, ...]:
+    """The source folders `stallscope prepare` linked its files to where it could not hard-link them (its
+    prepare.json, at the root or in a split's folder, says `mode: link`): their links are the data set's
+    own, followed like files in the tree."""
+    from stallscope.data.imagenet import REPORT_NAME
+
+    found = []
+    for report in (root / REPORT_NAME, *root.glob(f"*/{REPORT_NAME}")):
+        try:
+            record = json.loads(report.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (isinstance(record, dict) and record.get("format") == "stallscope-prepare" and record.get("mode") == "link"
+                and record.get("symlinked") and isinstance(record.get("source"), str) and os.path.isdir(record["source"])):
+            found.append(os.fsencode(os.path.realpath(record["source"])))
+    return tuple(found)
 
 
 def source_path(root: Path | RemotePath, name: bytes) -> str:
