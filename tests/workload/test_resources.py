@@ -58,8 +58,8 @@ BUSY_RUN = """
 import hashlib, json, time
 from stallscope.workload.resources import ResourceMonitor
 blob = bytes(1 << 20)
-with ResourceMonitor(interval_s=0.1) as monitor:
-    deadline = time.perf_counter() + 5.0
+with ResourceMonitor(interval_s=0.5) as monitor:
+    deadline = time.perf_counter() + 15.0
     while len(monitor._samples) < 3 and time.perf_counter() < deadline:
         hashlib.sha256(blob).digest()  # busy without holding the GIL, as TF's kernels are
 print(json.dumps(monitor.report.to_dict()))
@@ -70,11 +70,13 @@ def test_system_cpu_of_a_short_busy_run_covers_the_process_share():
     """The process is part of the system: its CPU, in cores, cannot be above the system's busy cores.
     The sampler's first sample used to read system CPU from two back-to-back readings (0.0 while the
     busy threads left the GIL free, as in every training run): psutil keeps its reference point per
-    thread. A fresh process, as in a real run."""
+    thread. A fresh process, as in a real run. The loop gets what the machine gives it (7.8% of a core
+    in the first sample when others kept both cores busy): the comparison can fail as long as the
+    process was seen working at all, which half a second of samples sees on any machine."""
     done = subprocess.run([sys.executable, "-c", BUSY_RUN], capture_output=True, text=True, timeout=60, check=True)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     cores, first = report["cores"], report["samples"][0]
-    assert first["process_percent"] > 50  # the busy loop held one core
+    assert first["process_percent"] > 0  # the loop was seen working: a system reading of 0.0 would fail below
     assert first["system_percent"] * cores >= 0.8 * first["process_percent"]
     cpu = report["cpu"]
     assert cpu["system_mean_percent"] * cores >= 0.8 * cpu["process_mean_percent"]
