@@ -106,7 +106,7 @@ def test_checklist_get_next_agrees_with_the_verdict(tuned_run, stalled_profile):
     healthy = analyze_run(tuned_run, with_xprof=False)
     item = {c.key: c for c in healthy.checklist}["get_next_slow"]
     assert healthy.verdict == "not" and item.answer == "no" and not item.needs_action
-    assert f"{healthy.input_share:.1%}" in item.evidence and "5%" in item.evidence
+    assert f"{healthy.steps.input_share:.1%}" in item.evidence and "5%" in item.evidence  # the checklist is the window's
     if healthy.steps.get_next_mean_us > 50:
         assert "above seed-004's 50 us" in item.evidence and "too little to matter" in item.evidence
     stalled = analyze_run(stalled_profile, with_xprof=False)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from stallscope.analysis.fetch_wait import others_fill_the_cores
 from stallscope.config import AUTOTUNE
 from stallscope.cpu_limits import CpuLimits, quota_limited
 from stallscope.errors import UsageError
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 Analysis = Any  # an analyze.Analysis: analyze imports this module, so this one does not import analyze
 
-ORDER = ("step_marker", "parallel_interleave", "parallel_generator", "parallel_map", "prefetch", "cache", "max_side",
+ORDER = ("step_marker", "fetch_in_flight", "parallel_interleave", "parallel_generator", "parallel_map", "prefetch", "cache", "max_side",
          "more_shards", "outer_parallelism", "quota_pool", "data_service")
 SOURCE_STAGES = ("TFRecord", "FlatMap", "Interleave", "ParallelInterleave", "TextLine", "FixedLengthRecord",
                  "ListFiles")   # stages that read files: shards, parallel reads and an encoded-bytes cache apply
@@ -67,6 +68,9 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
     input_bound = analysis.input_bound
     no_prefetch = checks["prefetch_at_end"].answer == "no"
     cpu_saturated = checks["cpu_saturated"].answer == "yes"
+    # the run's own CPU work is the limit only where it fills the cores (not other processes) and the wait
+    # is not reads from a store (a latency-bound run waits with its process nearly idle)
+    cpu_limits = cpu_saturated and not others_fill_the_cores(analysis.cpu_window) and analysis.fetch is None
     evidence = checks["bottleneck"].evidence
     base = _baseline(analysis, cpu_saturated)
     pool = quota_pool(config, cpus=(cpu or {}).get("cpus"), quota_cores=(cpu or {}).get("quota_cores"),
@@ -91,6 +95,10 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
         return _gained(item, base, lambda b: fix_gain.without_stages(b, fix_gain.below(tree, stage), what))
 
     advice: list[Advice] = []
+    if analysis.fetch is not None:
+        fetching = _fetch_in_flight(analysis, stage, kind, config)
+        if fetching is not None:
+            advice.append(fetching)
     if kind == "source" and not read_parallel:
         advice.append(parallel(Advice(
             "parallel_interleave", "Read shards in parallel", {"read_parallelism": AUTOTUNE, "deterministic": False},
@@ -132,8 +140,10 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             gain_basis="the pipeline caches already: the generator runs only in the epoch that fills the cache (the "
                        "one profiled here, if its wait is the generator's) and not after it, where the generator "
                        "ends; an endless generator never completes the cache"))
-    if kind == "map" and (cpu_saturated or map_parallel) and not cached:
-        advice.append(cached_away(_decoded_cache(analysis, evidence), "from the second epoch on, no decoding"))
+    if kind == "map" and (cpu_limits or map_parallel) and not cached and analysis.fetch is None:
+        cpu_said = checks["cpu_saturated"].answer
+        advice.append(cached_away(_decoded_cache(analysis, evidence, cpu_limits=cpu_limits, cpu_said=cpu_said),
+                                  "from the second epoch on, no decoding"))
     if kind == "map" and analysis.decodes_images is not False:  # False: its dataset decodes no images
         advice.append(_max_side(analysis, stage, base, evidence))
     if kind == "source" and read_parallel:
@@ -142,7 +152,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             "# more, smaller files let the interleave read more of them at once",
             f"{stage.name} is still the bottleneck with parallel reads: too few files to read at once",
             evidence, command="stallscope convert IMAGES --output_path RECORDS --shards 64")))
-    if cpu_saturated or (kind == "map" and map_parallel):
+    if cpu_limits or (kind == "map" and map_parallel and analysis.fetch is None):
         advice.append(Advice(
             "outer_parallelism", "One intra-op thread per element", {"max_intra_op_parallelism": 1}, ONE_INTRA_OP_THREAD,
             "parallelism across elements is cheaper than inside each op (seed-004: +10% or more)",
@@ -150,7 +160,7 @@ def recommend(analysis: "Analysis", config: PipelineConfig | None = None, cpu: d
             "no gain is predicted"))
     if pool is not None:
         advice.append(pool)
-    if cpu_saturated and base is not None:
+    if cpu_limits and base is not None:
         advice.append(_data_service(analysis, base, checks["cpu_saturated"].evidence))
     if config is not None:
         advice = [a for a in advice if not a.knobs or any(getattr(config, k, None) != v for k, v in a.knobs.items())]
@@ -206,8 +216,10 @@ def _gained(item: Advice, base, predictor) -> Advice:
                                gain_basis=f"step {base.step_ms:.1f} -> {prediction.step_ms:.1f} ms: {basis}")
 
 
-def _decoded_cache(analysis: "Analysis", evidence: str) -> Advice:
-    """Decoded images cached after the map: the CPU decodes each image once, where they fit in memory."""
+def _decoded_cache(analysis: "Analysis", evidence: str, *, cpu_limits: bool = True, cpu_said: str = "yes") -> Advice:
+    """Decoded images cached after the map: the CPU decodes each image once, where they fit in memory.
+    Its reason claims the CPU is the limit only where the CPU samples say so; without them it says what
+    it assumes."""
     size = ""
     if analysis.examples and analysis.image_size:
         decoded = analysis.examples * analysis.image_size ** 2 * 3 * 4
@@ -217,8 +229,60 @@ def _decoded_cache(analysis: "Analysis", evidence: str) -> Advice:
         "cache", "Cache the decoded images (where they fit in memory)", {"cache": "memory", "cache_at": "decoded"},
         "dataset = dataset.map(decode_and_resize, num_parallel_calls=tf.data.AUTOTUNE).cache()\n"
         "# random augmentation after the cache, so each epoch still differs",
-        f"the CPU is the limit and decoding is its work: a cache of the decoded images decodes each once; only "
+        f"{_decoding_is_the_work(cpu_limits, cpu_said)}: a cache of the decoded images decodes each once; only "
         f"where they fit in memory{size}, else cache to a local file (cache('/local/ssd/decoded'))", evidence)
+
+
+def _decoding_is_the_work(cpu_limits: bool, cpu_said: str) -> str:
+    """No claim without its data: the CPU named as the limit only where its samples show it."""
+    if cpu_limits:
+        return "the CPU is the limit and decoding is its work"
+    if cpu_said == "unknown":
+        return ("assumed, with no CPU figures here: the map's decoding is the work that holds the run back (its "
+                "own time is the walk's bottleneck)")
+    return "the map's decoding is the work that holds the run back (its own time is the walk's bottleneck)"
+
+
+def _fetch_in_flight(analysis: "Analysis", stage, kind: str, config: PipelineConfig | None) -> Advice | None:
+    """A latency-bound run (analysis.fetch): enough reads in flight to hide the store's latency
+    (latency x throughput), on threads that wait, not on cores. Priced on the headline's own steps."""
+    from stallscope.analysis import whatif
+    from stallscope.analysis.fetch_wait import reads_in_flight
+
+    fetch = analysis.fetch
+    batch = analysis.batch_size or (config.batch_size if config is not None else None)
+    device = analysis.device_images_per_second
+    run = analysis.run
+    compute = run.compute_ms.mean if run is not None and run.compute_ms is not None else None
+    if device is None and compute and batch:
+        device = batch * 1000.0 / compute
+    enough = reads_in_flight(fetch, device, batch)
+    files = fetch.source_kind == "files" or (fetch.stage is not None and kind == "map")
+    count = enough or 16
+    knobs = {"read_parallelism": count, "deterministic": False, "private_threadpool_size": count + 2}
+    where = "the map that reads each file" if files else "the pipeline"
+    code = (f"dataset = paths.map(tf.io.read_file, num_parallel_calls={count}, deterministic=False)  # then decode"
+            if files else
+            f"dataset = files.interleave(tf.data.TFRecordDataset, cycle_length={count}, num_parallel_calls={count},\n"
+            "                           deterministic=False)")
+    code += (f"\noptions = tf.data.Options()\noptions.threading.private_threadpool_size = {count + 2}  "
+             "# threads that wait on reads, not cores\ndataset = dataset.with_options(options)")
+    sized = (f"latency x throughput: {fetch.request_ms:.1f} ms per request x {device:,.0f} images/s x "
+             f"{fetch.requests_per_step / batch:.3g} requests per image = {count} in flight" if enough else
+             f"{count} in flight, a guess: the store's request time or the device's pace is not known here")
+    item = Advice("fetch_in_flight", f"Keep {count} reads in flight", knobs, code,
+                  f"the run waits on the store's latency, not on CPU work: {where} asks for one file at a time; "
+                  f"{sized}", fetch.text())
+    fetching, wait = fetch.fetch_ms_per_step, fetch.wait_ms
+    if run is None or compute is None or fetching is None or not batch:
+        return dataclasses.replace(item, gain_basis="not predicted: the store's request times were not timed")
+    pipeline = max(0.0, wait - fetching + fetching / count)
+    now = run.step_ms.mean
+    predicted = whatif.predict(compute_ms=compute, pipeline_ms=pipeline, batch_size=batch, overlapped=False)
+    return dataclasses.replace(
+        item, predicted_step_ms=predicted.step_ms, predicted_gain=now / predicted.step_ms - 1.0,
+        gain_basis=(f"the run's own steps: step {now:.1f} -> {predicted.step_ms:.1f} ms: {fetching:.1f} ms of requests "
+                    f"per step over {count} in flight -> input wait {pipeline:.1f} ms against compute {compute:.1f} ms"))
 
 
 def _max_side(analysis: "Analysis", stage, base, evidence: str) -> Advice:
@@ -446,6 +510,11 @@ def _kind(stage) -> str:
     if name.startswith(GENERATOR_STAGES):
         return "generator"
     return "other"
+
+
+def reads_files(stage) -> bool:
+    """A stage whose work includes reading: a source, or a map (the seed pipeline's map reads each file)."""
+    return _kind(stage) in ("map", "source")
 
 
 def _underparallel(stage) -> bool:

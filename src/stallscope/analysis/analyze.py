@@ -16,6 +16,7 @@ from typing import Any
 from stallscope.analysis import advice as advice_module
 from stallscope.analysis.checklist import CheckItem, checklist, input_bound
 from stallscope.analysis.cpu_window import CpuWindow, cpu_over_steps
+from stallscope.analysis.fetch_wait import FetchWait, fetch_wait
 from stallscope.analysis.rewrites import Rewrite, config_rewrites, rewrites
 from stallscope.analysis.steps import RunTiming, StepBreakdown, XprofFigure, run_timing, step_breakdown, xprof_figure
 from stallscope.analysis.stored_images import StoredImages, stored_images
@@ -25,6 +26,7 @@ from stallscope.analysis.xplane import XPLANE_SUFFIX, capture_files, find_captur
 from stallscope.config import json_ready
 from stallscope.errors import StallscopeError
 from stallscope.pipeline.config import PipelineConfig
+from stallscope.verdict import verdict_for
 from stallscope.workload import rundir
 
 log = logging.getLogger(__name__)
@@ -71,12 +73,15 @@ class Analysis:
     image_size: int | None = None        # the model's input side (the run's summary.json)
     examples: int | None = None          # images in the data set (the run's summary.json)
     service: ServiceAssumptions = ServiceAssumptions()  # the service's link and workers' cores, where given
+    fetch: FetchWait | None = None       # the wait is reads from a remote store (latency-bound), where it is
+    batch_size: int | None = None        # images per batch (the run's summary.json)
+    device_images_per_second: float | None = None  # the emulated device's pace (the run's summary.json)
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What makes the verdict shaky: too few counted steps."""
+        """What makes the verdict shaky: too few counted steps (the window's, where the verdict is the window's)."""
         counted = self.steps.counted_steps
-        if self.input_share is None or counted >= FEW_STEPS:
+        if self.input_share is None or counted >= FEW_STEPS or self.headline_from == "steps.csv":
             return ()
         per = self.steps.batches_per_step
         spe = (f"; under steps_per_execution={per} a window of N batches holds only about N/{per} steps, so "
@@ -91,18 +96,42 @@ class Analysis:
         return slowest(self.hosts).host if len(self.hosts) > 1 else None
 
     @property
+    def headline_from(self) -> str:
+        """Which figure the verdict is: 'steps.csv' (every measured step of the run, where stallscope's own
+        run timed each step's input wait; a program's own loop times them less surely, its first steps
+        included) or 'profile' (the profiled window's steps). One verdict per run:
+        a window of steps served from a filled shuffle buffer can miss the refill steps the run waited on."""
+        own_run = self.config is not None  # stallscope's own workload: pipeline.json has the requested config
+        return "steps.csv" if own_run and self.run is not None and self.run.input_share is not None else "profile"
+
+    @property
     def input_share(self) -> float | None:
-        """Input wait / step time (0..1); None when the steps hold no iterator call (not measured)."""
-        return self.steps.input_share
+        """Input wait / step time (0..1) of the headline's figure; None when not measured."""
+        return self.run.input_share if self.headline_from == "steps.csv" else self.steps.input_share
+
+    @property
+    def input_wait_ms(self) -> float | None:
+        """Mean input wait per step of the headline's figure."""
+        if self.headline_from == "steps.csv":
+            return self.run.input_ms.mean if self.run.input_ms is not None else None
+        return self.steps.input_ms.mean if self.steps.input_share is not None else None
 
     @property
     def verdict(self) -> str | None:
         """'highly', 'moderately' or 'not' input-bound; None with an unmeasured share."""
-        return self.steps.verdict
+        return verdict_for(self.input_share) if self.headline_from == "steps.csv" else self.steps.verdict
+
+    @property
+    def window_disagrees(self) -> bool:
+        """The profiled window's verdict differs from the run's own steps' (the headline's)."""
+        return (self.headline_from == "steps.csv" and self.steps.input_share is not None
+                and self.steps.verdict != self.verdict)
 
     @property
     def input_bound(self) -> bool:
-        """Whether the run waits for input (the verdict is 'highly' or 'moderately')."""
+        """Whether the run waits for input (the headline's verdict is 'highly' or 'moderately')."""
+        if self.headline_from == "steps.csv":
+            return self.verdict in ("highly", "moderately")
         return input_bound(self.steps)
 
     @property
@@ -113,8 +142,11 @@ class Analysis:
 
     @property
     def bottleneck(self) -> str | None:
-        """The slowest stage when it holds the run back (input-bound); None when the input keeps up."""
-        return self.slowest_stage if self.input_bound else None
+        """What holds the run back where it is input-bound: 'fetch' for reads from a remote store
+        (latency-bound), else the slowest stage; None when the input keeps up."""
+        if not self.input_bound:
+            return None
+        return "fetch" if self.fetch is not None else self.slowest_stage
 
     @property
     def stage_label(self) -> str:
@@ -132,6 +164,10 @@ class Analysis:
             "slowest_stage": self.slowest_stage,
             "input_bound": self.input_bound if measured else None,
             "verdict": self.verdict,
+            "input_share_from": self.headline_from if measured else None,
+            "window_input_share": self.steps.input_share,
+            "window_verdict": self.steps.verdict,
+            "fetch": dict(dataclasses.asdict(self.fetch), text=self.fetch.text()) if self.fetch else None,
             "source": self.source,
             "profile": self.profile_path,
             "run_dir": self.run_dir,
@@ -226,7 +262,13 @@ def analyze_run(path: Path | str, *, with_xprof: bool = True, capture: str | Non
         decodes_images=decodes if isinstance(decodes, bool) else None,
         cpu_window=window, stored=stored_images(summary), image_size=_summary_int(summary, "image_size", config),
         examples=_summary_int(summary, "dataset_size", None), service=service,
+        batch_size=_summary_int(summary, "batch_size", None), device_images_per_second=_device_pace(summary),
     )
+    walked = tree.bottleneck_stage  # the window's stage where it is one that reads (a seed map reads each file)
+    reading = walked.name if walked is not None and advice_module.reads_files(walked) else None
+    partial = dataclasses.replace(partial, fetch=fetch_wait(
+        summary, window, input_share=partial.input_share if partial.input_bound else None,
+        wait_ms=partial.input_wait_ms, batch_size=partial.batch_size, stage=reading))
     cpu = resources.get("cpu") if isinstance(resources, dict) else None
     advised = advice_module.recommend(partial, config, cpu=cpu)
     if on_service:  # already served: more CPU is the workers' (more of them), not a service to start
@@ -241,6 +283,13 @@ def _summary_int(summary: dict[str, Any] | None, key: str, config: PipelineConfi
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return config.image_size if config is not None and key == "image_size" else None
+
+
+def _device_pace(summary: dict[str, Any] | None) -> float | None:
+    """The emulated device's images/s (summary.json's accelerator), None for a real model or unsaid."""
+    accelerator = (summary or {}).get("accelerator") if isinstance(summary, dict) else None
+    pace = accelerator.get("images_per_second") if isinstance(accelerator, dict) else None
+    return float(pace) if isinstance(pace, (int, float)) and not isinstance(pace, bool) and pace > 0 else None
 
 
 def _unmeasured_note(steps: StepBreakdown) -> str:

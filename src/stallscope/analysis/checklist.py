@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from stallscope.analysis.cpu_window import CpuWindow
+from stallscope.analysis.fetch_wait import others_fill_the_cores, others_text
 from stallscope.analysis.steps import StepBreakdown
 from stallscope.analysis.tfdata import StageTree
 from stallscope.cpu_limits import cpu_named, quota_limited, quota_throttled
@@ -139,10 +140,14 @@ def _cpu(resources: dict[str, Any] | None, window: CpuWindow | None = None) -> C
         evidence = (f"the {cpu_named(cpu)} were {run_mean:.0f}% busy on average (peak {run_peak:.0f}%) over "
                     f"{_samples(cpu.get('samples'))} of the whole run (no steps.csv to judge the training steps "
                     f"alone); saturated at {CPU_SATURATED_PERCENT:.0f}%")
+    needs_action = saturated
+    if saturated and others_fill_the_cores(window):
+        evidence += f"; {others_text(window)}"
+        needs_action = False  # nothing in this pipeline to change for other processes' load
     if quota_limited(cpu.get("throttled_share")):
-        saturated = True  # the quota ran out in many periods: saturated whatever the mean says
+        saturated = needs_action = True  # the quota ran out in many periods: saturated whatever the mean says
         evidence += f"; {quota_throttled(cpu)}"
-    return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=saturated)
+    return CheckItem("cpu_saturated", question, "yes" if saturated else "no", evidence, needs_action=needs_action)
 
 
 def _own_share(window: CpuWindow) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from stallscope.analysis.analyze import Analysis
 from stallscope.analysis.checklist import between_steps_text
+from stallscope.analysis.fetch_wait import others_fill_the_cores, others_text
 from stallscope.analysis.steps import Spread, StepBreakdown
 from stallscope.analysis.tfdata import DEVICE_FEED_NOTE
 from stallscope.pipeline.config import describe_knob
@@ -49,17 +50,49 @@ def counted_steps_text(steps: StepBreakdown) -> str:
 
 
 def verdict_line(analysis: Analysis) -> str:
-    """The verdict first; then the stage the walk found, as a bottleneck only when the run waits for input."""
+    """One verdict per run, saying which figure it is (the run's own steps where measured, else the
+    profiled window's) with the other beside it where they disagree; then what the run waits on: reads
+    from a store (latency-bound), or the stage the walk found, a bottleneck only when the run waits."""
     steps = analysis.steps
     if analysis.input_share is None:
         return unmeasured_line(steps)
     line = (f"Input share {fmt_share(analysis.input_share)}: {verdict_phrase(analysis.verdict)} "
-            f"({counted_steps_text(steps)})")
+            f"({headline_source_text(analysis)})")
+    if analysis.fetch is not None:
+        return f"{line}; latency-bound, {analysis.fetch.text()}{fetch_stage_text(analysis)}"
     if analysis.slowest_stage is None:
         return line + cpu_limit_text(analysis)
     if analysis.input_bound:
         return f"{line}; bottleneck: {analysis.slowest_stage}{cpu_limit_text(analysis)}"
     return f"{line}; the input keeps up (slowest stage: {analysis.slowest_stage}, not holding the run back)"
+
+
+def headline_source_text(analysis: Analysis) -> str:
+    """Which steps the verdict is from, and the profiled window's figure beside it where it differs."""
+    if analysis.headline_from != "steps.csv":
+        return f"the profiled window: {counted_steps_text(analysis.steps)}"
+    text = f"the run's own steps: {fmt_count(analysis.run.steps, 'measured step')} in steps.csv"
+    window = analysis.steps.input_share
+    if window is None:
+        return text
+    beside = f"{text}; the profiled window ({counted_steps_text(analysis.steps)}): {fmt_share(window)}"
+    if not analysis.window_disagrees:
+        return beside
+    why = ("its steps were served from a filled buffer (a shuffle's) while the run's slow steps refill it"
+           if window < analysis.input_share else
+           "it holds slow steps (an epoch start, a buffer filling) that are rarer over the whole run")
+    return f"{beside}, {verdict_phrase(analysis.steps.verdict)}: {why}"
+
+
+def fetch_stage_text(analysis: Analysis) -> str:
+    """Where the reads show in the profiled window's stage tree, or why they do not."""
+    fetch = analysis.fetch
+    if fetch.stage is not None:
+        return f"; the reads run in {fetch.stage} (the profiled window's walk stops there)"
+    if analysis.slowest_stage is not None:
+        return (f"; the profiled window's walk stops at {analysis.slowest_stage}, whose steps did not wait on the "
+                "reads")
+    return ""
 
 
 def unmeasured_line(steps: StepBreakdown) -> str:
@@ -91,6 +124,10 @@ def no_fix_line(analysis: Analysis) -> str:
     is input-bound and no change weighed is predicted to help (never 'keeps up' above the threshold)."""
     if analysis.input_share is None:
         return "none advised; the input share was not measured, so whether the input keeps up is unknown"
+    if analysis.input_bound and analysis.fetch is not None:
+        return (f"none found: the run is {verdict_phrase(analysis.verdict)} ({fmt_share(analysis.input_share)}) "
+                f"waiting on reads ({analysis.fetch.text()}); more reads in flight shorten the wait (latency x "
+                "throughput), but the store's request times were not timed to size them")
     if analysis.input_bound:
         stage = analysis.slowest_stage or "no stage found"
         weighed = f" ({len(analysis.checked)} change(s) checked below)" if analysis.checked else ""
@@ -121,8 +158,10 @@ def warning_lines(analysis: Analysis) -> list[str]:
 def cpu_limit_text(analysis: Analysis) -> str:
     """'; the CPU is the limit: ...' where the run waits for input and every core was busy over its steps."""
     cpu = next((c for c in analysis.checklist if c.key == "cpu_saturated"), None)
-    if not analysis.input_bound or cpu is None or cpu.answer != "yes":
+    if not analysis.input_bound or cpu is None or cpu.answer != "yes" or analysis.fetch is not None:
         return ""
+    if others_fill_the_cores(analysis.cpu_window):
+        return f"; the cores were saturated, but {others_text(analysis.cpu_window)}"
     return "; the CPU is the limit (saturated over the steps): more parallelism cannot help, less work per image can"
 
 
@@ -145,10 +184,10 @@ def run_timing_line(analysis: Analysis) -> str | None:
         return (f"{line}{rate}; its input wait was not timed (a callback sees whole steps), so the split "
                 "above is the profile's")
     line += f", input wait {fmt_ms(run.input_ms.mean)}, input share {fmt_share(run.input_share)} ({run.verdict}){rate}"
-    if analysis.verdict is not None and run.verdict != analysis.verdict:
-        line += (f"; the profiled window ({fmt_count(analysis.steps.counted_steps, 'step')}) says {analysis.verdict} "
-                 f"input-bound: slow steps (an epoch start, a shuffle buffer filling) fall inside or outside a window, "
-                 f"so the verdict above is the window's; a longer window comes closer to the run's")
+    if analysis.window_disagrees:
+        line += (f"; the verdict above is this one; the profiled window ({fmt_count(analysis.steps.counted_steps, 'step')}"
+                 f") says {analysis.steps.verdict} input-bound: slow steps (an epoch start, a shuffle buffer filling) "
+                 f"fall inside or outside a window; the stage table and checklist are the window's")
     return line
 
 
@@ -170,12 +209,14 @@ def xprof_line(analysis: Analysis) -> str:
         return ("TensorBoard (xprof): no figure: XProf counts only steps marked with _r=1 "
                 "(tf.profiler.experimental.Trace('train', step_num=i, _r=1), as StallMonitor and stallscope.profile "
                 f"write them) and finds none in Keras 3 fit profiles; {found}")
-    if analysis.input_share is None:
+    window = analysis.steps.input_share  # the same profiled steps TensorBoard reads
+    if window is None:
         return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
                 "(stallscope: not measurable, no iterator call inside the steps; its figure counts none either)")
-    delta = (analysis.input_share - figure.input_share) * 100
-    return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')} "
-            f"(stallscope {fmt_share(analysis.input_share)}, difference {delta:+.1f} pp)")
+    delta = (window - figure.input_share) * 100
+    of = " on the profiled window" if analysis.headline_from == "steps.csv" else ""
+    return (f"TensorBoard says {fmt_share(figure.input_share)} over {fmt_count(figure.steps, 'step')}{of} "
+            f"(stallscope {fmt_share(window)}, difference {delta:+.1f} pp)")
 
 
 def capture_lines(analysis: Analysis) -> list[str]:
