@@ -191,5 +191,7 @@ def test_a_short_run_warns_that_it_is_too_short_to_trust(seed_run):
     assert precision["stopped_by"] == "steps" and precision["target"] is None
     assert precision["measured_s"] < 1 and precision["warning"].startswith("too short to trust")
     lines = format_summary(summary)
-    assert any(line.startswith("warning         too short to trust") for line in lines)
+    assert lines[0].startswith("warning         too short to trust"), lines  # the warning leads its figures
+    throughput = next(line for line in lines if line.startswith("throughput"))
+    assert f"first {summary['warmup_steps']} step(s), warm-up" in throughput and "left out" in throughput, throughput
     assert any(line.startswith("fetched ") and "per image trained; read amplification" in line for line in lines)

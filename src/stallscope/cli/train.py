@@ -302,7 +302,9 @@ def train_options_from_args(args: argparse.Namespace, **overrides):
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """The end-of-run lines: step time, input wait, input share and verdict."""
     accelerator = summary["accelerator"]["spec"]
-    lines = [
+    precision = summary.get("precision") or {}
+    lines = [  # a run too short to trust says so before its figures
+        *([f"warning         {precision['warning']}"] if precision.get("warning") else []),
         f"steps           {summary['first_step']}..{summary['last_step']} "
         f"({summary['measured_steps']} measured, {summary['warmup_steps']} warm-up)",
         f"pipeline        {summary['pipeline']['preset']}: {' <- '.join(summary['pipeline']['ran']) or '?'}",
@@ -317,7 +319,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         lines.append(f"images          {coverage['images_trained']:,} of the {coverage['images_in_split']:,} in the split "
                      f"trained; {coverage['dropped']:,} dropped: {coverage['why_dropped']}")
     lines += [
-        f"throughput      {summary['images_per_second']:.1f} images/s",
+        f"throughput      {summary['images_per_second']:.1f} images/s{left_out_text(summary)}",
         f"step time       {summary['step_time_ms']:.1f} ms (p50 {summary['step_time_p50_ms']:.1f}, "
         f"p90 {summary['step_time_p90_ms']:.1f})",
         f"input wait      {summary['input_wait_ms']:.1f} ms per step",
@@ -331,7 +333,7 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         lines.append(f"page faults     {summary['minor_faults_per_image']:.0f} minor per image")
     if summary.get("cold"):
         lines.append(f"cold start      {summary['cold']['how']}")
-    lines += precision_lines(summary.get("precision"))
+    lines += precision_lines(summary.get("precision"), with_warning=False)  # the warning leads
     if summary.get("fetched"):
         lines.append(f"fetched         {fetched_line(summary['fetched'])}")
     made = summary.get("store_requests")
@@ -437,7 +439,17 @@ def cpu_line(cpu: dict) -> str:
     return f"{machine / 100 * cores:.2f} of {cpu_named(cpu)} busy ({own})"
 
 
-def precision_lines(precision: dict | None) -> list[str]:
+def left_out_text(summary: dict[str, Any]) -> str:
+    """What the images/s leaves out, said beside it where the run is too short to trust: its warm-up
+    steps (a shuffle's fill among them) are not in the figure."""
+    warmup = summary.get("warmup_steps") or 0
+    if not (summary.get("precision") or {}).get("warning") or not warmup:
+        return ""
+    return (f" over {summary['measured_steps']} measured steps; its first {warmup} step(s), warm-up (a buffer's "
+            f"fill among them), left out")
+
+
+def precision_lines(precision: dict | None, *, with_warning: bool = True) -> list[str]:
     """How far the images/s can be trusted: its halves' agreement, and a warning where it is too short."""
     if not precision:
         return []
@@ -449,7 +461,7 @@ def precision_lines(precision: dict | None) -> list[str]:
                f"{precision['stopped_by'].replace('_', ' ')}") if target is not None else ""
         lines.append(f"precision       halves {pair[0]:,.1f} and {pair[1]:,.1f} images/s, {precision['spread']:.1%} "
                      f"apart over {precision['measured_s']:.1f} s measured{aim}")
-    if precision.get("warning"):
+    if precision.get("warning") and with_warning:
         lines.append(f"warning         {precision['warning']}")
     return lines
 
