@@ -82,3 +82,15 @@ def test_fetch_needs_an_idle_process_and_a_remote_store():
     assert fetch_wait(local, _window(0.05), input_share=0.97, wait_ms=75.0, batch_size=4, stage=None) is None
     # the requests, even one at a time, explain under half the wait: not named fetch
     assert fetch_wait(SUMMARY, _window(0.05), input_share=0.97, wait_ms=400.0, batch_size=4, stage=None) is None
+
+
+
+def test_the_decoded_cache_claims_the_cpu_limit_only_with_cpu_figures(stalled_profile):
+    """A bare profile has no CPU samples: the cache advice says what it assumes, not that the CPU is the limit."""
+    from stallscope.analysis.advice import _decoded_cache
+
+    analysis = analyze_run(stalled_profile, with_xprof=False)
+    assert {c.key: c for c in analysis.checklist}["cpu_saturated"].answer == "unknown"
+    bare = _decoded_cache(analysis, "evidence", cpu_limits=False, cpu_said="unknown").reason
+    assert "the CPU is the limit" not in bare and bare.startswith("assumed, with no CPU figures here"), bare
+    assert "the CPU is the limit" in _decoded_cache(analysis, "evidence", cpu_limits=True, cpu_said="yes").reason
