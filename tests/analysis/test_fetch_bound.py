@@ -94,3 +94,13 @@ def test_the_decoded_cache_claims_the_cpu_limit_only_with_cpu_figures(stalled_pr
     bare = _decoded_cache(analysis, "evidence", cpu_limits=False, cpu_said="unknown").reason
     assert "the CPU is the limit" not in bare and bare.startswith("assumed, with no CPU figures here"), bare
     assert "the CPU is the limit" in _decoded_cache(analysis, "evidence", cpu_limits=True, cpu_said="yes").reason
+
+
+def test_a_sweeps_bottleneck_column_blames_fetch_as_analyze_does(fetch_bound_run):
+    """The sweep's bottleneck column said BatchV2 for all 20 seed cells (the stage a filled buffer's window
+    stops at) while `analyze` of their runs names the reads: the column takes analyze's own word."""
+    from stallscope.sweep.results import _profile_stages
+
+    slowest, blamed = _profile_stages(fetch_bound_run)
+    analysis = analyze_run(fetch_bound_run, with_xprof=False)
+    assert (slowest, blamed) == (analysis.slowest_stage, "fetch") and slowest != "fetch"

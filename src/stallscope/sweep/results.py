@@ -49,7 +49,7 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
     requests, served_bytes, ahead = _served_per_image(run_dir, int(summary["batch_size"]) * int(summary["last_step"]),
                                                       summary.get("source"))
     made = summary.get("store_requests") or {}
-    slowest = _slowest_stage(run_dir) if window else None
+    slowest, blamed = _profile_stages(run_dir) if window else (None, None)
     verdict = verdict_for(stats.input_share)
     reader = (summary.get("source") or {}).get("reader")
     precision = _precision(kept, shared, summary)
@@ -58,7 +58,7 @@ def run_figures(run_dir: Path, shared: dict[str, Any], *, out: Path | None = Non
         images_per_second=stats.images_per_second, step_time_ms=stats.step_time_ms,
         input_wait_ms=stats.input_wait_ms, compute_ms=stats.compute_ms, input_share=stats.input_share,
         verdict=verdict, measured_steps=stats.steps - stats.warmup_steps, batch_size=int(summary["batch_size"]),
-        slowest_stage=slowest, bottleneck=slowest if verdict in _INPUT_BOUND else None,
+        slowest_stage=slowest, bottleneck=(blamed or slowest) if verdict in _INPUT_BOUND else None,
         final_loss=summary.get("final_loss"), client=reader.split(" (", 1)[0] if reader else None,
         requests_per_image=requests, bytes_per_image=served_bytes, images_read_per_trained=ahead,
         request_ms_median=made.get("median_ms"), request_ms_p90=made.get("p90_ms"),
@@ -110,17 +110,21 @@ def _served_per_image(run_dir: Path, trained: int, source: Any) -> tuple[float |
     return requests / read, served_bytes / read, read / trained
 
 
-def _slowest_stage(run_dir: Path) -> str | None:
-    """The tf.data stage the walk of the run's profile stops at, or None when the profile names none."""
+def _profile_stages(run_dir: Path) -> tuple[str | None, str | None]:
+    """(the tf.data stage the walk of the run's profile stops at, what `analyze` blames where the run is
+    input-bound: "fetch" for a wait on a remote store's latency, else that stage); Nones where the
+    profile names none. The seed's cells on a bucket all said BatchV2, the stage a filled shuffle
+    buffer's window stops at, while their runs waited on reads."""
     from stallscope.analysis.analyze import analyze_run
 
     if not rundir.profile_files(run_dir):
-        return None
+        return None, None
     try:
-        return analyze_run(run_dir, with_xprof=False).slowest_stage
+        analysis = analyze_run(run_dir, with_xprof=False)
     except StallscopeError as exc:
         log.warning("%s: no bottleneck from its profile (%s)", run_dir, exc)
-        return None
+        return None, None
+    return analysis.slowest_stage, analysis.bottleneck
 
 
 def _median(values: list[float | None]) -> float | None:
