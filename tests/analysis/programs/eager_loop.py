@@ -2,6 +2,9 @@
 
 Usage: eager_loop.py LOG_DIR TIMES_JSON [stalled|healthy]
 Writes the wall-clock time of each step (next(iterator) plus the eager update) to TIMES_JSON.
+Each step ends in DEVICE_S of an emulated device's wait (no CPU): the update alone is a matmul of well
+under a millisecond, beside which the few ms a loaded machine makes a get_next wait for a core read the
+healthy loop as highly input-bound.
 """
 
 import json
@@ -11,6 +14,8 @@ import time
 import tensorflow as tf
 
 from keras_fit import PROFILE, STEPS, dataset
+
+DEVICE_S = 0.1   # the stalled input takes 160 ms a batch, over half of such a step; the healthy one a few %
 
 
 def main():
@@ -28,6 +33,7 @@ def main():
             logits = tf.matmul(tf.reshape(x, (-1, 16 * 16 * 3)), kernel)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
         kernel.assign_sub(0.01 * tape.gradient(loss, kernel))
+        time.sleep(DEVICE_S)
         times.append({"batch": step, "ms": (time.perf_counter() - started) * 1e3})
         if step == PROFILE[1]:
             tf.profiler.experimental.stop()

@@ -24,7 +24,11 @@ SCOPE = contextlib.nullcontext   # keras_mirrored.py builds the model under a di
 
 def slow_decode(x):
     def work(value):
-        time.sleep(0.010)   # 80 ms of input per batch: input-bound even on a loaded 2-core machine
+        # 160 ms of input per batch, sequential: over half of a step while the model's step (CPU work,
+        # growing with the machine's load) stays under 160 ms. With a busy loop beside others' tests on
+        # 2 cores the model's step took 25-51 ms: against 80 ms of input that left a share of 0.61 at
+        # worst, close to the 0.5 a test asks of the stalled run; against 160 ms, 0.76
+        time.sleep(0.020)
         return value
 
     image = tf.numpy_function(work, [x], tf.float32, stateful=False)
