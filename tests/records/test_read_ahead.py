@@ -215,17 +215,20 @@ def test_a_listing_that_does_not_answer_is_one_line_after_the_storage_timeout(tm
 
 
 def test_watched_work_may_take_long_while_it_moves_and_is_given_up_once_it_stops():
-    location.set_timeout(0.3)
+    location.set_timeout(1.5)
     try:
         count = [0]
 
         def steady() -> str:
-            for _ in range(8):  # 0.8 s in all, never 0.3 s without a step
+            # 3 s in all, twice the timeout, a step every 0.1 s: a loaded machine that wakes this thread
+            # late stays far inside 1.5 s without a step (against 0.3 s, a 0.2 s delay read as stuck)
+            for _ in range(30):
                 time.sleep(0.1)
                 count[0] += 1
             return "listed"
 
         assert mounts.watched(steady, lambda: count[0], "the listing") == "listed"
+        location.set_timeout(0.3)
         stuck = threading.Event()
         with pytest.raises(StorageError, match=r"^the listing did not answer for 0.3 s \(after 0 files\)"):
             mounts.watched(lambda: stuck.wait(10), lambda: 0, "the listing")
