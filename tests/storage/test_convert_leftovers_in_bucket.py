@@ -71,6 +71,6 @@ def test_a_full_staging_disk_is_one_line_naming_the_bucket_and_the_folder(s3_env
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"--output_path: {out} is staged first in the local folder '{small_disk}/stallscope/convert-staging/" in err, err
-    assert "is full (No space left on device)" in err and "XDG_CACHE_HOME" in err, err
+    assert "is full (No space left on device)" in err and "give --staging-dir a folder with room" in err, err
     assert mine.exists()
     assert _keys(s3_env["client"], "full/") == [], "the lease goes with the refused run"

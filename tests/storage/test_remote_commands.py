@@ -194,7 +194,7 @@ def test_convert_into_a_bucket_publishes_the_manifest_last(s3_env, tmp_path, mon
     (f"s3://{BUCKET}/no-such-prefix", {}, f"'s3://{BUCKET}/no-such-prefix' does not exist"),
     (f"s3://{BUCKET}/tree", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "s3:// refused the credentials (SignatureDoesNotMatch)"),
     (f"s3://{BUCKET}/tree", {"AWS_ACCESS_KEY_ID": ""}, "no credentials for s3://"),
-    (f"s3://{BUCKET}/tree", {"AWS_ENDPOINT_URL": "dead"}, "did not answer"),
+    (f"s3://{BUCKET}/tree", {"AWS_ENDPOINT_URL": "dead"}, "refused the connection (nothing listens there"),
 ])
 def test_store_errors_are_one_line_with_exit_2(s3_env, monkeypatch, capsys, url, overrides, needle):
     for name, value in overrides.items():
@@ -228,7 +228,10 @@ def test_gs_without_a_reachable_store_is_one_line_not_a_hang(proxy, silent_port)
                          "NO_GCE_CHECK": "true"}
     code, err, seconds = _run_cli(["verify", "gs://some-bucket/records", "--storage-timeout", "2"], env, 120)
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith("stallscope verify: error: RECORDS_DIR: gs://some-bucket/records: the store did not answer")
+    # a proxy that refuses: waiting longer cannot help, and the line says it is the proxy; one that never answers
+    expected = (f"the HTTPS proxy at http://127.0.0.1:{port} refused the connection" if proxy == "closed"
+                else "the store did not answer")
+    assert err.startswith(f"stallscope verify: error: RECORDS_DIR: gs://some-bucket/records: {expected}"), err
     assert seconds < 90  # TF's own client would retry 10 times, backing off up to 32 s
 
 
@@ -272,7 +275,7 @@ def test_a_store_that_dies_mid_run_is_one_line_and_leaves_no_iterator_behind(s3_
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert left == []
-    assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "did not answer" in err
+    assert err.startswith(f"stallscope train: error: s3://{BUCKET}/tree/") and "refused the connection" in err
     assert not (tmp_path / "run").exists()
 
 
@@ -289,7 +292,7 @@ def test_shards_whose_store_dies_mid_run_fail_with_a_storage_error(s3_env, monke
     options = TrainOptions(source="records", dataset_path=source.path, accelerator="emulated:1ms", steps=4,
                            pipeline=get_preset("tuned").replace(batch_size=4, image_size=32, shuffle_buffer=8),
                            log_path=tmp_path / "run")
-    with pytest.raises(StorageError, match=f"s3://{BUCKET}/records/train-0000.-of-00002.tfrecord: .*did not answer"):
+    with pytest.raises(StorageError, match=f"s3://{BUCKET}/records/train-0000.-of-00002.tfrecord: .*refused the connection"):
         run_training(options, source=source)
 
 

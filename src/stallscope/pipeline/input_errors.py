@@ -76,9 +76,9 @@ def store_error(source, exc):
     named = re.search(r"(?:gs|s3)://\S+?(?=[\s,;'\"]|$)", text)
     where = named.group(0) if named else (str(source.path) if source is not None else "the input")
     if refused_connection(text):  # the store was stopped mid-run: waiting longer cannot help
-        endpoint = gcs_endpoint() if where.startswith("gs://") else \
-            os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
-        return refused(f"--dataset-path: {where}", endpoint)
+        endpoint, who = gcs_endpoint() if where.startswith("gs://") else \
+            (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint", "store")
+        return refused(f"--dataset-path: {where}", endpoint, who)
     return StorageError(f"--dataset-path: {where}: the store did not answer ({short(libcurl_reason(text))}); "
                         "expected it to answer within --storage-timeout")
 

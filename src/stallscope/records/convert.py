@@ -226,9 +226,12 @@ class _Candidates:
         self._remote = isinstance(root, RemotePath)
         self._prefix = os.fsencode(os.path.join(root, "")) if not self._remote else b""
         self._root_text = str(root)
-        self._linked_sources = () if self._remote else _prepared_link_sources(Path(root))
+        self._linked_sources: tuple[bytes, ...] | None = None  # read at the first link met: the listing's
+        # work, which a network file system's watch bounds (not a read of the root before it)
 
     def _inside(self, real: bytes) -> bool:
+        if self._linked_sources is None:
+            self._linked_sources = _prepared_link_sources(Path(self.root))
         return any(real == folder or real.startswith(os.path.join(folder, b""))
                    for folder in (self._real_root, *self._linked_sources))
 

@@ -43,10 +43,10 @@ def refused_connection(exc: BaseException | str) -> bool:
     return False
 
 
-def refused(what: object, endpoint: str) -> StorageError:
-    """The one line for a store whose endpoint refused the connection."""
-    return StorageError(f"{what}: the store at {endpoint} refused the connection (nothing listens there: a store "
-                        "that was stopped, or a wrong address); expected a running store at that address")
+def refused(what: object, endpoint: str, who: str = "store") -> StorageError:
+    """The one line for a store (or the proxy in front of it: `who`) whose endpoint refused the connection."""
+    return StorageError(f"{what}: the {who} at {endpoint} refused the connection (nothing listens there: a {who} "
+                        f"that was stopped, or a wrong address); expected a running {who} at that address")
 
 
 def set_storage_timeout(seconds: float) -> None:

@@ -46,9 +46,11 @@ T = TypeVar("T")
 _set_by_us: set[str] = set()  # the TF variables prepare_gcs_environment set
 
 
-def gcs_endpoint() -> str:
-    """Where a gs:// request goes first: the proxy curl (and so TF's gs://) uses, else Google's endpoint."""
-    return os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or "storage.googleapis.com"
+def gcs_endpoint() -> tuple[str, str]:
+    """Where a gs:// request goes first, and what it is: the proxy curl (and so TF's gs://) uses, else
+    Google's endpoint."""
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    return (proxy, "HTTPS proxy") if proxy else ("storage.googleapis.com", "store")
 
 
 def prepare_gcs_environment(timeout_s: float, *, small_objects: bool) -> list[str]:
@@ -141,7 +143,7 @@ class GcsStore(Store):
             return StorageError(f"{path}: the store sent a TLS certificate this machine does not trust ({short(text)}); "
                                 "expected CURL_CA_BUNDLE naming its CA")
         if refused_connection(exc):  # a longer timeout cannot help: nothing listens
-            return refused(path, gcs_endpoint())
+            return refused(path, *gcs_endpoint())
         if any(word in lowered for word in ("error sending request", "connect", "timed out", "timeout")) \
                 or isinstance(exc, (TimeoutError, ConnectionError)):
             return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
@@ -166,7 +168,7 @@ class GcsStore(Store):
                                 "Credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) "
                                 "that may read this bucket")
         if refused_connection(exc):
-            return refused(path, gcs_endpoint())
+            return refused(path, *gcs_endpoint())
         if "libcurl" in text or isinstance(exc, (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
             return StorageError(f"{path}: the store did not answer ({short(text)}); expected a reachable "
                                 "storage.googleapis.com (or HTTPS_PROXY) within --storage-timeout")
