@@ -24,7 +24,8 @@ def _answers(analysis):
 
 def _saturated_over_the_steps(run, *, inside: float = 92.0, outside: float = 20.0, run_mean: float = 69.0):
     """resources.json of a 2-core host busy `inside`% over the training steps and idle around them
-    (start-up, validation): its whole-run mean is `run_mean`, as a Keras fit on 2 cores measured."""
+    (start-up, validation), this process doing nearly all of that work (the run's own CPU is what fills
+    the cores, not another program's): its whole-run mean is `run_mean`, as a Keras fit on 2 cores measured."""
     from stallscope.workload import rundir
 
     records = [r for r in rundir.read_steps(run) if not r.warmup]
@@ -33,6 +34,7 @@ def _saturated_over_the_steps(run, *, inside: float = 92.0, outside: float = 20.
     half = resources["interval_s"] / 2
     for sample in resources["samples"]:
         sample["system_percent"] = inside if start <= sample["elapsed_s"] - half <= end else outside
+        sample["process_percent"] = 0.95 * sample["system_percent"] * 2  # percent of one core, of 2 cores' busy
     resources["cores"] = 2.0
     resources["cpu"].update(cores=2.0, cpus=2, quota_cores=None, throttled_s=None, throttled_share=None,
                             system_mean_percent=run_mean, system_max_percent=inside)

@@ -51,7 +51,8 @@ def test_verdict_differs_between_a_stalled_and_a_healthy_dataset():
     # one verdict and one list of fixes: the profiled steps add their stage tree, not a second reading
     # whose figures differ (it printed its own "Input share" verdict and "Fix, most helpful first")
     assert text.count("Input share") == 0 and "Fix, most helpful first" not in text and "Checklist" not in text
-    assert "gives this profile's own reading" in text
+    # no work_dir: the profile is removed once read, and the report says how to keep it for analyze
+    assert "the profile was not kept: give work_dir= to keep it" in text
 
 
 def _records(tmp_path, count=16):
