@@ -14,19 +14,17 @@ the folders whose maker is gone. Only folders with that marker are touched.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from stallscope.lifetime import start_time, still_running
+from stallscope.lifetime import clear_dead_marked_folders, marked_folder
 
 log = logging.getLogger(__name__)
 
 PREFIX = "stallscope-autograph-"
-MARKER = "made-by.json"
 GENERATED_PREFIX = "__autograph_generated_file"  # the name autograph gives its files
 
 _folder: Path | None = None
@@ -61,8 +59,7 @@ def own_autograph_folder() -> Path | None:
         return None
     clear_dead_folders()
     pid = os.getpid()
-    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-"))
-    (folder / MARKER).write_text(json.dumps({"pid": pid, "started": start_time(pid)}), encoding="utf-8")
+    folder = marked_folder(f"{PREFIX}{pid}-")
 
     def remove() -> None:
         if os.getpid() == pid:  # not in a forked child that exits through the handlers
@@ -74,26 +71,6 @@ def own_autograph_folder() -> Path | None:
     return folder
 
 
-def _maker_gone(folder: Path) -> bool:
-    try:
-        made = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        pid, started = int(made["pid"]), made.get("started")
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # no marker of ours: not ours to judge
-    return started is not None and not still_running(pid, started)
-
-
 def clear_dead_folders(root: Path | None = None) -> list[Path]:
     """Removes the marked autograph folders in `root` (the temporary folder) whose maker is gone."""
-    root = Path(root or tempfile.gettempdir())
-    cleared = []
-    try:
-        candidates = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()]
-    except OSError:
-        return cleared
-    for folder in candidates:
-        if _maker_gone(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            cleared.append(folder)
-            log.info("removed %s, left by a stallscope process that was killed", folder)
-    return cleared
+    return clear_dead_marked_folders(PREFIX, "a stallscope process", root)

@@ -14,11 +14,15 @@ too, and a PID now running under another start time counts as gone.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -94,3 +98,44 @@ def still_running(pid: int, started: float | None) -> bool:
     except psutil.AccessDenied:
         return True  # someone else's process, which runs
     return started is None or abs(now - float(started)) <= SAME_START_S
+
+
+MARKER = "made-by.json"  # in a marked folder: {"pid": ..., "started": ...} of the process that made it
+
+
+def marked_folder(prefix: str) -> Path:
+    """A fresh folder in the temporary folder named `prefix...`, marked with this process as its maker
+    (PID and start time), for `clear_dead_marked_folders` to judge once a `kill -9` has left it behind."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": start_time(os.getpid())}),
+                                 encoding="utf-8")
+    return folder
+
+
+def maker_gone(folder: Path) -> bool:
+    """The folder's marker names a process that no longer runs (or whose PID another process now has);
+    False where there is no marker of ours to judge by."""
+    try:
+        made = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        pid, started = int(made["pid"]), made.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return not still_running(pid, started)
+
+
+def clear_dead_marked_folders(prefix: str, who: str, root: Path | None = None) -> list[Path]:
+    """Removes the marked folders `prefix...` in `root` (the temporary folder) whose maker is gone, and
+    returns them; nothing else there, even with the same prefix, is touched. `who` names the maker in
+    the log line ("a storage emulator")."""
+    root = Path(root or tempfile.gettempdir())
+    cleared: list[Path] = []
+    try:
+        candidates = [p for p in root.iterdir() if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return cleared
+    for folder in candidates:
+        if maker_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            cleared.append(folder)
+            log.info("removed %s, left by %s that was killed", folder, who)
+    return cleared

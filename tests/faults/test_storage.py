@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -23,7 +24,7 @@ START_S = 120  # TF's import and the first steps, on a loaded machine
 @pytest.mark.timeout(LIMIT_S * 2)
 def test_storage_serve_killed_leaves_a_folder_the_next_store_removes(faults, tiny_tree, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(state_dirs.tempfile, "tempdir", None)  # TMPDIR is read again
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
     ready = tmp_path / "ready.json"
     run = faults.launch("storage serve killed -9", ["storage", "serve", tiny_tree, "--gcs", "--for", "60s",
                                                     "--ready-file", ready], env={"TMPDIR": str(tmp_path)})

@@ -9,50 +9,21 @@ temporary folder, even with the same prefix, is stallscope's to delete.
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from stallscope.lifetime import start_time, still_running
+from stallscope.lifetime import MARKER, clear_dead_marked_folders, marked_folder
 
-log = logging.getLogger(__name__)
+__all__ = ["MARKER", "PREFIX", "clear_dead_state_dirs", "new_state_dir"]
 
 PREFIX = "stallscope-storage-"
-MARKER = "made-by.json"
 
 
 def new_state_dir() -> Path:
     """A fresh state folder, marked with this process as its maker; dead runs' folders are cleared first."""
     clear_dead_state_dirs()
-    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
-    (folder / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": start_time(os.getpid())}))
-    return folder
-
-
-def _maker_gone(folder: Path) -> bool:
-    """The folder's marker names a process that no longer runs (or whose PID another process now has)."""
-    try:
-        made = json.loads((folder / MARKER).read_text())
-        pid, started = int(made["pid"]), made.get("started")
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # no marker of ours: not ours to judge
-    return not still_running(pid, started)
+    return marked_folder(PREFIX)
 
 
 def clear_dead_state_dirs(root: Path | None = None) -> list[Path]:
     """Removes the marked state folders in `root` (the temporary folder) whose maker is gone; returns them."""
-    root = Path(root or tempfile.gettempdir())
-    cleared = []
-    try:
-        candidates = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()]
-    except OSError:
-        return cleared
-    for folder in candidates:
-        if _maker_gone(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            cleared.append(folder)
-            log.info("removed %s, left by a storage emulator that was killed", folder)
-    return cleared
+    return clear_dead_marked_folders(PREFIX, "a storage emulator", root)
