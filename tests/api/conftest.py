@@ -40,3 +40,20 @@ def run_program():
 def run_script():
     """run_script(PATH, *args, cwd=None) -> the finished process (asserted to have succeeded)."""
     return run_python
+
+
+def tiny_model(steps_per_execution: int = 1):
+    """A Keras model of one Dense layer over 4 features, compiled: a fit of it takes milliseconds."""
+    import tensorflow as tf
+
+    net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    net.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=steps_per_execution)
+    return net
+
+
+def tiny_data(rows: int = 32):
+    """`rows` inputs and labels for `tiny_model`."""
+    import numpy as np
+
+    return np.zeros((rows, 4), np.float32), np.zeros((rows,), np.int64)

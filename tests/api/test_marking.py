@@ -10,6 +10,8 @@ import stallscope
 from stallscope.errors import UsageError
 from stallscope.keras import StallMonitor, summary_line
 
+from .conftest import tiny_data, tiny_model
+
 
 def test_a_window_that_never_ran_is_not_taken_for_a_profile(tmp_path):
     with stallscope.profile(tmp_path, steps=(10, 20)) as window:
@@ -76,21 +78,6 @@ def test_a_fit_that_raises_inside_its_window_does_not_block_the_next_one(tmp_pat
     assert second.analysis is not None and second.analysis.steps.counted_steps >= 1
 
 
-def _tiny_model(steps_per_execution: int = 1):
-    import tensorflow as tf
-
-    net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
-    net.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                steps_per_execution=steps_per_execution)
-    return net
-
-
-def _tiny_data(rows: int = 32):
-    import numpy as np
-
-    return np.zeros((rows, 4), np.float32), np.zeros((rows,), np.int64)
-
-
 def _steps_csv(folder):
     import csv
 
@@ -109,16 +96,16 @@ def test_a_failed_fit_whose_files_cannot_be_saved_does_not_break_the_next_fit(tm
             if batch == 3:
                 raise RuntimeError("the user's own callback failed")
 
-    x, y = _tiny_data()
+    x, y = tiny_data()
     with pytest.raises(RuntimeError, match="own callback failed"):
-        _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+        tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
                           callbacks=[StallMonitor(profile_steps=(2, 8), log_dir=tmp_path / "gone", verbose=False),
                                      FailAt()])
     shutil.rmtree(tmp_path / "gone")
     (tmp_path / "gone").write_text("now a file")
     second = StallMonitor(profile_steps=(2, 4), log_dir=tmp_path / "next", verbose=False)
     with caplog.at_level("WARNING", logger="stallscope.keras"):
-        _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[second])
+        tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[second])
     assert "could not save what an earlier failed fit left" in caplog.text
     assert second.analysis is not None and len(_steps_csv(tmp_path / "next")) == 8
 
@@ -126,8 +113,8 @@ def test_a_failed_fit_whose_files_cannot_be_saved_does_not_break_the_next_fit(tm
 def test_a_monitor_reused_for_a_second_fit_starts_a_new_run(tmp_path, caplog):
     """Freeze, fit, unfreeze, fit again: each fit is numbered from 1, profiled and analysed; the first
     fit's files are kept in LOG_DIR/fit-1/."""
-    x, y = _tiny_data()
-    model = _tiny_model()
+    x, y = tiny_data()
+    model = tiny_model()
     monitor = StallMonitor(profile_steps=(3, 6), log_dir=tmp_path, verbose=False)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])
     first = monitor.analysis
@@ -206,9 +193,9 @@ def test_steps_per_execution_counts_the_window_in_batches_and_says_so(tmp_path):
     says 4 batches per step."""
     import tensorflow as tf
 
-    dataset = tf.data.Dataset.from_tensor_slices(_tiny_data()).repeat().batch(4)
+    dataset = tf.data.Dataset.from_tensor_slices(tiny_data()).repeat().batch(4)
     monitor = StallMonitor(profile_steps=(9, 16), log_dir=tmp_path, verbose=False)
-    _tiny_model(steps_per_execution=4).fit(dataset, steps_per_epoch=24, epochs=1, verbose=0, callbacks=[monitor],
+    tiny_model(steps_per_execution=4).fit(dataset, steps_per_epoch=24, epochs=1, verbose=0, callbacks=[monitor],
                                                shuffle=False)  # a Dataset: nothing for Keras to shuffle
     assert [int(r["step"]) for r in _steps_csv(tmp_path)] == [1, 5, 9, 13, 17, 21]
     assert monitor.analysis.steps.batches_per_step == 4
@@ -236,11 +223,11 @@ def test_analyze_pairs_an_earlier_fits_capture_with_that_fits_own_files(tmp_path
 
     from stallscope.cli.main import main
 
-    model = _tiny_model()
+    model = tiny_model()
     monitor = StallMonitor(profile_steps=(2, 4), log_dir=tmp_path, verbose=False)
-    x, y = _tiny_data(24)
+    x, y = tiny_data(24)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])   # 6 steps
-    x, y = _tiny_data(40)
+    x, y = tiny_data(40)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])   # 10 steps
     (old,) = (tmp_path / "fit-1" / "profile" / "plugins" / "profile").iterdir()
     # run_timing counts the steps past the first (warm-up) of the fit's steps.csv: 5 of 6, 9 of 10
@@ -277,10 +264,10 @@ def test_a_profile_window_refuses_a_file_of_the_users_it_would_replace(tmp_path)
 def test_a_new_monitor_keeps_an_earlier_programs_run_in_its_log_dir(tmp_path):
     """A second program (a new monitor) on the log_dir of an earlier one: the earlier run moves aside
     (LOG_DIR/fit-1/) instead of being overwritten."""
-    x, y = _tiny_data(24)
-    _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+    x, y = tiny_data(24)
+    tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
                       callbacks=[StallMonitor(profile_steps=None, log_dir=tmp_path, verbose=False)])
-    x, y = _tiny_data(40)
-    _tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
+    x, y = tiny_data(40)
+    tiny_model().fit(x, y, batch_size=4, epochs=1, verbose=0,
                       callbacks=[StallMonitor(profile_steps=None, log_dir=tmp_path, verbose=False)])
     assert len(_steps_csv(tmp_path / "fit-1")) == 6 and len(_steps_csv(tmp_path)) == 10

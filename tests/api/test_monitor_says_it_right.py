@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import tempfile
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -16,22 +15,13 @@ from stallscope.keras import NOT_KEPT, StallMonitor, in_whole_calls, min_profile
 from stallscope.workload.marking import batch_size_of
 from stallscope.workload.profiling import ProfileWindow
 
+from .conftest import tiny_data, tiny_model
+
 BATCH = 4
 
 
-def _model(steps_per_execution: int = 1):
-    net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
-    net.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                steps_per_execution=steps_per_execution)
-    return net
-
-
-def _data(rows: int = 32):
-    return np.zeros((rows, 4), np.float32), np.zeros((rows,), np.int64)
-
-
 def _dataset():
-    return tf.data.Dataset.from_tensor_slices(_data()).repeat().batch(BATCH)
+    return tf.data.Dataset.from_tensor_slices(tiny_data()).repeat().batch(BATCH)
 
 
 def _steps_csv(folder):
@@ -61,7 +51,7 @@ def test_steps_per_execution_profiles_enough_calls_for_a_verdict_and_says_so(tmp
     """profile_steps=(5, 15) at steps_per_execution=4 profiled 3 calls and counted 1, and printed the
     verdict with no caveat: the window now holds enough whole calls, and the line names them."""
     monitor = StallMonitor(profile_steps=(5, 15), log_dir=tmp_path, dataset=_dataset())
-    _model(steps_per_execution=4).fit(_dataset(), steps_per_epoch=48, epochs=1, verbose=0, callbacks=[monitor],
+    tiny_model(steps_per_execution=4).fit(_dataset(), steps_per_epoch=48, epochs=1, verbose=0, callbacks=[monitor],
                                       shuffle=False)
     analysis = monitor.analysis
     assert analysis.steps.batches_per_step == 4
@@ -75,8 +65,8 @@ def test_steps_per_execution_profiles_enough_calls_for_a_verdict_and_says_so(tmp
 def test_a_verdict_from_too_few_steps_says_so_in_the_callbacks_own_line(tmp_path, capsys):
     """The fit ends two calls into the widened window: the line printed carries the warning."""
     monitor = StallMonitor(profile_steps=(5, 15), log_dir=tmp_path)
-    x, y = _data(48)   # 12 batches: calls 1, 5, 9
-    _model(steps_per_execution=4).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[monitor])
+    x, y = tiny_data(48)   # 12 batches: calls 1, 5, 9
+    tiny_model(steps_per_execution=4).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[monitor])
     assert monitor.analysis.steps.counted_steps < 5
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("stallscope:"))
     assert "caution: only 2 steps counted" in line and "steps_per_execution=4" in line
@@ -85,11 +75,11 @@ def test_a_verdict_from_too_few_steps_says_so_in_the_callbacks_own_line(tmp_path
 def test_steps_csv_counts_the_batch_from_the_dataset_and_leaves_an_unknown_empty(tmp_path):
     """images was 0 on every row: it is the dataset's batch times the step's batches, or empty."""
     with_dataset, without = tmp_path / "with", tmp_path / "without"
-    _model(steps_per_execution=2).fit(_dataset(), steps_per_epoch=8, epochs=1, verbose=0, shuffle=False, callbacks=[
+    tiny_model(steps_per_execution=2).fit(_dataset(), steps_per_epoch=8, epochs=1, verbose=0, shuffle=False, callbacks=[
         StallMonitor(profile_steps=None, log_dir=with_dataset, dataset=_dataset())])
     assert {row["images"] for row in _steps_csv(with_dataset)} == {str(2 * BATCH)}
-    x, y = _data()
-    _model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
+    x, y = tiny_data()
+    tiny_model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
         StallMonitor(profile_steps=(2, 6), log_dir=without, verbose=False)])
     assert {row["images"] for row in _steps_csv(without)} == {""}
     run = stallscope.analyze(without, with_xprof=False).run
@@ -106,9 +96,9 @@ def test_the_batch_size_is_read_through_the_stages_that_keep_one_element_each():
 
 
 def test_a_monitor_without_log_dir_leaves_nothing_in_the_temporary_folder(own_temp, capsys):
-    x, y = _data()
+    x, y = tiny_data()
     monitor = StallMonitor(profile_steps=(2, 6))
-    _model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[monitor])
+    tiny_model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[monitor])
     assert list(own_temp.iterdir()) == []
     analysis = monitor.analysis
     assert analysis.profile_path == NOT_KEPT and analysis.run_dir is None
@@ -117,7 +107,7 @@ def test_a_monitor_without_log_dir_leaves_nothing_in_the_temporary_folder(own_te
 
 
 def test_diagnose_without_work_dir_leaves_nothing_and_with_one_keeps_its_profile(own_temp, tmp_path):
-    dataset = tf.data.Dataset.from_tensor_slices(_data()).repeat().batch(BATCH).prefetch(2)
+    dataset = tf.data.Dataset.from_tensor_slices(tiny_data()).repeat().batch(BATCH).prefetch(2)
     diagnosis = stallscope.diagnose(dataset, steps=4)
     assert list(own_temp.iterdir()) == []
     assert diagnosis.analysis is not None and diagnosis.analysis.profile_path.startswith("(not kept")

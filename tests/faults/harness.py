@@ -187,6 +187,20 @@ class Launched:
         return outcome
 
 
+def end_unfinished(*launched: "Launched | None") -> None:
+    """A test that failed half-way leaves no server of its own behind: each launch still running is killed."""
+    for run in launched:
+        if run is not None and run.process.poll() is None:
+            run.process.kill()
+            run.process.wait(30)
+
+
+def dispatcher_target(run: "Launched") -> str | None:
+    """The grpc:// target a `serve dispatcher` printed ("tf.data service dispatcher at TARGET; ..."), once it has."""
+    words = run.stdout_so_far().split()
+    return words[4].rstrip(";") if len(words) > 4 and words[:4] == ["tf.data", "service", "dispatcher", "at"] else None
+
+
 def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
     """{relative path: (size, sha256)} of every file below `folder`: what the user had."""
     files = {}

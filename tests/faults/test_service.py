@@ -10,6 +10,8 @@ import pytest
 
 from stallscope.service import guard, servers
 
+from .harness import dispatcher_target, end_unfinished
+
 START_S = 150  # TF's import in two processes, on a loaded machine
 STOPPED_WITHIN_S = 30.0
 
@@ -127,27 +129,14 @@ def test_a_dispatcher_killed_and_restarted_with_its_work_dir_resumes_the_job(fau
     assert after, "no element after the restart"
 
 
-def _dispatcher_target(run) -> str | None:
-    """The grpc:// target a `serve dispatcher` printed, once it has."""
-    words = run.stdout_so_far().split()
-    return words[4].rstrip(";") if words[:4] == ["tf.data", "service", "dispatcher", "at"] and len(words) > 4 else None
-
-
-def _stop_all(*runs) -> None:
-    for run in runs:
-        if run is not None and run.process.poll() is None:
-            run.process.kill()
-            run.process.wait(30)
-
-
 @pytest.mark.timeout(400)
 def test_the_dispatcher_status_line_stops_counting_a_killed_worker_as_answering(faults):
     """TF keeps a killed worker registered for good; the status line says how many answer."""
     dispatcher = faults.launch("serve dispatcher, status every 1 s", ["serve", "dispatcher", "--status-every", "1s"])
     workers = []
     try:
-        dispatcher.wait_for(lambda: _dispatcher_target(dispatcher) is not None, START_S, "'dispatcher at' line")
-        target = _dispatcher_target(dispatcher)
+        dispatcher.wait_for(lambda: dispatcher_target(dispatcher) is not None, START_S, "'dispatcher at' line")
+        target = dispatcher_target(dispatcher)
         workers = [faults.launch(f"serve worker {n} of 2", ["serve", "worker", "--dispatcher", target]) for n in (1, 2)]
         for worker in workers:
             worker.wait_for(lambda: "registered with" in worker.stdout_so_far(), START_S, "'worker at' line")
@@ -163,7 +152,7 @@ def test_the_dispatcher_status_line_stops_counting_a_killed_worker_as_answering(
         dispatcher.send(signal.SIGTERM)
         dispatcher.finish(60).check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=0)
     finally:
-        _stop_all(dispatcher, *workers)
+        end_unfinished(dispatcher, *workers)
 
 
 @pytest.mark.timeout(400)
@@ -175,8 +164,8 @@ def test_serve_on_every_interface_warns_in_one_line_that_it_is_open_to_the_netwo
                                ["serve", "dispatcher", "--host", "0.0.0.0", "--status-every", "1h"])
     worker = None
     try:
-        dispatcher.wait_for(lambda: _dispatcher_target(dispatcher) is not None, START_S, "'dispatcher at' line")
-        port = _dispatcher_target(dispatcher).rpartition(":")[2]
+        dispatcher.wait_for(lambda: dispatcher_target(dispatcher) is not None, START_S, "'dispatcher at' line")
+        port = dispatcher_target(dispatcher).rpartition(":")[2]
         worker = faults.launch("serve worker --host 0.0.0.0", ["serve", "worker", "--dispatcher", f"127.0.0.1:{port}",
                                                                "--host", "0.0.0.0", "--status-every", "1h"])
         worker.wait_for(lambda: "registered with" in worker.stdout_so_far(), START_S, "'worker at' line")
@@ -186,4 +175,4 @@ def test_serve_on_every_interface_warns_in_one_line_that_it_is_open_to_the_netwo
             outcome.check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=1)
             assert outcome.stderr_lines == [open_to_the_network_line(role, "0.0.0.0")]
     finally:
-        _stop_all(dispatcher, worker)
+        end_unfinished(dispatcher, worker)

@@ -16,6 +16,8 @@ import pytest
 
 from stallscope.service import guard, servers
 
+from ..faults.harness import dispatcher_target, end_unfinished
+
 START_S = 150  # TF's import in two processes, on a loaded machine
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -111,36 +113,33 @@ def _registered(worker, target: str) -> bool:
     return line.startswith("tf.data service worker at grpc://127.0.0.1:") and target in line
 
 
-def _target(dispatcher) -> str | None:
-    words = dispatcher.stdout_so_far().split()
-    return words[4].rstrip(";") if len(words) > 4 and words[:4] == ["tf.data", "service", "dispatcher", "at"] else None
-
-
-def _killed_if_running(*launched) -> None:
-    """A test that failed half-way leaves no server of its own behind."""
-    for run in launched:
-        if run is not None and run.process.poll() is None:
-            run.process.kill()
-            run.process.wait(30)
+def _worker_of_a_dispatcher(faults, about: str, launched: list) -> tuple:
+    """A `serve dispatcher` and a `serve worker` registered with it (their scenarios named `about`), each
+    put in `launched` as it starts, for the test's clean-up; returns (dispatcher, worker, target)."""
+    dispatcher = faults.launch(f"serve dispatcher, killed -9 {about[0]}", ["serve", "dispatcher"])
+    launched.append(dispatcher)
+    dispatcher.wait_for(lambda: dispatcher_target(dispatcher) is not None, START_S,
+                        "'tf.data service dispatcher at' line")
+    target = dispatcher_target(dispatcher)
+    worker = faults.launch(f"serve worker, {about[1]}, its dispatcher gone, SIGTERM",
+                           ["serve", "worker", "--dispatcher", target])
+    launched.append(worker)
+    worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
+    return dispatcher, worker, target
 
 
 @pytest.mark.timeout(300)
 def test_a_worker_whose_dispatcher_is_gone_stops_on_sigterm(faults):
     """No job: TF's stop has no task to wait for, so it finishes; exit 0, nothing on stderr."""
-    dispatcher = faults.launch("serve dispatcher, killed -9 under an idle worker", ["serve", "dispatcher"])
-    worker = None
+    launched: list = []
     try:
-        dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
-        target = _target(dispatcher)
-        worker = faults.launch("serve worker, idle, its dispatcher gone, SIGTERM",
-                               ["serve", "worker", "--dispatcher", target])
-        worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
+        dispatcher, worker, _ = _worker_of_a_dispatcher(faults, ("under an idle worker", "idle"), launched)
         dispatcher.send(signal.SIGKILL)
         dispatcher.finish(30).check(rc=-signal.SIGKILL, within_s=STOPPED_WITHIN_S, stderr_lines=None)
         worker.send(signal.SIGTERM)
         worker.finish(STOP_WAIT_S).check(rc=0, within_s=STOPPED_WITHIN_S, stderr_lines=0)
     finally:
-        _killed_if_running(dispatcher, worker)
+        end_unfinished(*launched)
 
 
 @pytest.mark.timeout(400)
@@ -150,14 +149,10 @@ def test_a_worker_serving_a_job_when_its_dispatcher_dies_stops_on_sigterm(faults
     finished, or its one line and exit 130 where it did not within STOP_TIMEOUT_S."""
     from stallscope.cli.serve import stop_overdue_line
 
-    dispatcher = faults.launch("serve dispatcher, killed -9 mid-job", ["serve", "dispatcher"])
-    worker = client = None
+    launched: list = []
+    client = None
     try:
-        dispatcher.wait_for(lambda: _target(dispatcher) is not None, START_S, "'tf.data service dispatcher at' line")
-        target = _target(dispatcher)
-        worker = faults.launch("serve worker, mid-job, its dispatcher gone, SIGTERM",
-                               ["serve", "worker", "--dispatcher", target])
-        worker.wait_for(lambda: _registered(worker, target), START_S, "'tf.data service worker at' line")
+        dispatcher, worker, target = _worker_of_a_dispatcher(faults, ("mid-job", "mid-job"), launched)
         client = subprocess.Popen([sys.executable, "-c", CLIENT, target], stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=ENV)
         assert select.select([client.stdout], [], [], START_S)[0] and client.stdout.readline() == "reading\n"
@@ -169,7 +164,7 @@ def test_a_worker_serving_a_job_when_its_dispatcher_dies_stops_on_sigterm(faults
         if client is not None:
             client.kill()
             client.communicate(timeout=30)
-        _killed_if_running(dispatcher, worker)
+        end_unfinished(*launched)
     assert outcome.rc is not None, "the worker ignored SIGTERM"
     overdue = [stop_overdue_line("worker", servers.STOP_TIMEOUT_S)]
     assert (outcome.rc, outcome.stderr_lines) in ((0, []), (130, overdue)), (outcome.rc, outcome.stderr)
